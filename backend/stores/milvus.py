@@ -1,0 +1,350 @@
+"""The L3 leaf index on Milvus (Milvus Lite file or a Milvus server).
+
+One collection per encoder identity: the encoder name and dimension are
+recorded as collection properties and a mismatch is refused. Each leaf has a
+dense vector (HNSW/IP) and a BM25 sparse vector computed by Milvus from the
+analyzed ``text`` field. Knowledge bases are kept apart by layout:
+
+- ``partition`` (Milvus Lite default): a partition per kb. Lite scans every row
+  of the searched partitions in Python, and measured on CMRC 2018 leaves a
+  partition-limited hybrid search took 14 ms where a ``kb_id`` filter over a
+  3-kb collection took 41 ms and no filter 62 ms.
+- ``partition_key`` (Milvus server default): ``kb_id`` is the partition key,
+  Milvus's recommended multi-tenancy; a ``kb_id in [...]`` filter prunes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from pymilvus import DataType, Function, FunctionType, MilvusClient
+from pymilvus.exceptions import MilvusException
+
+from backend.config import MilvusSettings
+from backend.errors import EncoderMismatchError, IndexLockedError, StoreError
+from backend.stores import filters as expr
+from backend.stores.keys import partition_name, version_key
+from backend.types import LEAF_LEVEL, Chunk
+
+logger = logging.getLogger(__name__)
+
+ENCODER_PROPERTY = "strata.encoder"
+DIM_PROPERTY = "strata.dim"
+_UPSERT_BATCH = 500
+_SCALAR_FIELDS = [
+    "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
+    "heading_path", "source", "char_start", "char_end", "metadata",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LeafHit:
+    """One search hit: the leaf and its route score (higher is better)."""
+
+    chunk: Chunk
+    score: float
+
+
+class LeafIndex:
+    """Upserts, deletes and searches L3 leaves of one encoder's collection."""
+
+    def __init__(self, settings: MilvusSettings, *, encoder_name: str, dim: int) -> None:
+        self._settings = settings
+        self._name = settings.collection
+        self._timeout = settings.timeout_s
+        self._encoder_name = encoder_name
+        self._dim = dim
+        self._use_partitions = settings.kb_layout == "partition" or (
+            settings.kb_layout == "auto" and settings.is_lite
+        )
+        self._client = _connect(settings)
+        self._partitions: set[str] = set()
+        self._ensure_collection()
+
+    # -- collection lifecycle -------------------------------------------------
+
+    def _ensure_collection(self) -> None:
+        try:
+            if self._client.has_collection(self._name, timeout=self._timeout):
+                self._check_identity(self._client.describe_collection(self._name, timeout=self._timeout))
+            else:
+                self._create_collection()
+            self._client.load_collection(self._name, timeout=self._timeout)
+            if self._use_partitions:
+                self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
+        except MilvusException as exc:
+            raise StoreError(f"Milvus collection {self._name!r} could not be opened: {exc}") from exc
+
+    def _check_identity(self, described: dict[str, Any]) -> None:
+        props = described.get("properties") or {}
+        dense_dim = next(
+            (int(f["params"]["dim"]) for f in described.get("fields", []) if f.get("name") == "dense"), None
+        )
+        built_name = props.get(ENCODER_PROPERTY, "<unknown encoder>")
+        built_dim = int(props.get(DIM_PROPERTY) or dense_dim or 0)
+        if built_name != self._encoder_name or built_dim != self._dim or dense_dim != self._dim:
+            raise EncoderMismatchError(
+                f"Milvus collection {self._name!r} was built with encoder {built_name} (dim {built_dim}); "
+                f"the configured encoder is {self._encoder_name} (dim {self._dim}). Use another collection "
+                f"(STRATA_MILVUS__COLLECTION) or rebuild the knowledge bases with this encoder."
+            )
+
+    def _create_collection(self) -> None:
+        logger.info("creating Milvus collection %s (%s, dim %d)", self._name, self._encoder_name, self._dim)
+        self._client.create_collection(
+            self._name,
+            schema=self._schema(),
+            index_params=self._index_params(),
+            properties={ENCODER_PROPERTY: self._encoder_name, DIM_PROPERTY: str(self._dim)},
+            timeout=self._timeout,
+        )
+
+    def _schema(self) -> Any:
+        schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+        add = schema.add_field
+        add("chunk_id", DataType.VARCHAR, is_primary=True, max_length=64)
+        add("kb_id", DataType.VARCHAR, max_length=256, is_partition_key=not self._use_partitions)
+        add("doc_id", DataType.VARCHAR, max_length=2048)
+        add("version", DataType.INT64)
+        add("version_key", DataType.VARCHAR, max_length=32)
+        add("parent_id", DataType.VARCHAR, max_length=64)
+        add("root_id", DataType.VARCHAR, max_length=64)
+        add("level", DataType.INT64)
+        add("ordinal", DataType.INT64)
+        add("heading_path", DataType.VARCHAR, max_length=4096)
+        add("module", DataType.VARCHAR, max_length=512)
+        add("skill_points", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=256, max_length=512)
+        add("source", DataType.VARCHAR, max_length=2048)
+        add("char_start", DataType.INT64)
+        add("char_end", DataType.INT64)
+        add("metadata", DataType.JSON)
+        add("content", DataType.VARCHAR, max_length=65535)
+        add("text", DataType.VARCHAR, max_length=65535, enable_analyzer=True, enable_match=True,
+            analyzer_params=self._settings.analyzer)  # fmt: skip
+        add("sparse", DataType.SPARSE_FLOAT_VECTOR)
+        add("dense", DataType.FLOAT_VECTOR, dim=self._dim)
+        schema.add_function(
+            Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"], output_field_names=["sparse"])
+        )
+        return schema
+
+    def _index_params(self) -> Any:
+        params = self._client.prepare_index_params()
+        # Nested "params" is the form both Milvus and Milvus Lite honour for M/efConstruction.
+        hnsw = {"M": self._settings.hnsw_m, "efConstruction": self._settings.hnsw_ef_construction}
+        params.add_index(field_name="dense", index_type="HNSW", metric_type="IP", params={"params": hnsw})
+        params.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25", params={})
+        return params
+
+    # -- writes ---------------------------------------------------------------
+
+    def upsert(self, leaves: Sequence[Chunk], vectors: np.ndarray, search_texts: Sequence[str]) -> None:
+        """Writes leaves (same kb) with their vectors; the same ids overwrite."""
+        if not leaves:
+            return
+        if len(leaves) != len(vectors) or len(leaves) != len(search_texts):
+            raise ValueError("leaves, vectors and search_texts differ in length")
+        kb_ids = {leaf.kb_id for leaf in leaves}
+        if len(kb_ids) != 1:
+            raise ValueError("upsert takes leaves of one knowledge base at a time")
+        partition = self._partition_for_write(kb_ids.pop())
+        rows = [_row(leaf, vec, text) for leaf, vec, text in zip(leaves, vectors, search_texts)]
+        for start in range(0, len(rows), _UPSERT_BATCH):
+            self._call("upsert", self._name, rows[start : start + _UPSERT_BATCH], partition_name=partition)
+
+    def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
+        self._delete(kb_id, expr.eq("version_key", version_key(kb_id, doc_id, version)))
+
+    def delete_document(self, kb_id: str, doc_id: str) -> None:
+        self._delete(kb_id, expr.all_of(expr.eq("kb_id", kb_id), expr.eq("doc_id", doc_id)))
+
+    def delete_kb(self, kb_id: str) -> None:
+        self._delete(kb_id, expr.eq("kb_id", kb_id))
+
+    def _delete(self, kb_id: str, where: str) -> None:
+        partition = self._partition_for_read(kb_id)
+        if partition is False:
+            return
+        self._call("delete", self._name, filter=where, partition_name=partition or "")
+
+    def flush(self) -> None:
+        """Seals written rows: unflushed rows make Lite searches 10-100x slower."""
+        self._call("flush", self._name)
+
+    # -- reads ----------------------------------------------------------------
+
+    def count(self, kb_id: str, *, doc_id: str | None = None, version: int | None = None) -> int:
+        """Leaves of a kb, or of one document (version)."""
+        partitions = self._partitions_for([kb_id])
+        if partitions == []:
+            return 0
+        if doc_id is not None and version is not None:
+            where = expr.eq("version_key", version_key(kb_id, doc_id, version))
+        else:
+            where = expr.all_of(expr.eq("kb_id", kb_id), expr.eq("doc_id", doc_id) if doc_id is not None else None)
+        rows = self._call("query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions)
+        return int(rows[0]["count(*)"]) if rows else 0
+
+    def search_dense(self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "") -> list[LeafHit]:
+        """Top leaves by inner product with ``vector`` (ef raised to ``limit``)."""
+        partitions = self._partitions_for(kb_ids)
+        if partitions == []:
+            return []
+        ef = max(self._settings.search_ef, limit)
+        result = self._call(
+            "search", self._name, data=[np.asarray(vector, dtype=np.float32).tolist()], anns_field="dense",
+            limit=limit, filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
+            search_params={"metric_type": "IP", "params": {"ef": ef}}, partition_names=partitions,
+        )  # fmt: skip
+        return [_hit(h, h["distance"]) for h in result[0]]
+
+    def search_sparse(self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "") -> list[LeafHit]:
+        """Top leaves by BM25 against ``text`` (Lite reports negated BM25; scores here are positive)."""
+        partitions = self._partitions_for(kb_ids)
+        if partitions == [] or not text.strip():
+            return []
+        result = self._call(
+            "search", self._name, data=[text], anns_field="sparse", limit=limit,
+            filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
+            search_params={"metric_type": "BM25"}, partition_names=partitions,
+        )  # fmt: skip
+        return [_hit(h, abs(h["distance"])) for h in result[0]]
+
+    def hybrid_search_raw(
+        self, vector: np.ndarray, text: str, *, limit: int, route_limit: int, kb_ids: Sequence[str] | None,
+        where: str = "", rrf_k: int = 60,
+    ) -> list[LeafHit]:  # fmt: skip
+        """Milvus's own ``hybrid_search`` with ``RRFRanker``: the benchmark baseline."""
+        from pymilvus import AnnSearchRequest, RRFRanker
+
+        partitions = self._partitions_for(kb_ids)
+        if partitions == []:
+            return []
+        ef = max(self._settings.search_ef, route_limit)
+        full_where = self._where(kb_ids, where)
+        requests = [
+            AnnSearchRequest([np.asarray(vector, dtype=np.float32).tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=full_where),
+            AnnSearchRequest([text], "sparse", {}, route_limit, expr=full_where),
+        ]  # fmt: skip
+        result = self._call(
+            "hybrid_search", self._name, requests, RRFRanker(rrf_k), limit=limit,
+            output_fields=_SCALAR_FIELDS, partition_names=partitions,
+        )  # fmt: skip
+        return [_hit(h, h["distance"]) for h in result[0]]
+
+    # -- helpers --------------------------------------------------------------
+
+    def _where(self, kb_ids: Sequence[str] | None, where: str) -> str:
+        kb_clause = None if self._use_partitions or kb_ids is None else expr.in_("kb_id", list(kb_ids))
+        return expr.all_of(kb_clause, where)
+
+    def _partitions_for(self, kb_ids: Sequence[str] | None) -> list[str] | None:
+        """Partitions to search: None = the whole collection; [] = nothing to search."""
+        if not self._use_partitions or kb_ids is None:
+            return None
+        return [p for p in (partition_name(k) for k in kb_ids) if p in self._partitions]
+
+    def _partition_for_read(self, kb_id: str) -> str | None | bool:
+        if not self._use_partitions:
+            return None
+        name = partition_name(kb_id)
+        return name if name in self._partitions else False
+
+    def _partition_for_write(self, kb_id: str) -> str:
+        if not self._use_partitions:
+            return ""
+        name = partition_name(kb_id)
+        if name not in self._partitions:
+            self._call("create_partition", self._name, name)
+            self._partitions.add(name)
+        return name
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, method)(*args, timeout=self._timeout, **kwargs)
+        except MilvusException as exc:
+            raise StoreError(f"Milvus {method} on {self._name!r} failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _row(leaf: Chunk, vector: np.ndarray, search_text: str) -> dict[str, Any]:
+    meta = dict(leaf.metadata)
+    return {
+        "chunk_id": leaf.chunk_id,
+        "kb_id": leaf.kb_id,
+        "doc_id": leaf.doc_id,
+        "version": leaf.version,
+        "version_key": version_key(leaf.kb_id, leaf.doc_id, leaf.version),
+        "parent_id": leaf.parent_id or "",
+        "root_id": leaf.root_id,
+        "level": leaf.level,
+        "ordinal": leaf.ordinal,
+        "heading_path": leaf.heading_path,
+        "module": str(meta.get("module") or ""),
+        "skill_points": [str(s) for s in meta.get("skill_points") or []],
+        "source": str(meta.get("source") or ""),
+        "char_start": leaf.char_start,
+        "char_end": leaf.char_end,
+        "metadata": meta,
+        "content": leaf.text,
+        "text": search_text,
+        "dense": np.asarray(vector, dtype=np.float32).tolist(),
+    }
+
+
+def _hit(hit: dict[str, Any], score: float) -> LeafHit:
+    e = hit["entity"]
+    chunk = Chunk(
+        chunk_id=str(hit["chunk_id"]),
+        kb_id=e["kb_id"],
+        doc_id=e["doc_id"],
+        version=int(e["version"]),
+        level=LEAF_LEVEL,
+        parent_id=e["parent_id"] or None,
+        root_id=e["root_id"],
+        ordinal=int(e["ordinal"]),
+        text=e["content"],
+        heading_path=e["heading_path"],
+        char_start=int(e["char_start"]),
+        char_end=int(e["char_end"]),
+        metadata=e.get("metadata") or {},
+    )
+    return LeafHit(chunk=chunk, score=float(score))
+
+
+def _connect(settings: MilvusSettings) -> MilvusClient:
+    uri = str(settings.uri)
+    if settings.is_lite:
+        os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
+    try:
+        return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s)
+    except MilvusException as exc:
+        if settings.is_lite and _lite_file_locked(uri):
+            raise IndexLockedError(
+                f"the Milvus Lite file {uri} is open in another process (a running `strata serve` or indexer?). "
+                "Milvus Lite allows one process per file: index through the service (POST /v1/index) or stop it "
+                "first, or use a Milvus server (STRATA_MILVUS__URI=http://host:19530)."
+            ) from exc
+        raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
+
+
+def _lite_file_locked(uri: str) -> bool:
+    lock_path = os.path.join(os.path.abspath(uri), "LOCK")
+    if not os.path.exists(lock_path):
+        return False
+    fd = os.open(lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)

