@@ -145,12 +145,23 @@ class RetrievalMeta:
     dropped_by_min_score: int = 0
     timings_ms: Mapping[str, float] = field(default_factory=dict)
     cache: Literal["hit", "miss", "off"] = "off"
+    parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the whole record."""
         return _json_safe(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RetrievalMeta:
+        fields = dict(data)
+        fields["kb_ids"] = tuple(fields["kb_ids"]) if fields.get("kb_ids") is not None else None
+        fields["merge_rounds"] = tuple(MergeRound(**r) for r in fields.get("merge_rounds", ()))
+        fields["rerank"] = RerankOutcome(**fields.get("rerank", {}))
+        fields["errors"] = tuple(StageError(**e) for e in fields.get("errors", ()))
+        fields["degraded"] = tuple(fields.get("degraded", ()))
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,15 @@ class RetrievalResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"docs": [d.to_dict() for d in self.docs], "meta": self.meta.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RetrievalResult:
+        """The inverse of ``to_dict`` (used by the query cache and API clients)."""
+        docs = tuple(
+            RetrievedDocument(d["content"], float("nan") if d["score"] is None else d["score"], d["metadata"])
+            for d in data["docs"]
+        )
+        return cls(docs=docs, meta=RetrievalMeta.from_dict(data["meta"]))
 
 
 def _json_float(value: float) -> float | None:

@@ -1,0 +1,133 @@
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve.
+
+Each sub-command lives in a module of this package, imported only when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from backend.config import Settings, get_settings
+from backend.errors import ConfigError, StrataError
+
+logger = logging.getLogger("strata")
+
+
+def configure_logging(settings: Settings, *, verbose: bool = False) -> None:
+    """Entry-point logging: strata at the configured level, libraries at WARNING."""
+    level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for name in ("backend", "strata"):
+        logging.getLogger(name).setLevel(level)
+    # pymilvus logs every failed RPC with a traceback and Milvus Lite's gRPC server logs the RPCs it
+    # does not implement; strata translates and reports the errors that matter itself.
+    for name in ("pymilvus", "milvus_lite", "grpc"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="index files/folders into a knowledge base (incremental)")
+    p.add_argument("paths", nargs="+", type=Path)
+    p.add_argument("--kb", required=True, help="knowledge base id")
+    p.add_argument("--delete-missing", action="store_true", help="delete documents whose files are gone")
+    p.add_argument("--recreate", action="store_true", help="drop the knowledge base and rebuild it")
+    p.add_argument("--batch-size", type=int, help="passages per encoder call (STRATA_EMBEDDING__BATCH_SIZE)")
+    p.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_lazy("backend.cli.index", "cmd_index"))
+
+
+def _add_maintenance(sub: Any) -> None:
+    p = sub.add_parser("delete", help="delete a document from a knowledge base")
+    p.add_argument("doc_id", nargs="?")
+    p.add_argument("--source", help="the document's source path instead of its id")
+    p.add_argument("--kb", required=True)
+    p.set_defaults(handler=_lazy("backend.cli.index", "cmd_delete"))
+    p = sub.add_parser("stats", help="counts per store, to check that they agree")
+    p.add_argument("--kb", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_lazy("backend.cli.index", "cmd_stats"))
+    p = sub.add_parser("reconcile", help="remove what an interrupted indexing run left behind")
+    p.add_argument("--kb", required=True)
+    p.set_defaults(handler=_lazy("backend.cli.index", "cmd_reconcile"))
+
+
+def _add_query(sub: Any) -> None:
+    p = sub.add_parser("query", help="retrieve evidence for a query")
+    p.add_argument("query")
+    p.add_argument("--kb", action="append", help="knowledge base id (repeat for several; default all)")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--module", action="append", default=[], help="filter: front-matter module")
+    p.add_argument("--skill-point", action="append", default=[], help="filter: skill point")
+    p.add_argument("--source-prefix", help="filter: source path prefix")
+    p.add_argument("--json", action="store_true", help="print the RetrievalResult as JSON")
+    p.add_argument("--explain", action="store_true", help="print stages, merges and per-doc traces")
+    p.set_defaults(handler=_lazy("backend.cli.query", "cmd_query"))
+
+
+def _add_eval(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate retrieval on a SQuAD-style data set (shared/eval/SPEC.md)")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--sample", type=int, help="questions to sample (seed 13); default all")
+    p.add_argument("--k", default="5,10", help="comma-separated k values (default 5,10)")
+    p.add_argument("--modes", default="bm25,dense,hybrid,hybrid+merge,full")
+    p.add_argument("--out", type=Path, default=Path("eval-out"))
+    p.add_argument("--kb", default="eval", help="knowledge base id for the corpus")
+    p.add_argument("--reuse-index", action="store_true", help="skip indexing when the kb is already built")
+    p.set_defaults(handler=_lazy("backend.cli.evaluate", "cmd_eval"))
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the HTTP API")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(handler=_lazy("backend.cli.serve", "cmd_serve"))
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(args, settings)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = get_settings()
+        configure_logging(settings, verbose=args.verbose)
+        return int(args.handler(args, settings))
+    except ConfigError as exc:
+        print(f"strata: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except StrataError as exc:
+        print(f"strata: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("strata: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""The indexing pipeline: load → chunk → encode L3 → write, incrementally.
+
+Write order makes partial work invisible and reruns safe (ids are
+deterministic, so a rerun overwrites instead of duplicating):
+
+1. SQL: the new document version as ``pending`` with all its chunks;
+2. Milvus: its leaves (``upsert``), then ``flush``;
+3. verify the leaf count in Milvus equals the L3 count;
+4. SQL: mark the version ``active`` (older versions become ``retired``);
+5. remove retired versions from Milvus, the parent cache and SQL.
+
+Retrieval hides every version that is not ``active``, so a crash at any step
+leaves the previous version serving; the next run first cleans what a crash
+left behind (``reconcile``). Documents are written in groups so Milvus gets
+few, large segments (its BM25 statistics are per segment) and one flush per
+group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from backend.config import ChunkingSettings
+from backend.errors import LoaderError, StoreError
+from backend.indexing.chunking import chunk_document
+from backend.indexing.loaders import is_supported, iter_source_files, load_document
+from backend.indexing.plan import DocumentPlan, IndexPlan, plan_changes
+from backend.resources import Resources
+from backend.stores.sql import ACTIVE, DocumentVersion
+from backend.types import Chunk, SourceDocument
+
+logger = logging.getLogger(__name__)
+
+KILL_ENV = "STRATA_TEST_KILL_AT"
+WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
+
+
+class Progress(Protocol):
+    """What the pipeline reports while it works (a tqdm bar, log lines, nothing)."""
+
+    def files_planned(self, total: int) -> None: ...
+
+    def file_done(self, source: str, outcome: str, chunks: int) -> None: ...
+
+    def leaves_encoded(self, count: int) -> None: ...
+
+
+class NoProgress:
+    def files_planned(self, total: int) -> None:
+        return None
+
+    def file_done(self, source: str, outcome: str, chunks: int) -> None:
+        return None
+
+    def leaves_encoded(self, count: int) -> None:
+        return None
+
+
+@dataclass
+class IndexReport:
+    """The outcome of one ``strata index`` run (also its ``--json`` output)."""
+
+    kb: str
+    dry_run: bool = False
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    failed: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    passages_encoded: int = 0
+    embeddings_reused: int = 0
+    chunks_written: int = 0
+    leaves_written: int = 0
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        data = {k: v for k, v in self.__dict__.items()}
+        data["chunks_per_s"] = round(self.chunks_per_s, 2)
+        data["seconds"] = round(self.seconds, 3)
+        data["encode_seconds"] = round(self.encode_seconds, 3)
+        return data
+
+
+def chunking_signature(settings: ChunkingSettings) -> str:
+    """Changes whenever chunk boundaries or search texts would change."""
+    return hashlib.sha1(settings.model_dump_json().encode()).hexdigest()[:16]
+
+
+def search_text(leaf: Chunk, contextualize: bool) -> str:
+    """What BM25 and the encoder see: the leaf, prefixed by its heading path."""
+    if contextualize and leaf.heading_path:
+        return f"{leaf.heading_path}\n{leaf.text}"
+    return leaf.text
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Indexer:
+    """Indexes folders into one knowledge base, incrementally."""
+
+    def __init__(self, resources: Resources, *, group_leaves: int = 2000) -> None:
+        self._res = resources
+        self._chunking = resources.settings.chunking
+        self._group_leaves = group_leaves
+        self._kill_at = os.environ.get(KILL_ENV, "")
+
+    # -- the batch job ----------------------------------------------------------
+
+    def index_paths(
+        self,
+        paths: Sequence[Path],
+        *,
+        kb_id: str,
+        delete_missing: bool = False,
+        recreate: bool = False,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> IndexReport:
+        """Brings ``kb_id`` in line with the files under ``paths``."""
+        progress = progress or NoProgress()
+        started = time.perf_counter()
+        report = IndexReport(kb=kb_id, dry_run=dry_run)
+        if recreate and not dry_run:
+            self.drop_kb(kb_id)
+        docs = self._load_all(paths, report)
+        signature = chunking_signature(self._chunking)
+        plan = self._plan(kb_id, docs, signature, delete_missing, dry_run)
+        report.unchanged = len(plan.unchanged)
+        progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
+        for doc in plan.unchanged:
+            progress.file_done(doc.source, "unchanged", 0)
+        if dry_run:
+            _count_planned(plan, report)
+        else:
+            self._write_plan(kb_id, plan, report, progress)
+            self._res.documents.set_chunking(kb_id, signature)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _load_all(self, paths: Sequence[Path], report: IndexReport) -> list[SourceDocument]:
+        docs: dict[str, SourceDocument] = {}
+        for root, files in _files_by_root(paths, report):
+            for path in files:
+                if not is_supported(path):
+                    report.skipped.append({"source": str(path), "reason": f"unsupported file type {path.suffix!r}"})
+                    continue
+                try:
+                    doc = load_document(path, root=root)
+                except LoaderError as exc:
+                    _fail(report, str(path), str(exc))
+                    continue
+                if doc.doc_id in docs:
+                    _fail(report, str(path), f"duplicate doc_id {doc.doc_id!r} (also {docs[doc.doc_id].source})")
+                    continue
+                docs[doc.doc_id] = doc
+        return list(docs.values())
+
+    def _plan(
+        self, kb_id: str, docs: list[SourceDocument], signature: str, delete_missing: bool, dry_run: bool
+    ) -> IndexPlan:
+        encoder = self._res.encoder
+        store = self._res.documents
+        kb = store.get_kb(kb_id)
+        if kb is None and not dry_run:
+            kb = store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+        elif kb is not None:
+            store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+        if not dry_run:
+            self.reconcile(kb_id)
+        versions = store.versions(kb_id) if kb is not None else []
+        rechunk = kb is not None and kb.chunking != signature
+        if rechunk:
+            logger.info("chunking settings of %s changed: every document is re-chunked", kb_id)
+        return plan_changes(docs, versions, rechunk=rechunk, delete_missing=delete_missing)
+
+    # -- writing ----------------------------------------------------------------
+
+    def _write_plan(self, kb_id: str, plan: IndexPlan, report: IndexReport, progress: Progress) -> None:
+        group: list[tuple[DocumentPlan, list[Chunk]]] = []
+        leaves_in_group = 0
+        for item in plan.to_write:
+            try:
+                chunks = chunk_document(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
+            except Exception as exc:  # a chunker bug on one file must not stop the batch
+                logger.exception("chunking %s failed", item.doc.source)
+                _fail(report, item.doc.source, f"chunking failed: {exc}")
+                continue
+            group.append((item, chunks))
+            leaves_in_group += sum(c.is_leaf for c in chunks)
+            if leaves_in_group >= self._group_leaves:
+                self._write_group(kb_id, group, report, progress)
+                group, leaves_in_group = [], 0
+        if group:
+            self._write_group(kb_id, group, report, progress)
+        for version in plan.to_delete:
+            self.delete_document(kb_id, version.doc_id)
+            report.deleted += 1
+            progress.file_done(version.source, "deleted", 0)
+
+    def _write_group(
+        self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress
+    ) -> None:
+        leaves = [c for _, chunks in group for c in chunks if c.is_leaf]
+        texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
+        vectors = self._embed(texts, report, progress)
+        documents = self._res.documents
+        for item, chunks in group:
+            documents.write_pending(_version_row(kb_id, item, chunks), chunks)
+        self._checkpoint("sql_pending")
+        self._res.leaf_index.upsert(leaves, vectors, texts)
+        self._checkpoint("milvus_upsert")
+        self._res.leaf_index.flush()
+        self._checkpoint("milvus_flush")
+        for item, chunks in group:
+            self._activate(kb_id, item, chunks, report, progress)
+        self._retire_previous(kb_id, [item for item, _ in group])
+
+    def _activate(
+        self, kb_id: str, item: DocumentPlan, chunks: list[Chunk], report: IndexReport, progress: Progress
+    ) -> None:
+        expected = sum(c.is_leaf for c in chunks)
+        found = self._res.leaf_index.count(kb_id, doc_id=item.doc.doc_id, version=item.version)
+        if found != expected:
+            _fail(report, item.doc.source, f"Milvus holds {found} leaves, expected {expected}; version left pending")
+            return
+        self._res.documents.activate(kb_id, item.doc.doc_id, item.version)
+        self._checkpoint("activate")
+        self._res.parents.put_many([c for c in chunks if not c.is_leaf])
+        report.chunks_written += len(chunks)
+        report.leaves_written += expected
+        if item.previous is None:
+            report.added += 1
+        else:
+            report.updated += 1
+        progress.file_done(item.doc.source, "updated" if item.previous else "added", len(chunks))
+
+    def _retire_previous(self, kb_id: str, items: list[DocumentPlan]) -> None:
+        retired = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
+        touched = {item.doc.doc_id for item in items}
+        self._remove_versions([v for v in retired if v.doc_id in touched])
+
+    def _remove_versions(self, versions: Sequence[DocumentVersion]) -> None:
+        """Milvus first, then cache, then SQL: SQL rows outlive their leaves, never the reverse."""
+        if not versions:
+            return
+        for v in versions:
+            self._res.leaf_index.delete_version(v.kb_id, v.doc_id, v.version)
+        self._res.leaf_index.flush()
+        self._checkpoint("retire_milvus")
+        documents = self._res.documents
+        for v in versions:
+            parents = documents.version_chunks(v.kb_id, v.doc_id, v.version, levels=(1, 2))
+            self._res.parents.invalidate([(v.kb_id, c.chunk_id) for c in parents])
+            documents.delete_version(v.kb_id, v.doc_id, v.version)
+        self._checkpoint("retire_sql")
+
+    # -- encoding ---------------------------------------------------------------
+
+    def _embed(self, texts: list[str], report: IndexReport, progress: Progress) -> np.ndarray:
+        """Vectors for ``texts``: the embedding cache first, the encoder for the rest."""
+        encoder = self._res.encoder
+        hashes = [text_hash(t) for t in texts]
+        cached = self._res.documents.cached_embeddings(encoder.name, hashes)
+        missing = list(dict.fromkeys(h for h in hashes if h not in cached))
+        by_hash = dict(zip(hashes, texts))
+        fresh: dict[str, np.ndarray] = {}
+        batch = self._res.settings.embedding.batch_size
+        started = time.perf_counter()
+        for start in range(0, len(missing), batch):
+            chunk = missing[start : start + batch]
+            vectors = encoder.encode_passages([by_hash[h] for h in chunk])
+            fresh.update(zip(chunk, vectors))
+            progress.leaves_encoded(len(chunk))
+        report.encode_seconds += time.perf_counter() - started
+        self._res.documents.cache_embeddings(encoder.name, fresh)
+        report.passages_encoded += len(fresh)
+        report.embeddings_reused += len(texts) - len(fresh)
+        if len(missing) < len(texts):
+            progress.leaves_encoded(len(texts) - len(missing))
+        vectors = {**cached, **fresh}
+        return np.vstack([vectors[h] for h in hashes]) if hashes else np.zeros((0, encoder.dim), np.float32)
+
+    # -- maintenance ------------------------------------------------------------
+
+    def reconcile(self, kb_id: str) -> int:
+        """Removes versions a crash left ``pending`` or ``retired``; returns how many."""
+        leftovers = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
+        if leftovers:
+            logger.info("reconcile %s: removing %d unfinished or retired versions", kb_id, len(leftovers))
+        self._remove_versions(leftovers)
+        return len(leftovers)
+
+    def delete_document(self, kb_id: str, doc_id: str) -> bool:
+        """Stops serving a document at once, then removes it from every store."""
+        versions = self._res.documents.versions(kb_id, doc_id)
+        if not versions:
+            return False
+        self._res.documents.retire_document(kb_id, doc_id)
+        self._remove_versions(versions)
+        return True
+
+    def drop_kb(self, kb_id: str) -> None:
+        """Deletes a knowledge base everywhere (retire in SQL first, so a crash is recoverable)."""
+        store = self._res.documents
+        if store.get_kb(kb_id) is None:
+            return
+        for doc_id in sorted({v.doc_id for v in store.versions(kb_id)}):
+            store.retire_document(kb_id, doc_id)
+        self._res.leaf_index.delete_kb(kb_id)
+        self._res.leaf_index.flush()
+        try:
+            self._res.parents.cache.delete_kb(kb_id)
+        except StoreError as exc:
+            logger.warning("could not clear the parent cache of %s: %s", kb_id, exc)
+        store.drop_kb(kb_id)
+
+    def _checkpoint(self, step: str) -> None:
+        """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``."""
+        if self._kill_at == step:
+            logger.warning("%s=%s: killing the indexer", KILL_ENV, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _files_by_root(paths: Sequence[Path], report: IndexReport) -> list[tuple[Path, list[Path]]]:
+    out = []
+    for path in paths:
+        root = path if path.is_dir() else path.parent
+        try:
+            out.append((root, iter_source_files([path])))
+        except LoaderError as exc:
+            _fail(report, str(path), str(exc))
+    return out
+
+
+def _fail(report: IndexReport, source: str, reason: str) -> None:
+    logger.warning("failed: %s: %s", source, reason)
+    report.failed += 1
+    report.failures.append({"source": source, "reason": reason})
+
+
+def _count_planned(plan: IndexPlan, report: IndexReport) -> None:
+    report.added = sum(1 for item in plan.to_write if item.previous is None)
+    report.updated = len(plan.to_write) - report.added
+    report.deleted = len(plan.to_delete)
+
+
+def _version_row(kb_id: str, item: DocumentPlan, chunks: list[Chunk]) -> DocumentVersion:
+    return DocumentVersion(
+        kb_id=kb_id,
+        doc_id=item.doc.doc_id,
+        version=item.version,
+        source=item.doc.source,
+        content_hash=item.doc.content_hash,
+        leaf_count=sum(c.is_leaf for c in chunks),
+        metadata=dict(item.doc.metadata),
+    )
+

@@ -1,0 +1,107 @@
+"""The per-query recorder that becomes the ``RetrievalMeta`` record.
+
+One ``Recorder`` lives for one ``retrieve`` call: stages report timings,
+counts and the errors they recovered from; ``result`` freezes it all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Iterator, Sequence
+
+from backend.stores.parents import ParentFetch
+from backend.types import (
+    Filters,
+    MergeRound,
+    Mode,
+    RerankOutcome,
+    RetrievalMeta,
+    RetrievalResult,
+    RetrievedDocument,
+    StageError,
+)
+
+logger = logging.getLogger("backend.rag")
+
+
+class Recorder:
+    """Mutable for the length of one query; everything it hands out is frozen."""
+
+    def __init__(
+        self, query: str, top_k: int, candidate_k: int, kb_ids: tuple[str, ...] | None, filters: Filters | None
+    ) -> None:
+        self.query, self.top_k, self.candidate_k = query, top_k, candidate_k
+        self.kb_ids, self.filters = kb_ids, filters
+        self.mode: Mode = "hybrid"
+        self.dense = self.sparse = self.fused = 0
+        self.merge_rounds: list[MergeRound] = []
+        self.rerank = RerankOutcome()
+        self._started = time.perf_counter()
+        self._timings: dict[str, float] = {}
+        self._errors: list[StageError] = []
+        self._degraded: list[str] = []
+        self._parent_cache = {"hits": 0, "misses": 0}
+
+    @property
+    def filters_dict(self) -> dict[str, Any]:
+        return self.filters.to_dict() if self.filters and not self.filters.is_empty() else {}
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[stage] = self._timings.get(stage, 0.0) + (time.perf_counter() - started) * 1000
+
+    def error(self, stage: str, exc: BaseException, *, degraded: str | None = None) -> None:
+        logger.warning("retrieval stage %s failed: %s: %s", stage, type(exc).__name__, exc)
+        self.error_message(stage, type(exc).__name__, str(exc), degraded)
+
+    def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
+        self._errors.append(StageError(stage=stage, error=error, message=message[:500]))
+        if degraded and degraded not in self._degraded:
+            self._degraded.append(degraded)
+
+    def failed(self) -> list[Any]:
+        self.mode = "failed"
+        return []
+
+    def route_counts(self, *, dense: int | None = None, sparse: int | None = None) -> None:
+        self.dense = self.dense if dense is None else dense
+        self.sparse = self.sparse if sparse is None else sparse
+
+    def parent_fetch(self, fetch: ParentFetch) -> None:
+        self._parent_cache["hits"] += fetch.cache_hits
+        self._parent_cache["misses"] += fetch.cache_misses
+        if fetch.cache_error:
+            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
+        if fetch.missing:
+            shown = ", ".join(fetch.missing[:5])
+            self.error_message("parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing")
+
+    def result(self, docs: Sequence[RetrievedDocument], *, dropped: int) -> RetrievalResult:
+        self._timings["total"] = (time.perf_counter() - self._started) * 1000
+        status = "failed" if self.mode == "failed" else ("degraded" if self._degraded else "ok")
+        meta = RetrievalMeta(
+            query=self.query, top_k=self.top_k, candidate_k=self.candidate_k, status=status, mode=self.mode,
+            kb_ids=self.kb_ids, filters=self.filters_dict, dense_candidates=self.dense,
+            sparse_candidates=self.sparse, fused_candidates=self.fused, merge_rounds=tuple(self.merge_rounds),
+            rerank=self.rerank, returned=len(docs), dropped_by_min_score=dropped,
+            timings_ms={k: round(v, 3) for k, v in self._timings.items()}, cache="miss",
+            parent_cache=dict(self._parent_cache), errors=tuple(self._errors), degraded=tuple(self._degraded),
+        )  # fmt: skip
+        if status == "failed":
+            logger.error("retrieval failed for %r: %s", self.query[:80], "; ".join(f"{e.stage}: {e.message}" for e in self._errors))
+        return RetrievalResult(docs=tuple(docs), meta=meta)
+
+    def uncached(self, result: RetrievalResult) -> RetrievalResult:
+        return replace(result, meta=replace(result.meta, cache="off"))
+
+    def cache_hit(self, result: RetrievalResult) -> RetrievalResult:
+        total = (time.perf_counter() - self._started) * 1000
+        timings = {k: v for k, v in self._timings.items()} | {"total": round(total, 3)}
+        return replace(result, meta=replace(result.meta, cache="hit", timings_ms=timings))

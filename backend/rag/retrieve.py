@@ -1,0 +1,259 @@
+"""``retrieve_documents``: the orchestration of one query (no algorithms here).
+
+encode → hybrid search (dense + BM25, RRF) → auto-merge L3→L2→L1 → rerank or
+fused order → top_k → min-score cut, with every degraded path recorded in
+the meta record and none raised to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from backend.config import Settings, get_settings
+from backend.rag.candidates import Candidate
+from backend.rag.finalize import finalize
+from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
+from backend.rag.merge import apply_merge, parents_to_fetch
+from backend.rag.query_cache import QueryCache, cache_key, normalize_query
+from backend.rag.recorder import Recorder
+from backend.resources import Resources
+from backend.stores import filters as expr
+from backend.stores.milvus import LeafHit
+from backend.stores.sql import ServingState
+from backend.types import Filters, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument
+
+logger = logging.getLogger(__name__)
+
+
+class Retriever:
+    """Answers queries against the stores of one ``Resources``."""
+
+    def __init__(self, resources: Resources, *, query_cache: QueryCache | None = None) -> None:
+        self._res = resources
+        self._cfg = resources.settings.retrieval
+        self._cache = query_cache or QueryCache(
+            size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis
+        )
+
+    def retrieve(
+        self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None
+    ) -> RetrievalResult:
+        """The best ``top_k`` pieces of evidence and the meta record; never raises on outages."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query must be a non-empty string")
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
+        run = Recorder(query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters)
+        state = self._serving_state(run)
+        if state is None or not self._cache.enabled:
+            return run.uncached(self._compute(run, state))
+        key = self._cache_key(run, state)
+        value, hit = self._cache.get_or_compute(key, lambda: self._cacheable(run, state))
+        result = value if isinstance(value, RetrievalResult) else RetrievalResult.from_dict(value)
+        return run.cache_hit(result) if hit else result
+
+    def _cacheable(self, run: Recorder, state: ServingState) -> tuple[Any, bool]:
+        result = self._compute(run, state)
+        return result, result.meta.status == "ok"
+
+    def _cache_key(self, run: Recorder, state: ServingState) -> str:
+        return cache_key({
+            "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
+            "filters": run.filters_dict, "gen": sorted(state.generations.items()),
+            "cfg": self._res.settings.retrieval.model_dump(), "rerank": self._res.settings.rerank.url,
+        })  # fmt: skip
+
+    # -- stages ------------------------------------------------------------------
+
+    def _serving_state(self, run: Recorder) -> ServingState | None:
+        with run.timed("state"):
+            try:
+                state = self._res.documents.serving_state(run.kb_ids)
+            except Exception as exc:
+                run.error("state", exc, degraded="serving_state_unavailable")
+                return None
+        unknown = [k for k in run.kb_ids or () if k not in state.generations]
+        if unknown:
+            run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_kb")
+        return state
+
+    def _compute(self, run: Recorder, state: ServingState | None) -> RetrievalResult:
+        if state is not None and run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids):
+            run.mode = "failed"
+            return run.result([], dropped=0)
+        where = self._where(run, state)
+        vector = self._encode(run)
+        candidates = self._search(run, vector, where)
+        if self._cfg.merge_enabled and candidates:
+            candidates = self._merge(run, candidates)
+        candidates, reranked = self._rerank(run, candidates)
+        final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
+        return run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score)
+
+    def _where(self, run: Recorder, state: ServingState | None) -> str:
+        hidden = state.hidden_version_keys if state is not None else ()
+        return expr.all_of(
+            expr.filters_expression(run.filters), expr.not_in("version_key", list(hidden)) if hidden else None
+        )
+
+    def _encode(self, run: Recorder) -> np.ndarray | None:
+        with run.timed("encode"):
+            try:
+                return self._res.encoder.encode_queries([run.query])[0]
+            except Exception as exc:
+                run.error("encode", exc, degraded="query_encoder_failed")
+                return None
+
+    def _search(self, run: Recorder, vector: np.ndarray | None, where: str) -> list[Candidate]:
+        with run.timed("search"):
+            if vector is not None:
+                fused = self._hybrid(run, vector, where)
+                if fused is not None:
+                    return fused
+                if self._cfg.dense_fallback:
+                    dense = self._route(run, "dense", vector, where)
+                    if dense is not None:
+                        run.mode = "dense_fallback"
+                        return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k)
+            if vector is None and not self._cfg.sparse_fallback:
+                return run.failed()
+            sparse = self._route(run, "sparse", run.query, where)
+            if sparse is None:
+                return run.failed()
+            run.mode = "sparse_fallback"
+            return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k)
+
+    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str) -> list[Candidate] | None:
+        try:
+            dense = self._hits("dense", run, vector, where)
+            sparse = self._hits("sparse", run, run.query, where)
+        except Exception as exc:
+            run.error("search", exc, degraded="hybrid_search_failed")
+            return None
+        run.mode = "hybrid"
+        run.route_counts(dense=len(dense), sparse=len(sparse))
+        weights = (
+            FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
+            if self._cfg.fusion == "weighted_rrf"
+            else FusionWeights()
+        )
+        fused = rrf_fuse(dense, sparse, k=self._cfg.rrf_k, limit=run.candidate_k, weights=weights)
+        run.fused = len(fused)
+        return fused
+
+    def _route(self, run: Recorder, route: str, query: Any, where: str) -> list[LeafHit] | None:
+        try:
+            hits = self._hits(route, run, query, where)
+        except Exception as exc:
+            run.error(f"{route}_fallback", exc)
+            return None
+        run.route_counts(**{route: len(hits)})
+        run.fused = min(len(hits), run.candidate_k)
+        return hits
+
+    def _hits(self, route: str, run: Recorder, query: Any, where: str) -> list[LeafHit]:
+        index = self._res.leaf_index
+        search = index.search_dense if route == "dense" else index.search_sparse
+        hits = search(query, limit=self._cfg.route_multiplier * run.candidate_k, kb_ids=run.kb_ids, where=where)
+        prefix = run.filters.source_prefix if run.filters else None
+        if prefix and expr.needs_exact_check(prefix):  # LIKE wildcards in the prefix over-match
+            hits = [h for h in hits if str(h.chunk.metadata.get("source", "")).startswith(prefix)]
+        return hits
+
+    def _merge(self, run: Recorder, candidates: list[Candidate]) -> list[Candidate]:
+        with run.timed("merge"):
+            for round_no, level in ((1, 3), (2, 2)):
+                candidates = self._merge_round(run, candidates, round_no, level)
+        return candidates
+
+    def _merge_round(self, run: Recorder, candidates: list[Candidate], round_no: int, level: int) -> list[Candidate]:
+        refs = parents_to_fetch(candidates, level=level, min_children=self._cfg.merge_min_children)
+        if not refs:
+            run.merge_rounds.append(MergeRound(round=round_no))
+            return candidates
+        with run.timed("parent_fetch"):
+            try:
+                fetch = self._res.parents.get_many(refs)
+            except Exception as exc:
+                run.error("parent_fetch", exc, degraded="parent_fetch_failed")
+                run.merge_rounds.append(MergeRound(round=round_no, parents_missing=len(refs)))
+                return candidates
+        run.parent_fetch(fetch)
+        merged, record = apply_merge(
+            candidates, fetch.chunks, round_no=round_no, level=level, min_children=self._cfg.merge_min_children,
+            min_ratio=self._cfg.merge_min_ratio, score_mode=self._cfg.merge_score,
+        )  # fmt: skip
+        run.merge_rounds.append(record)
+        return merged
+
+    def _rerank(self, run: Recorder, candidates: list[Candidate]) -> tuple[list[Candidate], bool]:
+        reranker = self._res.reranker
+        if reranker is None or not candidates:
+            run.rerank = RerankOutcome("skipped", "not configured" if reranker is None else "no candidates")
+            return candidates, False
+        started = time.perf_counter()
+        try:
+            with run.timed("rerank"):
+                scores = reranker.rerank(run.query, [c.chunk.text for c in candidates])
+        except Exception as exc:
+            latency = (time.perf_counter() - started) * 1000
+            run.rerank = RerankOutcome("failed", f"{type(exc).__name__}: {exc}", reranker.provider, round(latency, 2))
+            run.error("rerank", exc, degraded="rerank_failed")
+            return candidates, False
+        latency = (time.perf_counter() - started) * 1000
+        run.rerank = RerankOutcome("applied", "ok", reranker.provider, round(latency, 2))
+        return [_reranked(candidates[s.index], s.score) for s in scores], True
+
+
+def _reranked(cand: Candidate, score: float) -> Candidate:
+    return replace(cand, score=score, trace=replace(cand.trace, rerank_score=score, score_stage="rerank"))
+
+
+def _document(cand: Candidate) -> RetrievedDocument:
+    chunk = cand.chunk
+    metadata = {
+        **dict(chunk.metadata),
+        "chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "kb_id": chunk.kb_id, "version": chunk.version,
+        "level": chunk.level, "heading_path": chunk.heading_path, "source": chunk.metadata.get("source", ""),
+        "char_start": chunk.char_start, "char_end": chunk.char_end, "merged_from": list(cand.merged_from),
+        "trace": cand.trace.to_dict(),
+    }  # fmt: skip
+    return RetrievedDocument(content=chunk.text, score=cand.score, metadata=metadata)
+
+
+_retrievers: dict[str, Retriever] = {}
+_retrievers_lock = threading.Lock()
+
+
+def get_retriever(settings: Settings | None = None) -> Retriever:
+    """The process-wide ``Retriever`` of these settings (built on first use)."""
+    settings = settings or get_settings()
+    key = settings.model_dump_json()
+    with _retrievers_lock:
+        if key not in _retrievers:
+            _retrievers[key] = Retriever(Resources(settings))
+        return _retrievers[key]
+
+
+def retrieve_documents(
+    query: str,
+    top_k: int = 5,
+    *,
+    kb_ids: list[str] | None = None,
+    filters: Filters | None = None,
+    settings: Settings | None = None,
+) -> RetrievalResult:
+    """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
+
+    Outages never raise: they show in ``result.meta`` (``status`` degraded or
+    failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty
+    query, ``top_k < 1``) raise ``ValueError``.
+    """
+    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters)
