@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -134,6 +136,7 @@ class ChunkingSettings(_Section):
 class RetrievalSettings(_Section):
     """How ``retrieve_documents`` searches, merges and cuts."""
 
+    routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
     route_multiplier: int = Field(2, ge=1, description="each route fetches route_multiplier x candidate_k")
     fusion: Literal["rrf", "weighted_rrf"] = "rrf"
@@ -208,7 +211,10 @@ class Settings(BaseSettings):
         toml_path = Path(os.environ.get(f"{ENV_PREFIX}CONFIG", "strata.toml"))
         sources = [init_settings, env_settings, dotenv_settings]
         if toml_path.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+            try:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"invalid {ENV_PREFIX}CONFIG file {str(toml_path)!r}: {exc}") from None
         return tuple(sources)
 
     @model_validator(mode="after")
@@ -224,7 +230,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _no_placeholder_secrets(self) -> Settings:
         if self.environment == "production" and self.api.api_key.get_secret_value() in {"", "changethis"}:
-            raise ValueError("api.api_key must be set to a real secret when environment=production")
+            raise ValueError(f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production")
         return self
 
 
@@ -249,6 +255,8 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from None
+    except SettingsError as exc:  # a JSON-valued variable (e.g. STRATA_MILVUS__ANALYZER) that is not JSON
+        raise ConfigError(f"invalid setting: {exc}: {exc.__cause__}") from None
 
 
 @functools.lru_cache(maxsize=1)

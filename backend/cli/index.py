@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from backend.cli.progress import make_progress
@@ -63,11 +63,14 @@ def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _doc_id_for_source(resources: Any, kb_id: str, source: str) -> str | None:
-    wanted = Path(source).as_posix()
-    for version in resources.documents.versions(kb_id):
-        if version.source == wanted or version.source == Path(source).name:
-            return version.doc_id
-    return None
+    """The document whose stored source (relative to the indexed folder) ends ``source``; the longest match wins."""
+    wanted = Path(source).parts
+    matches = [
+        (len(parts), version.doc_id)
+        for version in resources.documents.versions(kb_id)
+        if (parts := PurePosixPath(version.source).parts) and wanted[-len(parts) :] == parts
+    ]
+    return max(matches)[1] if matches else None
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:

@@ -32,7 +32,7 @@ class BGEM3Encoder:
 
     @property
     def name(self) -> str:
-        return f"bge-m3/{self._model_name.rstrip('/')}"
+        return f"bge-m3/{self._model_name.strip('/')}"
 
     @property
     def dim(self) -> int:

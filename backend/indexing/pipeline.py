@@ -138,11 +138,15 @@ class Indexer:
         progress = progress or NoProgress()
         started = time.perf_counter()
         report = IndexReport(kb=kb_id, dry_run=dry_run)
+        if not dry_run:
+            # Open Milvus before any SQL write: a Milvus Lite file held by another process must fail
+            # the run before it encodes or writes pending rows that could clash with that process's.
+            _ = self._res.leaf_index
         if recreate and not dry_run:
             self.drop_kb(kb_id)
         docs = self._load_all(paths, report)
         signature = chunking_signature(self._chunking)
-        plan = self._plan(kb_id, docs, signature, delete_missing, dry_run)
+        plan = self._plan(kb_id, docs, signature, delete_missing, dry_run, recreate)
         report.unchanged = len(plan.unchanged)
         progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
         for doc in plan.unchanged:
@@ -174,8 +178,9 @@ class Indexer:
         return list(docs.values())
 
     def _plan(
-        self, kb_id: str, docs: list[SourceDocument], signature: str, delete_missing: bool, dry_run: bool
-    ) -> IndexPlan:
+        self, kb_id: str, docs: list[SourceDocument], signature: str, delete_missing: bool, dry_run: bool,
+        recreate: bool = False,
+    ) -> IndexPlan:  # fmt: skip
         encoder = self._res.encoder
         store = self._res.documents
         kb = store.get_kb(kb_id)
@@ -185,7 +190,8 @@ class Indexer:
             store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
         if not dry_run:
             self.reconcile(kb_id)
-        versions = store.versions(kb_id) if kb is not None else []
+        # a dry run of --recreate plans against the empty kb the recreate would start from
+        versions = store.versions(kb_id) if kb is not None and not (dry_run and recreate) else []
         rechunk = kb is not None and kb.chunking != signature
         if rechunk:
             logger.info("chunking settings of %s changed: every document is re-chunked", kb_id)
@@ -239,7 +245,7 @@ class Indexer:
         expected = sum(c.is_leaf for c in chunks)
         found = self._res.leaf_index.count(kb_id, doc_id=item.doc.doc_id, version=item.version)
         if found != expected:
-            _fail(report, item.doc.source, f"Milvus holds {found} leaves, expected {expected}; version left pending")
+            _fail(report, item.doc.source, f"Milvus holds {found} leaves, expected {expected}; version not activated")
             return
         self._res.documents.activate(kb_id, item.doc.doc_id, item.version)
         self._checkpoint("activate")
@@ -313,6 +319,7 @@ class Indexer:
         versions = self._res.documents.versions(kb_id, doc_id)
         if not versions:
             return False
+        _ = self._res.leaf_index  # fail on a held Milvus Lite file before touching SQL
         self._res.documents.retire_document(kb_id, doc_id)
         self._remove_versions(versions)
         return True

@@ -55,7 +55,9 @@ def single_route(hits: Sequence[LeafHit], *, route: str, k: int = 60, limit: int
     """Candidates from one route (a fallback path), scored by RRF so scales stay comparable."""
     if route == "dense":
         return rrf_fuse(hits, [], k=k, limit=limit)
-    return rrf_fuse([], hits, k=k, limit=limit)
+    if route == "sparse":
+        return rrf_fuse([], hits, k=k, limit=limit)
+    raise ValueError(f"unknown route {route!r} (dense or sparse)")
 
 
 def _unique(hits: Sequence[LeafHit]) -> list[LeafHit]:

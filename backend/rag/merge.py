@@ -63,7 +63,7 @@ def apply_merge(
         if parent is None:
             missing += 1
             continue
-        if min_ratio > 0 and len(children) < min_ratio * max(parent.child_count, 1):
+        if min_ratio > 0 and len(children) / max(parent.child_count, 1) < min_ratio:  # not n < r*c: 0.28*25 > 7
             continue
         merged[parent_id] = _merged_parent(parent, children, score_mode)
     result, absorbed = _replace_children(ordered, merged, score_mode)

@@ -92,11 +92,7 @@ class QueryCache:
         return self._redis_get(key)
 
     def _put(self, key: str, value: dict[str, Any]) -> None:
-        with self._lock:
-            self._items[key] = (time.monotonic() + self._ttl, value)
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+        self._remember(key, value)
         if self._redis is not None:
             try:
                 self._redis.set(self._prefix + key, json.dumps(value, ensure_ascii=False), ex=int(self._ttl))
@@ -113,10 +109,21 @@ class QueryCache:
             return None
         if raw is None:
             return None
-        value = json.loads(raw)
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:  # a corrupt entry is a miss, not an error
+            logger.warning("query cache: unreadable Redis entry %s: %s", key, exc)
+            return None
+        self._remember(key, value)
+        return value
+
+    def _remember(self, key: str, value: dict[str, Any]) -> None:
+        """Stores ``key`` locally as the most recent entry, evicting the least recent past ``size``."""
         with self._lock:
             self._items[key] = (time.monotonic() + self._ttl, value)
-        return value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
 
     def clear(self) -> None:
         with self._lock:

@@ -55,13 +55,14 @@ class Retriever:
         if state is None or not self._cache.enabled:
             return run.uncached(self._compute(run, state))
         key = self._cache_key(run, state)
-        value, hit = self._cache.get_or_compute(key, lambda: self._cacheable(run, state))
-        result = value if isinstance(value, RetrievalResult) else RetrievalResult.from_dict(value)
-        return run.cache_hit(result) if hit else result
+        computed: list[RetrievalResult] = []
 
-    def _cacheable(self, run: Recorder, state: ServingState) -> tuple[Any, bool]:
-        result = self._compute(run, state)
-        return result, result.meta.status == "ok"
+        def compute() -> tuple[dict[str, Any], bool]:
+            computed.append(self._compute(run, state))
+            return computed[0].to_dict(), computed[0].meta.status == "ok"
+
+        value, hit = self._cache.get_or_compute(key, compute)
+        return run.cache_hit(RetrievalResult.from_dict(value)) if hit else computed[0]
 
     def _cache_key(self, run: Recorder, state: ServingState) -> str:
         return cache_key({
@@ -104,6 +105,8 @@ class Retriever:
         )
 
     def _encode(self, run: Recorder) -> np.ndarray | None:
+        if self._cfg.routes == "sparse":
+            return None
         with run.timed("encode"):
             try:
                 return self._res.encoder.encode_queries([run.query])[0]
@@ -113,6 +116,8 @@ class Retriever:
 
     def _search(self, run: Recorder, vector: np.ndarray | None, where: str) -> list[Candidate]:
         with run.timed("search"):
+            if self._cfg.routes != "hybrid":
+                return self._single(run, self._cfg.routes, vector, where)
             if vector is not None:
                 fused = self._hybrid(run, vector, where)
                 if fused is not None:
@@ -129,6 +134,15 @@ class Retriever:
                 return run.failed()
             run.mode = "sparse_fallback"
             return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k)
+
+    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str) -> list[Candidate]:
+        """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
+        query = vector if route == "dense" else run.query
+        hits = self._route(run, route, query, where, stage="search") if query is not None else None
+        if hits is None:
+            return run.failed()
+        run.mode = route  # type: ignore[assignment]
+        return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k)
 
     def _hybrid(self, run: Recorder, vector: np.ndarray, where: str) -> list[Candidate] | None:
         try:
@@ -148,11 +162,11 @@ class Retriever:
         run.fused = len(fused)
         return fused
 
-    def _route(self, run: Recorder, route: str, query: Any, where: str) -> list[LeafHit] | None:
+    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[LeafHit] | None:
         try:
             hits = self._hits(route, run, query, where)
         except Exception as exc:
-            run.error(f"{route}_fallback", exc)
+            run.error(stage or f"{route}_fallback", exc)
             return None
         run.route_counts(**{route: len(hits)})
         run.fused = min(len(hits), run.candidate_k)

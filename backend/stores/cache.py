@@ -144,7 +144,8 @@ class RedisParentCache:
         removed = 0
         try:
             batch: list[bytes] = []
-            for key in self._client.scan_iter(match=f"{self._prefix}:{kb_id}:chunk:*", count=1000):
+            pattern = f"{_glob_escape(self._prefix)}:{_glob_escape(kb_id)}:chunk:*"
+            for key in self._client.scan_iter(match=pattern, count=1000):
                 batch.append(key)
                 if len(batch) >= 1000:
                     removed += self._client.delete(*batch)
@@ -154,6 +155,11 @@ class RedisParentCache:
         except redis.RedisError as exc:
             raise CacheError(f"Redis SCAN/DEL failed: {exc}") from exc
         return removed
+
+
+def _glob_escape(text: str) -> str:
+    """Escapes Redis MATCH pattern characters so a kb id matches only itself."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 def create_parent_cache(settings: RedisSettings) -> ParentCache:

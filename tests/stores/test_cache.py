@@ -57,3 +57,10 @@ def test_redis_down_raises_cache_error_quickly(private_redis) -> None:
     private_redis.stop()
     with pytest.raises(CacheError, match="MGET"):
         cache.get_many([("kb", "c1")])
+
+
+def test_deleting_a_kb_with_glob_characters_leaves_other_kbs(redis_settings: RedisSettings) -> None:
+    cache = RedisParentCache(redis_settings)
+    cache.put_many([chunk("a*", "c1"), chunk("ab", "c1"), chunk("a?", "c1")])
+    assert cache.delete_kb("a*") == 1
+    assert cache.get_many([("ab", "c1")]) and cache.get_many([("a?", "c1")])

