@@ -32,6 +32,9 @@ from backend.errors import ConfigError
 ENV_PREFIX = "STRATA_"
 
 
+_SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")
+
+
 def _not_blank(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise ValueError("must not be empty (unset it to use the default)")
@@ -62,9 +65,16 @@ class MilvusSettings(_Section):
 
     _check_uri = field_validator("uri")(classmethod(lambda cls, v: _not_blank(v)))
 
+    @field_validator("uri")
+    @classmethod
+    def _lite_file_or_server(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
+            raise ValueError("must be a Milvus Lite file ending in .db or a server URI (http://host:19530)")
+        return value
+
     @property
     def is_lite(self) -> bool:
-        return not (self.uri or "").startswith(("http://", "https://", "tcp://", "unix:"))
+        return not (self.uri or "").startswith(_SERVER_SCHEMES)
 
 
 class DatabaseSettings(_Section):
@@ -229,7 +239,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_placeholder_secrets(self) -> Settings:
-        if self.environment == "production" and self.api.api_key.get_secret_value() in {"", "changethis"}:
+        key = self.api.api_key.get_secret_value()
+        if self.environment == "production" and (key.lower() in {"", "changethis"} or key.upper().startswith("CHANGE_ME")):
             raise ValueError(f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production")
         return self
 

@@ -15,6 +15,7 @@ from backend.evaluation.runner import (
     MODES,
     build_index,
     describe_machine,
+    index_summary,
     eval_settings,
     query_embed_ms_p50,
     run_mode,
@@ -52,12 +53,13 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     reports = summarize_modes(results)
     with_reference = args.dataset.name == "cmrc2018_dev.json"
     print(out.markdown_report(reports, with_reference=with_reference))
-    _print_notes(results, index_report.to_dict(), embed_p50, len(queries))
+    index_info = index_summary(resources, index_report, args.kb)
+    _print_notes(results, index_info, embed_p50, len(queries))
     meta = {
         "dataset": str(args.dataset), "articles": n_articles, "questions_total": total,
         "sample": args.sample, "seed": 13, "n_queries": len(queries), "ks": ks,
         "encoder": resources.encoder.name, "settings": settings.model_dump(mode="json", exclude={"rerank": {"api_key"}, "embedding": {"api_key"}, "milvus": {"token"}, "api": {"api_key"}}),
-        "index": index_report.to_dict(), "query_embed_ms_p50": round(embed_p50, 2),
+        "index": index_info, "query_embed_ms_p50": round(embed_p50, 2),
         "latency_includes_query_encoding": True, "machine": describe_machine(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
@@ -82,11 +84,15 @@ def _print_notes(results, index: dict, embed_p50: float, n: int) -> None:  # noq
         f"\nn = {n} questions. Latency is the wall time of retrieve_documents including query encoding "
         f"(query_embed_ms_p50 = {embed_p50:.1f} ms); the SPEC §8 reference latency excludes encoding."
     )
-    print(
-        f"index: {index['leaves_written']} leaves, {index['chunks_written']} chunks in {index['seconds']:.1f} s "
-        f"({index['chunks_per_s']:.1f} chunks/s; {index['passages_encoded']} passages encoded, "
-        f"{index['embeddings_reused']} reused, {index['unchanged']} documents unchanged)"
-    )
+    levels = index["chunks_by_level"]
+    print(f"index: {index['leaves_in_index']} leaves in Milvus; chunks L1 {levels['1']}, L2 {levels['2']}, L3 {levels['3']}")
+    if index["reused"]:
+        print("index reused: every document was unchanged since the last run (no indexing time to report)")
+    else:
+        print(
+            f"this run indexed {index['chunks_written']} chunks in {index['seconds']:.1f} s ({index['chunks_per_s']:.1f} chunks/s; "
+            f"{index['passages_encoded']} passages encoded, {index['embeddings_reused']} from the embedding cache)"
+        )
     for result in results:
         if result.skipped:
             print(f"mode {result.mode}: skipped ({result.skipped})")

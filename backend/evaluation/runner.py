@@ -81,6 +81,17 @@ def build_index(settings: Settings, dataset: Path, out_dir: Path, kb_id: str, pr
     return resources, report, len(articles)
 
 
+def index_summary(resources: Resources, report: IndexReport, kb_id: str) -> dict[str, Any]:
+    """This run's indexing figures plus what the index holds (a rerun may have changed nothing)."""
+    stats = resources.documents.stats(kb_id)
+    return {
+        **report.to_dict(),
+        "reused": report.chunks_written == 0 and report.unchanged > 0,
+        "leaves_in_index": resources.leaf_index.count(kb_id),
+        "chunks_by_level": stats["chunks_by_level"],
+    }
+
+
 def query_embed_ms_p50(resources: Resources, queries: Sequence[Query], n: int = 50) -> float:
     """The encoder's cost for one query (single text), p50 over ``n`` questions."""
     times = []

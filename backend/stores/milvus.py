@@ -323,8 +323,13 @@ def _connect(settings: MilvusSettings) -> MilvusClient:
     uri = str(settings.uri)
     if settings.is_lite:
         os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
+    extra = {}
+    if settings.is_lite:
+        # Milvus Lite's in-process gRPC server answers the client's 10 s keepalive pings with GOAWAY
+        # "too_many_pings", which drops the channel mid-session; loopback needs no keepalive.
+        extra["grpc_options"] = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
     try:
-        return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s)
+        return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s, **extra)
     except MilvusException as exc:
         if settings.is_lite and _lite_file_locked(uri):
             raise IndexLockedError(
