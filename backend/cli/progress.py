@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 
+from backend.indexing.pipeline import NoProgress
+
 logger = logging.getLogger("strata.progress")
 
 
@@ -73,16 +75,7 @@ class LogProgress:
         self._maybe_log(force=True)
 
 
-class SilentProgress:
-    def files_planned(self, total: int) -> None:
-        return None
-
-    def file_done(self, source: str, outcome: str, chunks: int) -> None:
-        return None
-
-    def leaves_encoded(self, count: int) -> None:
-        return None
-
+class SilentProgress(NoProgress):
     def close(self) -> None:
         return None
 

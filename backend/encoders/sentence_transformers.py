@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any, Sequence
 
 import numpy as np
 
-from backend.encoders._torch import resolve_device
+from backend.encoders._torch import LazyModelEncoder
 from backend.encoders.base import normalized
 from backend.errors import EncoderError
 
-logger = logging.getLogger(__name__)
 
+class SentenceTransformerEncoder(LazyModelEncoder):
+    """A ``sentence_transformers.SentenceTransformer``, with its query/passage prompts when it has them."""
 
-class SentenceTransformerEncoder:
-    """A ``sentence_transformers.SentenceTransformer``, loaded on first use."""
-
-    def __init__(self, model: str, *, device: str = "auto", batch_size: int = 32, max_length: int = 512) -> None:
-        self._model_name = model
-        self._device = device
-        self._batch_size = batch_size
-        self._max_length = max_length
-        self._model: Any = None
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return f"sentence-transformers/{self._model_name.strip('/')}"
+    provider = "sentence-transformers"
 
     @property
     def dim(self) -> int:
@@ -37,19 +23,12 @@ class SentenceTransformerEncoder:
         getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         return int(getter())
 
-    def _loaded(self) -> Any:
-        with self._lock:
-            if self._model is None:
-                device = resolve_device(self._device)
-                logger.info("loading sentence-transformers model %s on %s", self._model_name, device)
-                try:
-                    from sentence_transformers import SentenceTransformer
+    def _load(self, device: str) -> Any:
+        from sentence_transformers import SentenceTransformer
 
-                    self._model = SentenceTransformer(self._model_name, device=device)
-                    self._model.max_seq_length = min(self._max_length, self._model.max_seq_length or self._max_length)
-                except Exception as exc:
-                    raise EncoderError(f"cannot load sentence-transformers model {self._model_name!r}: {exc}") from exc
-            return self._model
+        model = SentenceTransformer(self._model_name, device=device)
+        model.max_seq_length = min(self._max_length, model.max_seq_length or self._max_length)
+        return model
 
     def _encode(self, texts: Sequence[str], prompt_name: str) -> np.ndarray:
         model = self._loaded()

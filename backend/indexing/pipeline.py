@@ -23,17 +23,17 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
-import numpy as np
 
 from backend.config import ChunkingSettings
 from backend.errors import LoaderError, StoreError
 from backend.indexing.chunking import chunk_document
 from backend.indexing.loaders import is_supported, iter_source_files, load_document
+from backend.indexing.embedding import embed_texts, search_text
 from backend.indexing.plan import DocumentPlan, IndexPlan, plan_changes
+from backend.indexing.report import IndexReport, NoProgress, Progress
 from backend.resources import Resources
 from backend.stores.sql import ACTIVE, DocumentVersion
 from backend.types import Chunk, SourceDocument
@@ -44,73 +44,9 @@ KILL_ENV = "STRATA_TEST_KILL_AT"
 WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
 
 
-class Progress(Protocol):
-    """What the pipeline reports while it works (a tqdm bar, log lines, nothing)."""
-
-    def files_planned(self, total: int) -> None: ...
-
-    def file_done(self, source: str, outcome: str, chunks: int) -> None: ...
-
-    def leaves_encoded(self, count: int) -> None: ...
-
-
-class NoProgress:
-    def files_planned(self, total: int) -> None:
-        return None
-
-    def file_done(self, source: str, outcome: str, chunks: int) -> None:
-        return None
-
-    def leaves_encoded(self, count: int) -> None:
-        return None
-
-
-@dataclass
-class IndexReport:
-    """The outcome of one ``strata index`` run (also its ``--json`` output)."""
-
-    kb: str
-    dry_run: bool = False
-    added: int = 0
-    updated: int = 0
-    unchanged: int = 0
-    deleted: int = 0
-    failed: int = 0
-    failures: list[dict[str, str]] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    passages_encoded: int = 0
-    embeddings_reused: int = 0
-    chunks_written: int = 0
-    leaves_written: int = 0
-    seconds: float = 0.0
-    encode_seconds: float = 0.0
-
-    @property
-    def chunks_per_s(self) -> float:
-        return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, object]:
-        data = {k: v for k, v in self.__dict__.items()}
-        data["chunks_per_s"] = round(self.chunks_per_s, 2)
-        data["seconds"] = round(self.seconds, 3)
-        data["encode_seconds"] = round(self.encode_seconds, 3)
-        return data
-
-
 def chunking_signature(settings: ChunkingSettings) -> str:
     """Changes whenever chunk boundaries or search texts would change."""
     return hashlib.sha1(settings.model_dump_json().encode()).hexdigest()[:16]
-
-
-def search_text(leaf: Chunk, contextualize: bool) -> str:
-    """What BM25 and the encoder see: the leaf, prefixed by its heading path."""
-    if contextualize and leaf.heading_path:
-        return f"{leaf.heading_path}\n{leaf.text}"
-    return leaf.text
-
-
-def text_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class Indexer:
@@ -226,7 +162,14 @@ class Indexer:
     ) -> None:
         leaves = [c for _, chunks in group for c in chunks if c.is_leaf]
         texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
-        vectors = self._embed(texts, report, progress)
+        embedded = embed_texts(
+            texts, encoder=self._res.encoder, store=self._res.documents,
+            batch_size=self._res.settings.embedding.batch_size, progress=progress,
+        )  # fmt: skip
+        report.passages_encoded += embedded.encoded
+        report.embeddings_reused += embedded.reused
+        report.encode_seconds += embedded.seconds
+        vectors = embedded.vectors
         documents = self._res.documents
         for item, chunks in group:
             documents.write_pending(_version_row(kb_id, item, chunks), chunks)
@@ -277,32 +220,6 @@ class Indexer:
             self._res.parents.invalidate([(v.kb_id, c.chunk_id) for c in parents])
             documents.delete_version(v.kb_id, v.doc_id, v.version)
         self._checkpoint("retire_sql")
-
-    # -- encoding ---------------------------------------------------------------
-
-    def _embed(self, texts: list[str], report: IndexReport, progress: Progress) -> np.ndarray:
-        """Vectors for ``texts``: the embedding cache first, the encoder for the rest."""
-        encoder = self._res.encoder
-        hashes = [text_hash(t) for t in texts]
-        cached = self._res.documents.cached_embeddings(encoder.name, hashes)
-        missing = list(dict.fromkeys(h for h in hashes if h not in cached))
-        by_hash = dict(zip(hashes, texts))
-        fresh: dict[str, np.ndarray] = {}
-        batch = self._res.settings.embedding.batch_size
-        started = time.perf_counter()
-        for start in range(0, len(missing), batch):
-            chunk = missing[start : start + batch]
-            vectors = encoder.encode_passages([by_hash[h] for h in chunk])
-            fresh.update(zip(chunk, vectors))
-            progress.leaves_encoded(len(chunk))
-        report.encode_seconds += time.perf_counter() - started
-        self._res.documents.cache_embeddings(encoder.name, fresh)
-        report.passages_encoded += len(fresh)
-        report.embeddings_reused += len(texts) - len(fresh)
-        if len(missing) < len(texts):
-            progress.leaves_encoded(len(texts) - len(missing))
-        vectors = {**cached, **fresh}
-        return np.vstack([vectors[h] for h in hashes]) if hashes else np.zeros((0, encoder.dim), np.float32)
 
     # -- maintenance ------------------------------------------------------------
 
