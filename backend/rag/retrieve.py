@@ -40,6 +40,8 @@ class Retriever:
         self._cache = query_cache or QueryCache(
             size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis
         )
+        # what, besides the query, decides a result: part of every cache key
+        self._config_key = {"cfg": self._cfg.model_dump(mode="json"), "rerank": resources.settings.rerank.url}
 
     def retrieve(
         self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None
@@ -67,8 +69,7 @@ class Retriever:
     def _cache_key(self, run: Recorder, state: ServingState) -> str:
         return cache_key({
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
-            "filters": run.filters_dict, "gen": sorted(state.generations.items()),
-            "cfg": self._res.settings.retrieval.model_dump(), "rerank": self._res.settings.rerank.url,
+            "filters": run.filters_dict, "gen": sorted(state.generations.items()), **self._config_key,
         })  # fmt: skip
 
     # -- stages ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from backend.config import DatabaseSettings
 from backend.stores.sql import ACTIVE, DocumentStore
-from tests.indexing.conftest import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
+from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 EXAMPLES_KB = REPO / "examples" / "kb"
 REPORT_KEYS = {

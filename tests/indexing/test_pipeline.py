@@ -24,7 +24,7 @@ from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer, search_tex
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 from backend.types import Chunk
-from tests.indexing.conftest import (
+from tests.strata_support import (
     StoreState,
     opened,
     run_strata,

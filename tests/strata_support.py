@@ -3,7 +3,7 @@
 Milvus Lite lets one process hold a ``.db`` file at a time. Indexers run as
 subprocesses; the test process opens the stores only in ``opened(...)``, which
 closes them and releases the Milvus Lite file on exit, before the next
-subprocess starts. ``tests/cli`` imports these helpers too.
+subprocess starts. Shared by tests/indexing and tests/cli.
 """
 
 from __future__ import annotations
