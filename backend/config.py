@@ -123,11 +123,14 @@ class EmbeddingSettings(_Section):
 
 
 class ChunkingSettings(_Section):
-    """Sizes (characters) of the L1 ⊃ L2 ⊃ L3 chunks."""
+    """Sizes (characters) of the L1 ⊃ L2 ⊃ L3 chunks.
+
+    Defaults chosen by ``scripts/tune_defaults.py`` on CMRC 2018 dev (docs/evaluation.md).
+    """
 
     l1_max_chars: int = Field(3000, ge=16)
-    l2_max_chars: int = Field(600, ge=16)
-    l3_max_chars: int = Field(150, ge=8)
+    l2_max_chars: int = Field(300, ge=16)
+    l3_max_chars: int = Field(100, ge=8)
     l1_overlap: int = Field(0, ge=0)
     l2_overlap: int = Field(0, ge=0)
     l3_overlap: int = Field(0, ge=0)
@@ -150,11 +153,11 @@ class RetrievalSettings(_Section):
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
     route_multiplier: int = Field(2, ge=1, description="each route fetches route_multiplier x candidate_k")
     fusion: Literal["rrf", "weighted_rrf"] = "rrf"
-    rrf_k: int = Field(60, ge=1)
+    rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
     vector_weight: float = Field(0.6, ge=0)
     keyword_weight: float = Field(0.4, ge=0)
     merge_enabled: bool = True
-    merge_min_children: int = Field(2, ge=1)
+    merge_min_children: int = Field(3, ge=1, description="children that must hit before their parent replaces them")
     merge_min_ratio: float = Field(0.0, ge=0, le=1)
     merge_score: Literal["max", "mean"] = "max"
     min_score: float | None = Field(None, description="cut on rerank scores (only when rerank succeeded)")

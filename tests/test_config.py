@@ -88,7 +88,7 @@ def test_nested_variables_override_single_fields(clean_env: Path, monkeypatch: p
     # the rest of each section keeps its defaults
     assert settings.milvus.collection == "strata_leaves"
     assert settings.milvus.uri == "data/milvus.db"
-    assert settings.retrieval.rrf_k == 60
+    assert settings.retrieval.rrf_k == 20
 
 
 def test_toml_file_from_strata_config_loses_to_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +122,7 @@ def test_dot_env_is_read_and_loses_to_the_environment(clean_env: Path, monkeypat
         ({"STRATA_EMBEDDING__PROVIDER": "foo"}, ["STRATA_EMBEDDING__PROVIDER", "'foo'"]),
         ({"STRATA_RETRIEVAL__RRF_K": "abc"}, ["STRATA_RETRIEVAL__RRF_K", "'abc'"]),
         ({"STRATA_CHUNKING__L3_MAX_CHARS": "700"}, ["STRATA_CHUNKING", "l3_max_chars <= l2_max_chars"]),
-        ({"STRATA_CHUNKING__L1_MAX_CHARS": "500"}, ["STRATA_CHUNKING", "l2_max_chars <= l1_max_chars"]),
+        ({"STRATA_CHUNKING__L1_MAX_CHARS": "200"}, ["STRATA_CHUNKING", "l2_max_chars <= l1_max_chars"]),
         ({"STRATA_DATABASE__URL": "mysql://db/strata"}, ["STRATA_DATABASE__URL", "postgresql"]),
         ({"STRATA_MILVUS__ANALYZER": "{tokenizer: jieba}"}, ["milvus", "double quotes"]),
         ({"STRATA_MILVUS__HNSW_M": "32", "STRATA_API__PORT": "0"}, ["STRATA_API__PORT", "(got '0')"]),
@@ -234,7 +234,7 @@ def test_env_example_as_dot_env_gives_the_defaults(clean_env: Path) -> None:
     shutil.copy(ENV_EXAMPLE, clean_env / ".env")
     assert load_settings().model_dump() == defaults.model_dump()
     # and the copy really is read: one edited line shows up
-    text = ENV_EXAMPLE.read_text(encoding="utf-8").replace("STRATA_RETRIEVAL__RRF_K=60", "STRATA_RETRIEVAL__RRF_K=61")
+    text = ENV_EXAMPLE.read_text(encoding="utf-8").replace("STRATA_RETRIEVAL__RRF_K=20", "STRATA_RETRIEVAL__RRF_K=61")
     (clean_env / ".env").write_text(text, encoding="utf-8")
     assert load_settings().retrieval.rrf_k == 61
 
