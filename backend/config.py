@@ -130,7 +130,7 @@ class ChunkingSettings(_Section):
 
     l1_max_chars: int = Field(3000, ge=16)
     l2_max_chars: int = Field(300, ge=16)
-    l3_max_chars: int = Field(100, ge=8)
+    l3_max_chars: int = Field(120, ge=8)
     l1_overlap: int = Field(0, ge=0)
     l2_overlap: int = Field(0, ge=0)
     l3_overlap: int = Field(0, ge=0)
