@@ -59,7 +59,7 @@ def run(label: str, store: DocumentStore, cache_factory, redis_client) -> None: 
             mget_before = _mgets(redis_client)
             t, fetch = timed_ms(lambda: parent_store.get_many(refs))
             selects = sum(1 for s in statements if s.lstrip().upper().startswith("SELECT"))
-            trips.add((fetch.cache_round_trips, _mgets(redis_client) - mget_before if redis_client else fetch.cache_round_trips))
+            trips.add((fetch.cache_round_trips, _mgets(redis_client) - mget_before if redis_client else "no Redis"))
             sql.add(selects)
             cold.append(t)
             warm.append(timed_ms(lambda: parent_store.get_many(refs))[0])

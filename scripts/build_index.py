@@ -17,18 +17,14 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from backend.cli import add_index_options  # noqa: E402
 from backend.cli import main as strata_main  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", action="append", required=True, help="a file or folder to index (repeatable)")
-    parser.add_argument("--kb", required=True, help="knowledge base id")
-    parser.add_argument("--delete-missing", action="store_true", help="delete documents whose files are gone")
-    parser.add_argument("--recreate", action="store_true", help="drop the knowledge base and rebuild it")
-    parser.add_argument("--batch-size", type=int, help="passages per encoder call")
-    parser.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_index_options(parser)
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve.
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval.
 
 Each sub-command lives in a module of this package, imported only when run.
 """
@@ -35,15 +35,20 @@ def configure_logging(settings: Settings, *, verbose: bool = False) -> None:
         pass
 
 
-def _add_index(sub: Any) -> None:
-    p = sub.add_parser("index", help="index files/folders into a knowledge base (incremental)")
-    p.add_argument("paths", nargs="+", type=Path)
+def add_index_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``strata index`` after its paths (shared with ``scripts/build_index.py``)."""
     p.add_argument("--kb", required=True, help="knowledge base id")
     p.add_argument("--delete-missing", action="store_true", help="delete documents whose files are gone")
     p.add_argument("--recreate", action="store_true", help="drop the knowledge base and rebuild it")
     p.add_argument("--batch-size", type=int, help="passages per encoder call (STRATA_EMBEDDING__BATCH_SIZE)")
     p.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="index files/folders into a knowledge base (incremental)")
+    p.add_argument("paths", nargs="+", type=Path)
+    add_index_options(p)
     p.set_defaults(handler=_lazy("backend.cli.index", "cmd_index"))
 
 
@@ -87,13 +92,6 @@ def _add_eval(sub: Any) -> None:
     p.set_defaults(handler=_lazy("backend.cli.evaluate", "cmd_eval"))
 
 
-def _add_serve(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the HTTP API")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.set_defaults(handler=_lazy("backend.cli.serve", "cmd_serve"))
-
-
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
     def run(args: argparse.Namespace, settings: Settings) -> int:
         import importlib
@@ -107,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval):
         add(sub)
     return parser
 
