@@ -63,12 +63,10 @@ class MilvusSettings(_Section):
     search_ef: int = Field(64, ge=1, description="HNSW ef at query time; raised to the route limit when smaller")
     timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call")
 
-    _check_uri = field_validator("uri")(classmethod(lambda cls, v: _not_blank(v)))
-
     @field_validator("uri")
     @classmethod
     def _lite_file_or_server(cls, value: str | None) -> str | None:
-        if value is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
+        if _not_blank(value) is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
             raise ValueError("must be a Milvus Lite file ending in .db or a server URI (http://host:19530)")
         return value
 

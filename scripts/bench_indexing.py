@@ -22,8 +22,9 @@ from backend.encoders import create_encoder
 from backend.evaluation.dataset import load_squad, write_corpus
 from backend.evaluation.runner import eval_settings
 from backend.indexing.chunking import chunk_document
+from backend.indexing.embedding import search_text
 from backend.indexing.loaders import iter_source_files, load_document
-from backend.indexing.pipeline import Indexer, search_text
+from backend.indexing.pipeline import Indexer
 from backend.resources import Resources
 
 

@@ -254,16 +254,10 @@ def test_env_example_alternatives_are_valid_values(clean_env: Path, monkeypatch:
             load_settings()
 
 
-def test_the_production_template_refuses_to_start_until_its_secrets_are_set(tmp_path, monkeypatch) -> None:
-    import shutil
-
-    from backend.config import load_settings
-    from backend.errors import ConfigError
-
-    for name in [n for n in __import__("os").environ if n.startswith("STRATA_")]:
-        monkeypatch.delenv(name)
-    shutil.copy(Path(__file__).resolve().parents[1] / "deploy" / "production.env", tmp_path / ".env")
-    monkeypatch.chdir(tmp_path)
+def test_the_production_template_refuses_to_start_until_its_secrets_are_set(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copy(REPO / "deploy" / "production.env", clean_env / ".env")
     with pytest.raises(ConfigError, match="STRATA_API__API_KEY"):
         load_settings()
     monkeypatch.setenv("STRATA_API__API_KEY", "a-real-long-random-secret")

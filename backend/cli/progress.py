@@ -6,7 +6,7 @@ import logging
 import sys
 import time
 
-from backend.indexing.pipeline import NoProgress
+from backend.indexing.report import NoProgress
 
 logger = logging.getLogger("strata.progress")
 

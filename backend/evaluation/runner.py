@@ -26,7 +26,8 @@ from typing import Any, Callable, Sequence
 from backend.config import Settings
 from backend.evaluation.dataset import Query, load_squad, subsample, write_corpus
 from backend.evaluation.metrics import Item, QueryOutcome, percentile, summarize
-from backend.indexing.pipeline import Indexer, IndexReport, Progress
+from backend.indexing.pipeline import Indexer
+from backend.indexing.report import IndexReport, Progress
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 

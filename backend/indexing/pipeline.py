@@ -26,12 +26,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-
 from backend.config import ChunkingSettings
 from backend.errors import LoaderError, StoreError
 from backend.indexing.chunking import chunk_document
-from backend.indexing.loaders import is_supported, iter_source_files, load_document
 from backend.indexing.embedding import embed_texts, search_text
+from backend.indexing.loaders import is_supported, iter_source_files, load_document
 from backend.indexing.plan import DocumentPlan, IndexPlan, plan_changes
 from backend.indexing.report import IndexReport, NoProgress, Progress
 from backend.resources import Resources

@@ -313,10 +313,9 @@ def _hit(hit: dict[str, Any], score: float) -> LeafHit:
 
 def _connect(settings: MilvusSettings) -> MilvusClient:
     uri = str(settings.uri)
-    if settings.is_lite:
-        os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
     extra = {}
     if settings.is_lite:
+        os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
         # Milvus Lite's in-process gRPC server answers the client's 10 s keepalive pings with GOAWAY
         # "too_many_pings", which drops the channel mid-session; loopback needs no keepalive.
         extra["grpc_options"] = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
@@ -325,9 +324,9 @@ def _connect(settings: MilvusSettings) -> MilvusClient:
     except MilvusException as exc:
         if settings.is_lite and _lite_file_locked(uri):
             raise IndexLockedError(
-                f"the Milvus Lite file {uri} is open in another process (a running `strata serve` or indexer?). "
-                "Milvus Lite allows one process per file: index through the service (POST /v1/index) or stop it "
-                "first, or use a Milvus server (STRATA_MILVUS__URI=http://host:19530)."
+                f"the Milvus Lite file {uri} is open in another process (a running `strata index`, `strata eval` "
+                "or a service calling retrieve_documents?). Milvus Lite allows one process per file: index from "
+                "that process or stop it first, or use a Milvus server (STRATA_MILVUS__URI=http://host:19530)."
             ) from exc
         raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
 

@@ -20,8 +20,7 @@ from backend.evaluation.dataset import (
     subsample,
     write_corpus,
 )
-
-CMRC2018_DEV = Path("/work/shared/data/cmrc2018/cmrc2018_dev.json")
+from tests.conftest import CMRC2018_DEV
 
 TINY_SQUAD = {
     "version": "test",

@@ -19,8 +19,9 @@ import pytest
 
 from backend.config import Settings, load_settings
 from backend.indexing.chunking import chunk_document
+from backend.indexing.embedding import search_text
 from backend.indexing.loaders import load_document
-from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer, search_text
+from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 from backend.types import Chunk

@@ -16,9 +16,8 @@ from backend.errors import EncoderMismatchError
 from backend.stores import filters as F
 from backend.stores.milvus import LeafIndex
 from backend.types import Chunk
-
-CMRC = Path("/work/shared/data/cmrc2018/cmrc2018_dev.json")
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import CMRC2018_DEV as CMRC
+from tests.conftest import REPO
 
 
 def _corpus(n_per_kb: int = 500) -> dict[str, list[str]]:
