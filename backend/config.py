@@ -164,6 +164,10 @@ class RetrievalSettings(_Section):
     sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
+    synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
+    module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
+    max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
+    max_query_chars: int = Field(2000, ge=1, description="longest query accepted")
 
 
 class RerankSettings(_Section):
@@ -179,12 +183,35 @@ class RerankSettings(_Section):
     max_retries: int = Field(1, ge=0, le=3)
 
 
+class ApiKeyGrant(_Section):
+    """What one API key may do: read these kbs ("*" = all), write only with ``write``."""
+
+    kbs: list[str] = Field(default_factory=list)
+    write: bool = False
+
+
 class ApiSettings(_Section):
-    """The HTTP service."""
+    """The HTTP service (``strata serve``)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    api_key: SecretStr = Field(SecretStr(""), description="required bearer token outside development")
+    port: int = Field(8080, ge=1, le=65535)
+    api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
+    keys: dict[str, ApiKeyGrant] = Field(
+        default_factory=dict, description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}'
+    )
+    keys_file: Path | None = Field(None, description="JSON file of keys in the same shape as keys")
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest request body (uploads included)")
+    max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
+    queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
+    request_id_header: str = Field("X-Request-ID", min_length=1)
+
+
+class ServerSettings(_Section):
+    """A running strata service that `strata index --server` sends files to."""
+
+    url: str = Field("", description="base URL of the service, e.g. http://127.0.0.1:8080; empty = index locally")
+    api_key: SecretStr = SecretStr("")
+    timeout_s: float = Field(600.0, gt=0, description="seconds to wait for an indexing answer")
 
 
 class Settings(BaseSettings):
@@ -209,6 +236,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalSettings = RetrievalSettings()
     rerank: RerankSettings = RerankSettings()
     api: ApiSettings = ApiSettings()
+    server: ServerSettings = ServerSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -241,7 +269,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _no_placeholder_secrets(self) -> Settings:
         key = self.api.api_key.get_secret_value()
-        if self.environment == "production" and (key.lower() in {"", "changethis"} or key.upper().startswith("CHANGE_ME")):
+        placeholder = key.lower() in {"", "changethis"} or key.upper().startswith("CHANGE_ME")
+        keyed = bool(self.api.keys or self.api.keys_file) and not key
+        if self.environment == "production" and placeholder and not keyed:
             raise ValueError(f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production")
         return self
 
