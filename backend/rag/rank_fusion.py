@@ -50,19 +50,23 @@ class Fused(Generic[T]):
 
 
 def reciprocal_rank_fusion(
-    lists: Sequence[Sequence[T]],
+    lists: Sequence[Sequence[T] | None],
     *,
     k: float = 60,
     weights: Sequence[float] | None = None,
     limit: int | None = None,
     key: Callable[[T], str] | None = None,
+    normalize: bool = False,
 ) -> list[Fused[T]]:
     """The items of ``lists`` fused by (weighted) RRF, best first.
 
     ``key`` gives an item's id (default: the item is its own id, e.g. a chunk
     id string). ``weights`` has one weight per list (default 1 each);
-    ``limit`` keeps the best ``limit`` (default all). Sorted by score
-    descending, then best single-list rank, then id.
+    ``limit`` keeps the best ``limit`` (default all). A ``None`` list did not
+    run (an empty list ran and found nothing). With ``normalize`` the score is
+    divided by the best possible one, ``Σ w_i / (k + 1)`` over the lists that
+    ran, so it lies in (0, 1] and 1.0 means "first in every list that ran".
+    Sorted by score descending, then best single-list rank, then id.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0 (got {k})")
@@ -71,9 +75,12 @@ def reciprocal_rank_fusion(
     if weights is not None and len(weights) != len(lists):
         raise ValueError(f"{len(weights)} weights for {len(lists)} lists")
     id_of: Callable[[Any], str] = key or _identity
-    ranks = [_first_ranks(ranked, id_of) for ranked in lists]
+    ranks = [_first_ranks(ranked or (), id_of) for ranked in lists]
     order = list(dict.fromkeys(item_id for per_list in ranks for item_id in per_list))
     fused = [_fuse_one(item_id, ranks, k, weights) for item_id in order]
+    if normalize:
+        best = math.fsum(w for w, ranked in zip(weights or [1.0] * len(lists), lists) if ranked is not None) / (k + 1)
+        fused = [replace(f, score=f.score / best) for f in fused] if best > 0 else []
     fused.sort(key=lambda f: (-f.score, f.best_rank, f.key))
     return fused if limit is None else fused[:limit]
 

@@ -93,19 +93,34 @@ def test_the_order_does_not_depend_on_the_order_of_the_lists(lists: list[list[st
     assert keys(reciprocal_rank_fusion(lists, k=1)) == keys(reciprocal_rank_fusion(shuffled, k=1))
 
 
-@given(ranked_ids, ranked_ids, st.integers(0, 80), st.integers(0, 12), st.sampled_from([(1.0, 1.0), (0.6, 0.4), (0.3, 0.7)]))
+routes = st.one_of(st.none(), ranked_ids)
+
+
+@given(routes, routes, st.integers(0, 80), st.integers(0, 12), st.sampled_from([(1.0, 1.0), (0.6, 0.4), (0.3, 0.7)]))
 def test_two_route_rrf_fuse_is_a_call_of_the_n_list_fusion(
-    dense_ids: list[str], sparse_ids: list[str], k: int, limit: int, w: tuple[float, float]
+    dense_ids: list[str] | None, sparse_ids: list[str] | None, k: int, limit: int, w: tuple[float, float]
 ) -> None:
     """How ``rrf_fuse`` becomes a use of ``reciprocal_rank_fusion``: same ids, scores and traces."""
-    dense = [LeafHit(leaf(i), 1.0 - n / 10) for n, i in enumerate(dense_ids)]
-    sparse = [LeafHit(leaf(i), 20.0 - n) for n, i in enumerate(sparse_ids)]
+    dense = None if dense_ids is None else [LeafHit(leaf(i), 1.0 - n / 10) for n, i in enumerate(dense_ids)]
+    sparse = None if sparse_ids is None else [LeafHit(leaf(i), 20.0 - n) for n, i in enumerate(sparse_ids)]
 
     expected = rrf_fuse(dense, sparse, k=k, limit=limit, weights=FusionWeights(*w))
-    fused = reciprocal_rank_fusion([dense, sparse], k=k, weights=w, limit=limit, key=lambda h: h.chunk.chunk_id)
+    fused = reciprocal_rank_fusion(
+        [dense, sparse], k=k, weights=w, limit=limit, key=lambda h: h.chunk.chunk_id, normalize=True
+    )
     actual = [as_candidate(f) for f in fused]
 
     assert actual == expected  # exact: the same floats, the same tie-breaks
+
+
+def test_normalized_scores_say_first_in_every_list_that_ran_is_one() -> None:
+    both = reciprocal_rank_fusion([["a", "b"], ["a"]], k=20, normalize=True)
+    one_ran = reciprocal_rank_fusion([None, ["b", "a"]], k=20, normalize=True)
+
+    assert [(f.key, f.score) for f in both] == [("a", 1.0), ("b", pytest.approx(0.5 * 21 / 22))]
+    assert [(f.key, f.score) for f in one_ran] == [("b", 1.0), ("a", pytest.approx(21 / 22))]
+    assert one_ran[0].ranks == (None, 1)
+    assert reciprocal_rank_fusion([None, None], normalize=True) == []
 
 
 def leaf(chunk_id: str) -> Chunk:
