@@ -1,4 +1,4 @@
-"""The ``strata`` command: index, delete, stats, reconcile, query, eval.
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve.
 
 Each sub-command lives in a module of this package, imported only when run.
 """
@@ -49,7 +49,18 @@ def _add_index(sub: Any) -> None:
     p = sub.add_parser("index", help="index files/folders into a knowledge base (incremental)")
     p.add_argument("paths", nargs="+", type=Path)
     add_index_options(p)
+    p.add_argument("--server", metavar="URL", help="send the files to a running `strata serve` (STRATA_SERVER__URL)")
+    p.add_argument("--api-key", metavar="KEY", help="bearer key for --server (STRATA_SERVER__API_KEY)")
     p.set_defaults(handler=_lazy("backend.cli.index", "cmd_index"))
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the HTTP service (retrieval, knowledge bases, uploads)")
+    p.add_argument("--host", help="address to bind (STRATA_API__HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (STRATA_API__PORT, default 8080)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (more than 1 needs a Milvus server)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
+    p.set_defaults(handler=_lazy("backend.cli.serve", "cmd_serve"))
 
 
 def _add_maintenance(sub: Any) -> None:
@@ -105,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve):
         add(sub)
     return parser
 

@@ -16,6 +16,12 @@ from backend.resources import Resources
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    server_url = getattr(args, "server", None) or settings.server.url
+    if server_url:  # a running `strata serve` owns the stores: send it the files
+        from backend.cli.remote_index import cmd_remote_index
+
+        api_key = getattr(args, "api_key", None) or settings.server.api_key.get_secret_value() or None
+        return cmd_remote_index(args, settings, url=server_url, api_key=api_key)
     if args.batch_size:
         settings = settings.model_copy(
             update={"embedding": settings.embedding.model_copy(update={"batch_size": args.batch_size})}
