@@ -27,9 +27,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from backend.errors import ConfigError
-
 ENV_PREFIX = "STRATA_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the variable.
+
+    Defined here because config imports nothing of the package; the rest of
+    strata's errors live in ``backend.errors``.
+    """
 
 
 _SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")
@@ -61,7 +67,8 @@ class MilvusSettings(_Section):
     hnsw_m: int = Field(16, ge=2, le=2048)
     hnsw_ef_construction: int = Field(200, ge=8)
     search_ef: int = Field(64, ge=1, description="HNSW ef at query time; raised to the route limit when smaller")
-    timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call")
+    timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call while indexing and maintaining")
+    search_timeout_s: float = Field(5.0, gt=0, description="timeout of each Milvus search on the query path")
 
     @field_validator("uri")
     @classmethod
@@ -82,6 +89,7 @@ class DatabaseSettings(_Section):
     echo: bool = False
     pool_size: int = Field(5, ge=1)
     connect_timeout_s: float = Field(5.0, gt=0)
+    query_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement timeout of the query path's reads")
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 
@@ -116,8 +124,10 @@ class EmbeddingSettings(_Section):
     max_length: int = Field(512, ge=8, description="max tokens per passage")
     api_base: str = Field("", description="openai provider: base URL ending in /v1")
     api_key: SecretStr = SecretStr("")
-    timeout_s: float = Field(30.0, gt=0)
-    max_retries: int = Field(3, ge=0)
+    timeout_s: float = Field(30.0, gt=0, description="openai provider: request timeout while indexing")
+    max_retries: int = Field(3, ge=0, description="openai provider: retries while indexing (connect errors, 429, 5xx)")
+    query_timeout_s: float = Field(5.0, gt=0, description="openai provider: request timeout of a query (BM25-only fallback after it)")
+    query_max_retries: int = Field(0, ge=0, description="openai provider: retries of a query (connect errors only)")
 
 
 class ChunkingSettings(_Section):
@@ -159,11 +169,17 @@ class RetrievalSettings(_Section):
     merge_min_ratio: float = Field(0.0, ge=0, le=1)
     merge_score: Literal["max", "mean"] = "max"
     min_score: float | None = Field(None, description="cut on rerank scores (only when rerank succeeded)")
-    min_fused_score: float | None = Field(None, description="cut on fused scores when rerank did not apply")
+    min_fused_score: float | None = Field(
+        None, ge=0, le=1,
+        description="cut on fused scores (0-1, 1 = ranked first by every route that ran) whenever rerank did not apply",
+    )  # fmt: skip
     dense_fallback: bool = Field(True, description="retry dense-only when hybrid search fails")
     sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
+    cache_retry_after_s: float = Field(30.0, gt=0, description="after a Redis error the query cache skips Redis this long")
+    max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
+    max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
     synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")

@@ -5,7 +5,6 @@ errors are translated where they cross into strata (stores, encoders, the
 rerank client) with ``raise ... from exc`` so the cause stays attached::
 
     StrataError
-    ├── ConfigError              a setting is missing or invalid (names the variable)
     ├── EncoderError             an encoder could not load or encode
     ├── StoreError               a store call failed
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
@@ -14,7 +13,12 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     ├── LoaderError              a source file could not be read
     ├── IndexingError            a document could not be indexed consistently
     ├── RerankError              the rerank service failed or answered nonsense
-    └── NotFoundError            a knowledge base or document does not exist
+    ├── NotFoundError            a knowledge base or document does not exist
+    └── LeaseHeldError           another indexer holds the knowledge base's lease
+
+``ConfigError`` (a setting is missing or invalid; the message names the
+variable) is a ``ValueError`` defined in ``backend.config``, which imports
+nothing of the package.
 """
 
 from __future__ import annotations
@@ -22,10 +26,6 @@ from __future__ import annotations
 
 class StrataError(Exception):
     """Base class of every error strata raises on purpose."""
-
-
-class ConfigError(StrataError):
-    """A setting is missing or invalid; the message names the variable."""
 
 
 class EncoderError(StrataError):
@@ -62,3 +62,7 @@ class RerankError(StrataError):
 
 class NotFoundError(StrataError):
     """A knowledge base or document does not exist."""
+
+
+class LeaseHeldError(StrataError):
+    """Another process is indexing the knowledge base (its lease names the holder)."""

@@ -1,16 +1,15 @@
 """The engine's parts, built once from ``Settings`` and shared.
 
-``Resources`` wires the encoder and the three stores (and the optional
-reranker) that both ``indexing`` and ``rag`` use. Every part is created on
-first use, so building a ``Resources`` opens no connection and loads no model.
+``Resources`` wires the encoder and the three stores that both ``indexing``
+and ``rag`` use (rag builds its own reranker and query cache). Every part is
+created on first use, so building a ``Resources`` opens no connection and
+loads no model.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
-
 from backend.config import Settings
 from backend.encoders import Encoder, create_encoder
 from backend.stores.cache import create_parent_cache
@@ -48,17 +47,12 @@ class Resources:
         with self._lock:
             return ParentStore(create_parent_cache(self.settings.redis), self.documents)
 
-    @functools.cached_property
-    def reranker(self) -> Any:
-        """The configured ``Reranker`` or None when ``STRATA_RERANK__URL`` is unset."""
-        from backend.rag.rerank import build_reranker
-
-        with self._lock:
-            return build_reranker(self.settings.rerank)
-
     def close(self) -> None:
-        """Releases connections that were opened (Milvus Lite keeps its file until exit)."""
-        for name, closer in (("leaf_index", "close"), ("documents", "dispose"), ("reranker", "close")):
+        """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.
+
+        Milvus Lite keeps its file until the process exits or the server is released.
+        """
+        for name, closer in (("leaf_index", "close"), ("documents", "dispose"), ("parents", "close"), ("encoder", "close")):
             part = self.__dict__.get(name)
-            if part is not None:
+            if part is not None and hasattr(part, closer):
                 getattr(part, closer)()

@@ -14,6 +14,9 @@ from typing import Any, Literal, Mapping
 
 LEAF_LEVEL = 3
 
+# Lifecycle of a document version: written ``pending``, served ``active``, ``retired`` until removed.
+PENDING, ACTIVE, RETIRED = "pending", "active", "retired"
+
 
 @dataclass(frozen=True)
 class Section:
@@ -62,6 +65,53 @@ class Chunk:
     @property
     def is_leaf(self) -> bool:
         return self.level == LEAF_LEVEL
+
+
+@dataclass(frozen=True)
+class LeafHit:
+    """One search hit: the leaf and its route score (higher is better)."""
+
+    chunk: Chunk
+    score: float
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    """A knowledge base row: its encoder, chunking signature and index generation.
+
+    ``epoch`` changes when the row is created anew, ``generation`` with every
+    indexing change: together they never repeat, so they key the query cache.
+    """
+
+    kb_id: str
+    encoder: str
+    dim: int
+    chunking: str
+    generation: int
+    epoch: str = ""
+
+
+@dataclass(frozen=True)
+class DocumentVersion:
+    """One stored version of a document and its lifecycle status."""
+
+    kb_id: str
+    doc_id: str
+    version: int
+    source: str
+    content_hash: str
+    status: str = PENDING
+    leaf_count: int = 0
+    chunk_count: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What a query needs from SQL: each kb's (epoch, generation) and the versions to hide."""
+
+    generations: Mapping[str, Any]
+    hidden_version_keys: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -144,7 +194,7 @@ class RetrievalMeta:
     returned: int = 0
     dropped_by_min_score: int = 0
     timings_ms: Mapping[str, float] = field(default_factory=dict)
-    cache: Literal["hit", "miss", "off"] = "off"
+    cache: Literal["hit", "miss", "shared", "off"] = "off"
     parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()

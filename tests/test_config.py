@@ -15,7 +15,7 @@ from dotenv.parser import parse_stream
 from pydantic import BaseModel
 
 from backend.config import Settings, load_settings
-from backend.errors import ConfigError
+from backend.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO / ".env.example"

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from backend.config import Settings, get_settings
-from backend.errors import ConfigError, StrataError
+from backend.config import ConfigError, Settings, get_settings
+from backend.errors import StrataError
 
 logger = logging.getLogger("strata")
 

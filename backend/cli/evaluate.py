@@ -8,8 +8,7 @@ import sys
 import time
 
 from backend.cli.progress import make_progress
-from backend.config import Settings
-from backend.errors import ConfigError
+from backend.config import ConfigError, Settings
 from backend.evaluation import report as out
 from backend.evaluation.runner import (
     MODES,

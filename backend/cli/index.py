@@ -9,8 +9,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from backend.cli.progress import make_progress
-from backend.config import Settings
-from backend.errors import ConfigError
+from backend.config import ConfigError, Settings
 from backend.indexing.pipeline import Indexer
 from backend.resources import Resources
 

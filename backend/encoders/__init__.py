@@ -39,4 +39,6 @@ def create_encoder(settings: EmbeddingSettings) -> Encoder:
         batch_size=settings.batch_size,
         timeout_s=settings.timeout_s,
         max_retries=settings.max_retries,
+        query_timeout_s=settings.query_timeout_s,
+        query_max_retries=settings.query_max_retries,
     )

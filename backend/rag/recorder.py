@@ -57,16 +57,19 @@ class Recorder:
         finally:
             self._timings[stage] = self._timings.get(stage, 0.0) + (time.perf_counter() - started) * 1000
 
-    def error(self, stage: str, exc: BaseException, *, degraded: str | None = None) -> None:
+    def error(self, stage: str, exc: BaseException, *, degraded: str | None = None, note: str = "") -> None:
         logger.warning("retrieval stage %s failed: %s: %s", stage, type(exc).__name__, exc)
-        self.error_message(stage, type(exc).__name__, str(exc), degraded)
+        self.error_message(stage, type(exc).__name__, f"{exc} ({note})" if note else str(exc), degraded)
 
     def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
         self._errors.append(StageError(stage=stage, error=error, message=message[:500]))
         if degraded and degraded not in self._degraded:
             self._degraded.append(degraded)
 
-    def failed(self) -> list[Any]:
+    def failed(self, reason: str = "") -> list[Any]:
+        """Marks the query failed (with ``reason`` when no stage error already says why)."""
+        if reason:
+            self.error_message("search", "NoRouteLeft", reason)
         self.mode = "failed"
         return []
 
@@ -101,7 +104,18 @@ class Recorder:
     def uncached(self, result: RetrievalResult) -> RetrievalResult:
         return replace(result, meta=replace(result.meta, cache="off"))
 
-    def cache_hit(self, result: RetrievalResult) -> RetrievalResult:
+    def with_cache_errors(self, result: RetrievalResult) -> RetrievalResult:
+        """A computed result, plus what the query cache reported after it was computed."""
+        meta = result.meta
+        errors = tuple(e for e in self._errors if e not in meta.errors)
+        degraded = tuple(d for d in self._degraded if d not in meta.degraded)
+        if not errors and not degraded:
+            return result
+        status = meta.status if meta.status == "failed" else "degraded"
+        return replace(result, meta=replace(meta, status=status, errors=meta.errors + errors, degraded=meta.degraded + degraded))
+
+    def from_cache(self, result: RetrievalResult, source: str) -> RetrievalResult:
+        """A result another call computed (``hit``: from the cache; ``shared``: a concurrent identical query)."""
         total = (time.perf_counter() - self._started) * 1000
-        timings = {k: v for k, v in self._timings.items()} | {"total": round(total, 3)}
-        return replace(result, meta=replace(result.meta, cache="hit", timings_ms=timings))
+        timings = dict(self._timings) | {"total": round(total, 3)}
+        return self.with_cache_errors(replace(result, meta=replace(result.meta, cache=source, timings_ms=timings)))

@@ -24,7 +24,8 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from backend.config import RerankSettings
-from backend.errors import ConfigError, RerankError
+from backend.config import ConfigError
+from backend.errors import RerankError
 from backend.rag._rerank_adapters import ADAPTERS, RerankRequest, parse_results
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,10 @@ class Reranker(Protocol):
 
     def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[RerankScore]:
         """Scores of the best ``top_n`` documents (all when None), best first."""
+        ...
+
+    def close(self) -> None:
+        """Releases the connection pool."""
         ...
 
 

@@ -20,13 +20,14 @@ from backend.rag.candidates import Candidate
 from backend.rag.finalize import finalize
 from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
 from backend.rag.merge import apply_merge, parents_to_fetch
+from backend.rag.fingerprint import config_fingerprint, settings_fingerprint
 from backend.rag.query_cache import QueryCache, cache_key, normalize_query
 from backend.rag.recorder import Recorder
+from backend.rag.rerank import Reranker, build_reranker
+from backend.rag.serving import LastServingStates
 from backend.resources import Resources
 from backend.stores import filters as expr
-from backend.stores.milvus import LeafHit
-from backend.stores.sql import ServingState
-from backend.types import Filters, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument
+from backend.types import Filters, LeafHit, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -37,57 +38,100 @@ class Retriever:
     def __init__(self, resources: Resources, *, query_cache: QueryCache | None = None) -> None:
         self._res = resources
         self._cfg = resources.settings.retrieval
+        self._reranker = build_reranker(resources.settings.rerank)
         self._cache = query_cache or QueryCache(
-            size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis
-        )
-        # what, besides the query, decides a result: part of every cache key
-        self._config_key = {"cfg": self._cfg.model_dump(mode="json"), "rerank": resources.settings.rerank.url}
+            size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis,
+            retry_after_s=self._cfg.cache_retry_after_s, decodes=_decodes,
+        )  # fmt: skip
+        self._states = LastServingStates()
+        self._config_key = config_fingerprint(resources.settings)
+
+    @property
+    def reranker(self) -> Reranker | None:
+        return self._reranker
 
     def retrieve(
-        self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None
-    ) -> RetrievalResult:
-        """The best ``top_k`` pieces of evidence and the meta record; never raises on outages."""
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError("query must be a non-empty string")
-        if top_k < 1:
-            raise ValueError("top_k must be at least 1")
+        self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
+        rerank: bool = True,
+    ) -> RetrievalResult:  # fmt: skip
+        """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
+
+        ``rerank=False`` keeps the fused order for this call even when a reranker is configured.
+        """
+        self._check_arguments(query, top_k, kb_ids)
         candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
         run = Recorder(query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters)
+        use_reranker = self._reranker if rerank else None
         state = self._serving_state(run)
         if state is None or not self._cache.enabled:
-            return run.uncached(self._compute(run, state))
-        key = self._cache_key(run, state)
+            return run.uncached(self._compute(run, state, use_reranker))
         computed: list[RetrievalResult] = []
 
         def compute() -> tuple[dict[str, Any], bool]:
-            computed.append(self._compute(run, state))
+            computed.append(self._compute(run, state, use_reranker))
             return computed[0].to_dict(), computed[0].meta.status == "ok"
 
-        value, hit = self._cache.get_or_compute(key, compute)
-        return run.cache_hit(RetrievalResult.from_dict(value)) if hit else computed[0]
+        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank), compute)
+        if lookup.cache_error:
+            run.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
+        if lookup.source == "miss":
+            return run.with_cache_errors(computed[0])
+        return run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source)
 
-    def _cache_key(self, run: Recorder, state: ServingState) -> str:
+    def _check_arguments(self, query: str, top_k: int, kb_ids: Sequence[str] | None) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query must be a non-empty string")
+        if len(query) > self._cfg.max_query_chars:
+            raise ValueError(
+                f"query is {len(query)} characters, over the limit of {self._cfg.max_query_chars} "
+                "(STRATA_RETRIEVAL__MAX_QUERY_CHARS)"
+            )
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self._cfg.max_top_k:
+            raise ValueError(f"top_k must be an integer from 1 to {self._cfg.max_top_k} (STRATA_RETRIEVAL__MAX_TOP_K), got {top_k!r}")
+        if isinstance(kb_ids, str):
+            raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
+
+    def _cache_key(self, run: Recorder, state: ServingState, rerank: bool) -> str:
         return cache_key({
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
-            "filters": run.filters_dict, "gen": sorted(state.generations.items()), **self._config_key,
+            "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
+            "config": self._config_key,
         })  # fmt: skip
+
+    def close(self) -> None:
+        """Releases the reranker's HTTP client and the query cache's Redis client."""
+        if self._reranker is not None:
+            self._reranker.close()
+        self._cache.close()
 
     # -- stages ------------------------------------------------------------------
 
     def _serving_state(self, run: Recorder) -> ServingState | None:
+        """SQL's serving state; during an outage the last one this process saw (fail closed)."""
         with run.timed("state"):
             try:
                 state = self._res.documents.serving_state(run.kb_ids)
             except Exception as exc:
-                run.error("state", exc, degraded="serving_state_unavailable")
-                return None
+                return self._last_state(run, exc)
+        self._states.remember(run.kb_ids, state)
         unknown = [k for k in run.kb_ids or () if k not in state.generations]
         if unknown:
             run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_kb")
         return state
 
-    def _compute(self, run: Recorder, state: ServingState | None) -> RetrievalResult:
-        if state is not None and run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids):
+    def _last_state(self, run: Recorder, exc: Exception) -> ServingState | None:
+        last = self._states.get(run.kb_ids)
+        if last is None:
+            run.error(
+                "state", exc, degraded="serving_state_unavailable",
+                note="no serving state seen yet: refusing to serve versions that may be pending or retired",
+            )  # fmt: skip
+            return None
+        run.error("state", exc, degraded="serving_state_stale", note="serving the last state this process saw")
+        return last
+
+    def _compute(self, run: Recorder, state: ServingState | None, reranker: Reranker | None) -> RetrievalResult:
+        if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
             run.mode = "failed"
             return run.result([], dropped=0)
         where = self._where(run, state)
@@ -95,12 +139,12 @@ class Retriever:
         candidates = self._search(run, vector, where)
         if self._cfg.merge_enabled and candidates:
             candidates = self._merge(run, candidates)
-        candidates, reranked = self._rerank(run, candidates)
+        candidates, reranked = self._rerank(run, candidates, reranker)
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score)
 
-    def _where(self, run: Recorder, state: ServingState | None) -> str:
-        hidden = state.hidden_version_keys if state is not None else ()
+    def _where(self, run: Recorder, state: ServingState) -> str:
+        hidden = state.hidden_version_keys
         return expr.all_of(
             expr.filters_expression(run.filters), expr.not_in("version_key", list(hidden)) if hidden else None
         )
@@ -116,6 +160,8 @@ class Retriever:
                 return None
 
     def _search(self, run: Recorder, vector: np.ndarray | None, where: str) -> list[Candidate]:
+        """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
+        BM25-only when there is no query vector (or dense failed too)."""
         with run.timed("search"):
             if self._cfg.routes != "hybrid":
                 return self._single(run, self._cfg.routes, vector, where)
@@ -127,14 +173,19 @@ class Retriever:
                     dense = self._route(run, "dense", vector, where)
                     if dense is not None:
                         run.mode = "dense_fallback"
-                        return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k)
-            if vector is None and not self._cfg.sparse_fallback:
-                return run.failed()
+                        return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
+            if not self._cfg.sparse_fallback:
+                return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
             sparse = self._route(run, "sparse", run.query, where)
             if sparse is None:
                 return run.failed()
             run.mode = "sparse_fallback"
-            return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k)
+            return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
+
+    def _weights(self) -> FusionWeights:
+        if self._cfg.fusion == "weighted_rrf":
+            return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
+        return FusionWeights()
 
     def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str) -> list[Candidate]:
         """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
@@ -143,7 +194,7 @@ class Retriever:
         if hits is None:
             return run.failed()
         run.mode = route  # type: ignore[assignment]
-        return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k)
+        return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
 
     def _hybrid(self, run: Recorder, vector: np.ndarray, where: str) -> list[Candidate] | None:
         try:
@@ -154,12 +205,7 @@ class Retriever:
             return None
         run.mode = "hybrid"
         run.route_counts(dense=len(dense), sparse=len(sparse))
-        weights = (
-            FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
-            if self._cfg.fusion == "weighted_rrf"
-            else FusionWeights()
-        )
-        fused = rrf_fuse(dense, sparse, k=self._cfg.rrf_k, limit=run.candidate_k, weights=weights)
+        fused = rrf_fuse(dense, sparse, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
         run.fused = len(fused)
         return fused
 
@@ -208,10 +254,10 @@ class Retriever:
         run.merge_rounds.append(record)
         return merged
 
-    def _rerank(self, run: Recorder, candidates: list[Candidate]) -> tuple[list[Candidate], bool]:
-        reranker = self._res.reranker
+    def _rerank(self, run: Recorder, candidates: list[Candidate], reranker: Reranker | None) -> tuple[list[Candidate], bool]:
         if reranker is None or not candidates:
-            run.rerank = RerankOutcome("skipped", "not configured" if reranker is None else "no candidates")
+            reason = "no candidates" if reranker else ("off for this request" if self._reranker else "not configured")
+            run.rerank = RerankOutcome("skipped", reason)
             return candidates, False
         started = time.perf_counter()
         try:
@@ -243,14 +289,26 @@ def _document(cand: Candidate) -> RetrievedDocument:
     return RetrievedDocument(content=chunk.text, score=cand.score, metadata=metadata)
 
 
+def _decodes(value: dict[str, Any]) -> bool:
+    try:
+        RetrievalResult.from_dict(value)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
 _retrievers: dict[str, Retriever] = {}
 _retrievers_lock = threading.Lock()
 
 
 def get_retriever(settings: Settings | None = None) -> Retriever:
-    """The process-wide ``Retriever`` of these settings (built on first use)."""
+    """The process-wide ``Retriever`` of these settings (built on first use).
+
+    Keyed on a fingerprint that includes the secrets (hashed): settings that
+    differ only by a token never share a Retriever.
+    """
     settings = settings or get_settings()
-    key = settings.model_dump_json()
+    key = settings_fingerprint(settings)
     with _retrievers_lock:
         if key not in _retrievers:
             _retrievers[key] = Retriever(Resources(settings))
@@ -263,12 +321,13 @@ def retrieve_documents(
     *,
     kb_ids: list[str] | None = None,
     filters: Filters | None = None,
+    rerank: bool = True,
     settings: Settings | None = None,
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
 
     Outages never raise: they show in ``result.meta`` (``status`` degraded or
-    failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty
-    query, ``top_k < 1``) raise ``ValueError``.
+    failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
+    over-long query, ``top_k`` outside 1..``max_top_k``) raise ``ValueError``.
     """
-    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters)
+    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank)

@@ -36,6 +36,10 @@ class ParentCache(Protocol):
 
     def delete_kb(self, kb_id: str) -> int: ...
 
+    def keys(self, kb_id: str) -> list[str]: ...
+
+    def close(self) -> None: ...
+
 
 def encode_chunk(chunk: Chunk) -> str:
     return json.dumps(asdict(chunk), ensure_ascii=False, separators=(",", ":"))
@@ -86,6 +90,14 @@ class LocalParentCache:
             for ref in doomed:
                 del self._items[ref]
         return len(doomed)
+
+    def keys(self, kb_id: str) -> list[str]:
+        """Chunk ids cached for a kb (this process's own cache)."""
+        with self._lock:
+            return [cid for kb, cid in self._items if kb == kb_id]
+
+    def close(self) -> None:
+        pass
 
 
 class RedisParentCache:
@@ -155,6 +167,18 @@ class RedisParentCache:
         except redis.RedisError as exc:
             raise CacheError(f"Redis SCAN/DEL failed: {exc}") from exc
         return removed
+
+    def keys(self, kb_id: str) -> list[str]:
+        """Chunk ids cached for a kb (SCAN; for ``strata reconcile``)."""
+        prefix = f"{self._prefix}:{kb_id}:chunk:"
+        try:
+            found = self._client.scan_iter(match=f"{_glob_escape(prefix)}*", count=1000)
+            return [key.decode()[len(prefix) :] for key in found]
+        except redis.RedisError as exc:
+            raise CacheError(f"Redis SCAN failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def _glob_escape(text: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,7 +30,7 @@ from backend.config import MilvusSettings
 from backend.errors import EncoderMismatchError, IndexLockedError, StoreError
 from backend.stores import filters as expr
 from backend.stores.keys import partition_name, version_key
-from backend.types import LEAF_LEVEL, Chunk
+from backend.types import LEAF_LEVEL, Chunk, LeafHit
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,34 @@ _SCALAR_FIELDS = [
 ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class LeafHit:
-    """One search hit: the leaf and its route score (higher is better)."""
+# The schema's size limits, checked before a write so one oversized value fails one document, not the
+# whole write group. Lengths are UTF-8 bytes: Milvus Lite counts characters, a Milvus server bytes, and
+# a knowledge base must move from one to the other.
+LIMITS = {
+    "kb_id": 256, "doc_id": 2048, "heading_path": 4096, "module": 512, "source": 2048,
+    "skill_point": 512, "skill_points": 256, "content": 65535, "text": 65535,
+}  # fmt: skip
 
-    chunk: Chunk
-    score: float
+
+def leaf_limit_violation(leaf: Chunk, search_text: str) -> str | None:
+    """Why ``leaf`` cannot be written to the collection, or None when it fits."""
+    meta = leaf.metadata
+    skill_points = [str(s) for s in meta.get("skill_points") or []]
+    values = {
+        "kb_id": leaf.kb_id, "doc_id": leaf.doc_id, "heading_path": leaf.heading_path,
+        "module": str(meta.get("module") or ""), "source": str(meta.get("source") or ""),
+        "content": leaf.text, "text": search_text,
+    }  # fmt: skip
+    for name, value in values.items():
+        size = len(value.encode("utf-8"))
+        if size > LIMITS[name]:
+            return f"{name} is {size} bytes, over the index limit of {LIMITS[name]}"
+    if len(skill_points) > LIMITS["skill_points"]:
+        return f"{len(skill_points)} skill points, over the index limit of {LIMITS['skill_points']}"
+    for point in skill_points:
+        if len(point.encode("utf-8")) > LIMITS["skill_point"]:
+            return f"skill point {point[:40]!r}... is over the index limit of {LIMITS['skill_point']} bytes"
+    return None
 
 
 class LeafIndex:
@@ -57,6 +80,7 @@ class LeafIndex:
         self._settings = settings
         self._name = settings.collection
         self._timeout = settings.timeout_s
+        self._search_timeout = settings.search_timeout_s
         self._encoder_name = encoder_name
         self._dim = dim
         self._use_partitions = settings.kb_layout == "partition" or (
@@ -64,6 +88,7 @@ class LeafIndex:
         )
         self._client = _connect(settings)
         self._partitions: set[str] = set()
+        self._partitions_lock = threading.Lock()
         self._ensure_collection()
 
     # -- collection lifecycle -------------------------------------------------
@@ -190,6 +215,30 @@ class LeafIndex:
         rows = self._call("query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions)
         return int(rows[0]["count(*)"]) if rows else 0
 
+    def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
+        """Every leaf of a kb in the collection: chunk id -> (doc id, version)."""
+        partitions = self._partitions_for([kb_id])
+        if partitions == []:
+            return {}
+        found: dict[str, tuple[str, int]] = {}
+        try:
+            iterator = self._client.query_iterator(
+                self._name, batch_size=4096, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id", "doc_id", "version"],
+                partition_names=partitions, timeout=self._timeout,
+            )  # fmt: skip
+            while batch := iterator.next():
+                found.update({r["chunk_id"]: (r["doc_id"], int(r["version"])) for r in batch})
+            iterator.close()
+        except MilvusException as exc:
+            raise StoreError(f"Milvus query_iterator on {self._name!r} failed: {exc}") from exc
+        return found
+
+    def delete_leaves(self, kb_id: str, chunk_ids: Sequence[str]) -> None:
+        """Deletes leaves by id (orphans found by ``strata reconcile --repair``)."""
+        ids = list(chunk_ids)
+        for start in range(0, len(ids), _UPSERT_BATCH):
+            self._delete(kb_id, expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
+
     def search_dense(self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "") -> list[LeafHit]:
         """Top leaves by inner product with ``vector`` (ef raised to ``limit``)."""
         partitions = self._partitions_for(kb_ids)
@@ -200,6 +249,7 @@ class LeafIndex:
             "search", self._name, data=[np.asarray(vector, dtype=np.float32).tolist()], anns_field="dense",
             limit=limit, filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
             search_params={"metric_type": "IP", "params": {"ef": ef}}, partition_names=partitions,
+            timeout=self._search_timeout,
         )  # fmt: skip
         return [_hit(h, h["distance"]) for h in result[0]]
 
@@ -211,7 +261,7 @@ class LeafIndex:
         result = self._call(
             "search", self._name, data=[text], anns_field="sparse", limit=limit,
             filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
-            search_params={"metric_type": "BM25"}, partition_names=partitions,
+            search_params={"metric_type": "BM25"}, partition_names=partitions, timeout=self._search_timeout,
         )  # fmt: skip
         return [_hit(h, abs(h["distance"])) for h in result[0]]
 
@@ -231,7 +281,7 @@ class LeafIndex:
         ]  # fmt: skip
         result = self._call(
             "hybrid_search", self._name, requests, RRFRanker(rrf_k), limit=limit,
-            output_fields=_SCALAR_FIELDS, partition_names=partitions,
+            output_fields=_SCALAR_FIELDS, partition_names=partitions, timeout=self._search_timeout,
         )  # fmt: skip
         return [_hit(h, h["distance"]) for h in result[0]]
 
@@ -242,23 +292,39 @@ class LeafIndex:
         return expr.all_of(kb_clause, where)
 
     def _partitions_for(self, kb_ids: Sequence[str] | None) -> list[str] | None:
-        """Partitions to search: None = the whole collection; [] = nothing to search."""
+        """Partitions to search: None = the whole collection; [] = nothing to search.
+
+        A kb written by another process after this one listed the partitions is found by listing
+        them again on a miss: a kb that exists is never searched as empty.
+        """
         if not self._use_partitions or kb_ids is None:
             return None
-        return [p for p in (partition_name(k) for k in kb_ids) if p in self._partitions]
+        wanted = [partition_name(k) for k in kb_ids]
+        if any(p not in self._partitions for p in wanted):
+            self._refresh_partitions()
+        return [p for p in wanted if p in self._partitions]
+
+    def _refresh_partitions(self) -> None:
+        listed = set(self._call("list_partitions", self._name))
+        with self._partitions_lock:
+            self._partitions |= listed
 
     def _partition_for_write(self, kb_id: str) -> str:
         if not self._use_partitions:
             return ""
         name = partition_name(kb_id)
         if name not in self._partitions:
+            self._refresh_partitions()
+        if name not in self._partitions:
             self._call("create_partition", self._name, name)
-            self._partitions.add(name)
+            with self._partitions_lock:
+                self._partitions.add(name)
         return name
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", self._timeout)
         try:
-            return getattr(self._client, method)(*args, timeout=self._timeout, **kwargs)
+            return getattr(self._client, method)(*args, **kwargs)
         except MilvusException as exc:
             raise StoreError(f"Milvus {method} on {self._name!r} failed: {exc}") from exc
 

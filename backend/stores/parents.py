@@ -76,6 +76,9 @@ class ParentStore:
         """Write-through at indexing time; returns the cache error, if any."""
         return self._cache_call(self.cache.put_many, list(chunks))
 
+    def close(self) -> None:
+        self.cache.close()
+
     def invalidate(self, refs: Sequence[ChunkRef]) -> str | None:
         return self._cache_call(self.cache.delete_many, list(refs))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -23,43 +23,14 @@ from backend.config import DatabaseSettings
 from backend.errors import EncoderMismatchError, StoreError
 from backend.stores.keys import version_key
 from backend.stores.sql_schema import chunks, documents, embedding_cache, knowledge_bases, metadata
-from backend.types import Chunk
+from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
 logger = logging.getLogger(__name__)
 
 _IN_BATCH = 900  # ids per IN (...) clause; far under SQLite's variable limit
+_INSERT_BATCH = 500  # rows per multi-row INSERT: 500 x 3 columns stays under SQLite's 32,766 variables
 
-PENDING, ACTIVE, RETIRED = "pending", "active", "retired"
-
-
-@dataclass(frozen=True)
-class KnowledgeBase:
-    kb_id: str
-    encoder: str
-    dim: int
-    chunking: str
-    generation: int
-
-
-@dataclass(frozen=True)
-class DocumentVersion:
-    kb_id: str
-    doc_id: str
-    version: int
-    source: str
-    content_hash: str
-    status: str = PENDING
-    leaf_count: int = 0
-    chunk_count: int = 0
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ServingState:
-    """What a query needs from SQL: kb generations and versions to hide."""
-
-    generations: Mapping[str, int]
-    hidden_version_keys: tuple[str, ...]
+__all__ = ["ACTIVE", "PENDING", "RETIRED", "DocumentStore", "DocumentVersion", "KnowledgeBase", "ServingState"]
 
 
 class DocumentStore:
@@ -67,6 +38,7 @@ class DocumentStore:
 
     def __init__(self, settings: DatabaseSettings) -> None:
         self.engine = _create_engine(settings)
+        self._query_timeout_ms = int(settings.query_timeout_s * 1000)
         try:
             metadata.create_all(self.engine)
         except SQLAlchemyError as exc:
@@ -79,16 +51,22 @@ class DocumentStore:
         with self._begin() as conn:
             row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).first()
             if row is None:
-                conn.execute(
-                    knowledge_bases.insert().values(kb_id=kb_id, encoder=encoder, dim=dim, chunking=chunking, generation=0)
-                )
-                return KnowledgeBase(kb_id, encoder, dim, chunking, 0)
+                # created_at to the microsecond is the kb's epoch: a kb created anew never repeats a cache key
+                values = dict(kb_id=kb_id, encoder=encoder, dim=dim, chunking=chunking, generation=0, created_at=_now())
+                conn.execute(knowledge_bases.insert().values(**values))
+                row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).one()
+                return _kb(row)
         if row.encoder != encoder or row.dim != dim:
             raise EncoderMismatchError(
                 f"knowledge base {kb_id!r} was built with encoder {row.encoder} (dim {row.dim}); "
                 f"the configured encoder is {encoder} (dim {dim}). Rebuild it with --recreate or use another kb."
             )
         return _kb(row)
+
+    def set_encoder(self, kb_id: str, *, encoder: str, dim: int) -> None:
+        """Records a new encoder for a kb (a ``--recreate`` with another encoder, at its switch)."""
+        with self._begin() as conn:
+            conn.execute(update(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id).values(encoder=encoder, dim=dim))
 
     def set_chunking(self, kb_id: str, chunking: str) -> None:
         with self._begin() as conn:
@@ -134,10 +112,21 @@ class DocumentStore:
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
-        doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
+        self.switch(kb_id, [(doc_id, version)])
+
+    def switch(self, kb_id: str, activate: Sequence[tuple[str, int]], *, retire: Sequence[str] = ()) -> None:
+        """In one transaction: serve each (doc id, version), retiring the document's other versions,
+        and stop serving the documents in ``retire`` (a ``--recreate``'s switch to its new generation)."""
         with self._begin() as conn:
-            conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
-            conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
+            for doc_id, version in activate:
+                doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
+                conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
+                conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
+            for start in range(0, len(retire), _IN_BATCH):
+                gone = list(retire[start : start + _IN_BATCH])
+                conn.execute(
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(gone)).values(status=RETIRED)
+                )
             self._bump(conn, kb_id)
 
     def retire_document(self, kb_id: str, doc_id: str) -> None:
@@ -175,6 +164,7 @@ class DocumentStore:
         ids = list(dict.fromkeys(chunk_ids))
         found: dict[str, Chunk] = {}
         with self._connect() as conn:
+            self._limit_statement_time(conn)
             for start in range(0, len(ids), _IN_BATCH):
                 batch = ids[start : start + _IN_BATCH]
                 for row in conn.execute(select(chunks).where(chunks.c.chunk_id.in_(batch))):
@@ -190,19 +180,36 @@ class DocumentStore:
 
     # -- what queries need -----------------------------------------------------
 
+    def leaf_ids(self, kb_id: str) -> set[str]:
+        """Chunk ids of the L3 leaves of the kb's active versions (what Milvus must hold)."""
+        active = and_(documents.c.kb_id == chunks.c.kb_id, documents.c.doc_id == chunks.c.doc_id,
+                      documents.c.version == chunks.c.version, documents.c.status == ACTIVE)  # fmt: skip
+        query = select(chunks.c.chunk_id).join(documents, active).where(chunks.c.kb_id == kb_id, chunks.c.level == 3)
+        with self._connect() as conn:
+            return set(conn.execute(query).scalars())
+
     def serving_state(self, kb_ids: Sequence[str] | None) -> ServingState:
-        """Generations of the kbs and the versions not to serve, in one query."""
+        """Each kb's (epoch, generation) and the versions not to serve, in one query.
+
+        Runs under the query-path statement timeout (``STRATA_DATABASE__QUERY_TIMEOUT_S``).
+        """
         kb = knowledge_bases
-        query = select(kb.c.kb_id, kb.c.generation, documents.c.doc_id, documents.c.version).outerjoin(
+        query = select(kb.c.kb_id, kb.c.generation, kb.c.created_at, documents.c.doc_id, documents.c.version).outerjoin(
             documents, and_(documents.c.kb_id == kb.c.kb_id, documents.c.status != ACTIVE)
         )
         if kb_ids is not None:
             query = query.where(kb.c.kb_id.in_(list(kb_ids)))
         with self._connect() as conn:
+            self._limit_statement_time(conn)
             rows = conn.execute(query).all()
-        generations = {r.kb_id: r.generation for r in rows}
+        generations = {r.kb_id: f"{_epoch(r.created_at)}#{r.generation}" for r in rows}
         hidden = tuple(version_key(r.kb_id, r.doc_id, r.version) for r in rows if r.doc_id is not None)
         return ServingState(generations=generations, hidden_version_keys=hidden)
+
+    def _limit_statement_time(self, conn: Connection) -> None:
+        """A hung PostgreSQL costs the query path at most the query timeout, not forever."""
+        if self.engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {self._query_timeout_ms}")
 
     def stats(self, kb_id: str) -> dict[str, Any]:
         """Documents by status and chunks by level of the active versions."""
@@ -248,7 +255,9 @@ class DocumentStore:
             for h, v in vectors.items()
         ]
         with self._begin() as conn:
-            conn.execute(self._insert(embedding_cache).values(rows).on_conflict_do_nothing())
+            for start in range(0, len(rows), _INSERT_BATCH):
+                batch = rows[start : start + _INSERT_BATCH]
+                conn.execute(self._insert(embedding_cache).values(batch).on_conflict_do_nothing())
 
     # -- plumbing --------------------------------------------------------------
 
@@ -306,7 +315,19 @@ def _safe_url(engine: Engine) -> str:
 
 
 def _kb(row: Any) -> KnowledgeBase:
-    return KnowledgeBase(row.kb_id, row.encoder, row.dim, row.chunking, row.generation)
+    return KnowledgeBase(row.kb_id, row.encoder, row.dim, row.chunking, row.generation, _epoch(row.created_at))
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _epoch(created_at: datetime | None) -> str:
+    if created_at is None:
+        return ""
+    if created_at.tzinfo is not None:  # PostgreSQL answers in the session's time zone
+        created_at = created_at.astimezone(timezone.utc).replace(tzinfo=None)
+    return created_at.isoformat()
 
 
 def _version(row: Any) -> DocumentVersion:

@@ -6,8 +6,7 @@ import pytest
 
 from backend.rag.candidates import Candidate
 from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
-from backend.stores.milvus import LeafHit
-from backend.types import Chunk
+from backend.types import Chunk, LeafHit
 
 
 def leaf(chunk_id: str) -> Chunk:
@@ -35,12 +34,13 @@ def test_score_is_the_sum_of_reciprocal_ranks_over_the_routes_that_found_the_lea
     fused = rrf_fuse(hits("a", "b"), hits("b", "c"), limit=10)
 
     assert ids(fused) == ["b", "a", "c"]
+    best = 2 / 61  # ranked first by both routes
     assert scores(fused) == pytest.approx({
-        "b": 1 / 62 + 1 / 61,  # dense rank 2, sparse rank 1
-        "a": 1 / 61,  # dense rank 1 only
-        "c": 1 / 62,  # sparse rank 2 only
+        "b": (1 / 62 + 1 / 61) / best,  # dense rank 2, sparse rank 1
+        "a": (1 / 61) / best,  # dense rank 1 only
+        "c": (1 / 62) / best,  # sparse rank 2 only
     })  # fmt: skip
-    assert scores(fused)["b"] == pytest.approx(0.0325224749)
+    assert scores(fused)["b"] == pytest.approx(0.0325224749 / best)
 
 
 def test_a_leaf_found_by_both_routes_beats_a_better_ranked_leaf_of_one_route() -> None:
@@ -51,12 +51,13 @@ def test_a_leaf_found_by_both_routes_beats_a_better_ranked_leaf_of_one_route() -
     fused = rrf_fuse(dense, sparse, limit=3)
 
     assert ids(fused)[0] == "both"
-    assert fused[0].score == pytest.approx(2 / 65)
+    assert fused[0].score == pytest.approx((2 / 65) / (2 / 61))
 
 
 def test_k_is_the_rank_offset_and_defaults_to_60() -> None:
-    assert rrf_fuse(hits("a", "b"), [], limit=5)[1].score == pytest.approx(1 / 62)
-    assert rrf_fuse(hits("a", "b"), [], k=10, limit=5)[1].score == pytest.approx(1 / 12)
+    # both routes ran (BM25 found nothing): the best possible is 2 / (k + 1)
+    assert rrf_fuse(hits("a", "b"), [], limit=5)[1].score == pytest.approx((1 / 62) / (2 / 61))
+    assert rrf_fuse(hits("a", "b"), [], k=10, limit=5)[1].score == pytest.approx((1 / 12) / (2 / 11))
 
 
 def test_ties_go_to_the_best_single_route_rank_then_to_the_chunk_id() -> None:
@@ -96,7 +97,7 @@ def test_a_leaf_repeated_inside_one_route_is_counted_once_at_its_first_rank() ->
 
     assert ids(fused) == ["a", "b"]
     a = fused[0]
-    assert a.score == pytest.approx(1 / 61 + 1 / 61)
+    assert a.score == pytest.approx(1.0)  # first on both routes
     assert (a.trace.dense_rank, a.trace.dense_score) == (1, 0.9)
 
 
@@ -111,13 +112,13 @@ def test_weighted_rrf_can_reverse_the_plain_order() -> None:
 
     assert ids(plain) == ["b", "x", "a"]
     assert ids(weighted) == ["x", "a", "b"]
-    assert scores(weighted) == pytest.approx({"x": 0.6 / 61, "a": 0.6 / 62, "b": 0.4 / 61})
+    assert scores(weighted) == pytest.approx({"x": 0.6, "a": 0.6 * 61 / 62, "b": 0.4})  # best possible: 1.0 / 61
 
 
 def test_weights_apply_to_a_leaf_found_by_both_routes() -> None:
     fused = rrf_fuse(hits("d1", "a"), hits("a"), limit=10, weights=FusionWeights(dense=0.6, sparse=0.4))
 
-    assert scores(fused)["a"] == pytest.approx(0.6 / 62 + 0.4 / 61)
+    assert scores(fused)["a"] == pytest.approx((0.6 / 62 + 0.4 / 61) * 61)
 
 
 def test_trace_records_each_route_rank_and_raw_score_and_the_fused_score() -> None:
@@ -128,9 +129,9 @@ def test_trace_records_each_route_rank_and_raw_score_and_the_fused_score() -> No
 
     b, a = fused["b"].trace, fused["a"].trace
     assert (b.dense_rank, b.dense_score, b.sparse_rank, b.sparse_score) == (2, 0.71, 1, 12.5)
-    assert b.fused_score == fused["b"].score == pytest.approx(1 / 62 + 1 / 61)
+    assert b.fused_score == fused["b"].score == pytest.approx((1 / 62 + 1 / 61) * 61 / 2)
     assert (a.dense_rank, a.dense_score, a.sparse_rank, a.sparse_score) == (1, 0.83, None, None)
-    assert a.fused_score == pytest.approx(1 / 61)
+    assert a.fused_score == pytest.approx(0.5)
     assert (a.score_stage, a.rerank_score) == ("fusion", None)
     assert fused["a"].merged_from == ()
 
@@ -149,7 +150,7 @@ def test_single_dense_route_scores_by_rrf_and_traces_only_dense() -> None:
     fused = single_route([hit("a", 0.9), hit("b", 0.8), hit("c", 0.7)], route="dense", limit=2)
 
     assert ids(fused) == ["a", "b"]
-    assert [c.score for c in fused] == pytest.approx([1 / 61, 1 / 62])
+    assert [c.score for c in fused] == pytest.approx([1.0, 61 / 62])
     assert (fused[1].trace.dense_rank, fused[1].trace.dense_score) == (2, 0.8)
     assert (fused[1].trace.sparse_rank, fused[1].trace.sparse_score) == (None, None)
 
@@ -158,6 +159,28 @@ def test_single_sparse_route_scores_by_rrf_and_traces_only_sparse() -> None:
     fused = single_route([hit("a", 14.0), hit("b", 9.0)], route="sparse", k=10, limit=5)
 
     assert ids(fused) == ["a", "b"]
-    assert [c.score for c in fused] == pytest.approx([1 / 11, 1 / 12])
+    assert [c.score for c in fused] == pytest.approx([1.0, 11 / 12])
     assert (fused[0].trace.sparse_rank, fused[0].trace.sparse_score) == (1, 14.0)
     assert fused[0].trace.dense_rank is None
+
+
+@pytest.mark.parametrize("weights", [FusionWeights(), FusionWeights(dense=0.6, sparse=0.4)])
+def test_one_scale_on_every_path_first_everywhere_that_ran_is_one(weights: FusionWeights) -> None:
+    """min_fused_score means the same on hybrid and on a single-route fallback, with or without weights."""
+    hybrid = rrf_fuse(hits("a", "b"), hits("a", "c"), k=20, limit=10, weights=weights)
+    dense_only = single_route(hits("a", "b"), route="dense", k=20, limit=10, weights=weights)
+    sparse_only = single_route(hits("a", "c"), route="sparse", k=20, limit=10, weights=weights)
+
+    assert hybrid[0].score == dense_only[0].score == sparse_only[0].score == pytest.approx(1.0)
+    assert dense_only[1].score == pytest.approx(21 / 22)
+    assert sparse_only[1].score == pytest.approx(21 / 22)
+    assert all(0 < c.score <= 1 for c in hybrid + dense_only + sparse_only)
+
+
+def test_a_route_that_did_not_run_is_not_part_of_the_best_possible_score() -> None:
+    ran_empty = rrf_fuse(hits("a"), [], k=20, limit=5)
+    did_not_run = rrf_fuse(hits("a"), None, k=20, limit=5)
+
+    assert ran_empty[0].score == pytest.approx(0.5)  # BM25 ran and did not find "a"
+    assert did_not_run[0].score == pytest.approx(1.0)
+    assert rrf_fuse(None, None, limit=5) == []

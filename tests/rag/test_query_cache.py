@@ -13,7 +13,7 @@ import redis
 
 from backend.config import RedisSettings
 from backend.rag import query_cache
-from backend.rag.query_cache import QueryCache, cache_key, normalize_query
+from backend.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
 from tests.rag.rerank_server import unused_port
 
 
@@ -55,8 +55,9 @@ def result(name: str) -> dict[str, Any]:
 def ask(cache: QueryCache, key: str) -> bool:
     """Looks ``key`` up, computing ``result(key)`` on a miss; whether it was a hit."""
     compute = Compute(result(key))
-    found, hit = cache.get_or_compute(key, compute)
-    assert found == result(key)
+    found = cache.get_or_compute(key, compute)
+    assert found.value == result(key)
+    hit = found.source == "hit"
     assert compute.calls == (0 if hit else 1)
     return hit
 
@@ -90,8 +91,8 @@ def test_cache_key_ignores_key_order_and_changes_with_the_generation() -> None:
 def test_a_computed_result_is_a_hit_the_second_time() -> None:
     cache = QueryCache(size=8, ttl_s=60)
 
-    assert cache.get_or_compute("k", Compute(result("k"))) == (result("k"), False)
-    assert cache.get_or_compute("k", never) == (result("k"), True)
+    assert cache.get_or_compute("k", Compute(result("k"))) == Lookup(result("k"), "miss")
+    assert cache.get_or_compute("k", never) == Lookup(result("k"), "hit")
 
 
 def test_an_entry_expires_after_its_ttl(clock: Clock) -> None:
@@ -120,8 +121,8 @@ def test_a_non_cacheable_result_is_returned_but_not_stored() -> None:
     cache = QueryCache(size=8, ttl_s=60)
     degraded = Compute({"meta": {"status": "degraded"}}, cacheable=False)
 
-    assert cache.get_or_compute("k", degraded) == ({"meta": {"status": "degraded"}}, False)
-    assert cache.get_or_compute("k", degraded) == ({"meta": {"status": "degraded"}}, False)
+    assert cache.get_or_compute("k", degraded) == Lookup({"meta": {"status": "degraded"}}, "miss")
+    assert cache.get_or_compute("k", degraded) == Lookup({"meta": {"status": "degraded"}}, "miss")
     assert degraded.calls == 2
 
 
@@ -178,18 +179,32 @@ def test_concurrent_identical_misses_compute_once() -> None:
     answers = run_together(8, lambda: cache.get_or_compute("k", compute))
 
     assert compute.calls == 1
-    assert [value for value, _ in answers] == [result("k")] * 8
-    assert sorted(hit for _, hit in answers) == [False] + [True] * 7
+    assert [a.value for a in answers] == [result("k")] * 8
+    assert sorted(a.source for a in answers) == ["miss"] + ["shared"] * 7
 
 
-def test_concurrent_misses_of_a_non_cacheable_result_each_compute() -> None:
+def test_concurrent_misses_share_a_non_cacheable_result_but_do_not_store_it() -> None:
+    """During an outage identical queries wait for the one in flight instead of recomputing one after another."""
     cache = QueryCache(size=8, ttl_s=60)
-    degraded = Compute({"meta": {"status": "degraded"}}, cacheable=False, sleep_s=0.05)
+    degraded = Compute({"meta": {"status": "failed"}}, cacheable=False, sleep_s=0.3)
 
-    answers = run_together(3, lambda: cache.get_or_compute("k", degraded))
+    answers = run_together(4, lambda: cache.get_or_compute("k", degraded))
 
-    assert degraded.calls == 3
-    assert [hit for _, hit in answers] == [False] * 3
+    assert degraded.calls == 1
+    assert sorted(a.source for a in answers) == ["miss", "shared", "shared", "shared"]
+    assert cache.get_or_compute("k", degraded).source == "miss"  # not stored: the next query computes
+    assert degraded.calls == 2
+
+
+def test_hits_are_copies_a_caller_cannot_corrupt_the_cache() -> None:
+    cache = QueryCache(size=8, ttl_s=60)
+    first = cache.get_or_compute("k", Compute(result("k"))).value
+    first["docs"][0]["content"] = "edited by the caller"
+
+    hit = cache.get_or_compute("k", never).value
+    hit["docs"].clear()
+
+    assert cache.get_or_compute("k", never).value == result("k")
 
 
 # -- Redis ------------------------------------------------------------------------
@@ -212,7 +227,7 @@ def test_a_fresh_cache_gets_the_result_from_redis(redis_settings: RedisSettings)
 
     fresh = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings)
 
-    assert fresh.get_or_compute("k", never) == (value, True)
+    assert fresh.get_or_compute("k", never) == Lookup(value, "hit")
 
 
 def test_redis_entries_expire_with_the_ttl(redis_settings: RedisSettings, redis_client: redis.Redis) -> None:
@@ -248,7 +263,56 @@ def test_an_unreachable_redis_falls_back_to_the_local_cache(caplog: pytest.LogCa
     cache = QueryCache(size=8, ttl_s=60, redis_settings=settings)
 
     with caplog.at_level(logging.WARNING, logger="backend.rag.query_cache"):
-        assert ask(cache, "k") is False
+        first = cache.get_or_compute("k", Compute(result("k")))
         assert ask(cache, "k") is True
 
-    assert "Redis write failed" in caplog.text
+    assert first.source == "miss" and "Redis" in (first.cache_error or "")
+    assert "Redis failed" in caplog.text
+
+
+class CountingStore:
+    """Wraps the cache's Redis store and counts the calls that reach it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def get(self, key: str) -> Any:
+        self.calls += 1
+        return self.inner.get(key)
+
+    def set(self, key: str, blob: str, *, ttl_s: int) -> None:
+        self.calls += 1
+        self.inner.set(key, blob, ttl_s=ttl_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_paused_redis_costs_one_timeout_then_is_bypassed(private_redis) -> None:  # noqa: ANN001
+    settings = RedisSettings(url=private_redis.url, key_prefix="strata-test-paused", socket_timeout_s=0.3)
+    cache = QueryCache(size=8, ttl_s=60, redis_settings=settings, retry_after_s=60)
+    store = cache._redis = CountingStore(cache._redis)
+    private_redis.pause()
+    try:
+        first = cache.get_or_compute("a", Compute(result("a")))
+        second = cache.get_or_compute("b", Compute(result("b")))
+    finally:
+        private_redis.resume()
+
+    assert "Timeout" in (first.cache_error or "")
+    assert store.calls == 1  # the GET that timed out; the SET after it and every call of "b" skipped Redis
+    assert "bypassed" in (second.cache_error or "")
+    assert (first.value, second.value) == (result("a"), result("b"))
+
+
+def test_an_entry_that_does_not_decode_is_a_miss(redis_settings: RedisSettings, redis_client: redis.Redis) -> None:
+    writer = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings)
+    ask(writer, "garbled")
+    ask(writer, "wrong-shape")
+    garbled, wrong_shape = sorted(keys_under(redis_client, redis_settings))
+    redis_client.set(garbled, b"\xff{not json")
+    redis_client.set(wrong_shape, b'{"docs": 3}')
+    reader = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings, decodes=lambda v: isinstance(v.get("docs"), list))
+
+    assert reader.get_or_compute("garbled", Compute(result("garbled"))).source == "miss"
+    assert reader.get_or_compute("wrong-shape", Compute(result("wrong-shape"))).source == "miss"

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from backend.config import RerankSettings
-from backend.errors import ConfigError, RerankError
+from backend.config import ConfigError
+from backend.errors import RerankError
 from backend.rag.rerank import HttpReranker, Reranker, RerankScore, build_reranker
 from tests.rag.rerank_server import (
     RerankServer,

@@ -53,7 +53,7 @@ def test_pending_versions_are_hidden_until_activated(store: DocumentStore) -> No
     assert state.hidden_version_keys == (version_key("docs", "a.md", 1),)
     store.activate("docs", "a.md", 1)
     state = store.serving_state(["docs"])
-    assert state.hidden_version_keys == () and state.generations == {"docs": 1}
+    assert state.hidden_version_keys == () and state.generations["docs"].endswith("#1")
 
 
 def test_activating_a_new_version_retires_the_old_one(store: DocumentStore) -> None:
@@ -115,3 +115,56 @@ def test_an_unreachable_database_is_a_store_error() -> None:
 
     with pytest.raises(StoreError, match="127.0.0.1:1"):
         DocumentStore(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none", connect_timeout_s=1))
+
+
+def test_embedding_cache_takes_more_rows_than_one_statement_can_bind(store: DocumentStore) -> None:
+    """A document with 12,000 new leaves: one multi-row INSERT would pass SQLite's 32,766-variable limit."""
+    vectors = {f"h{i}": np.full(4, i, dtype=np.float32) for i in range(12_000)}
+    store.cache_embeddings("enc", vectors)
+    found = store.cached_embeddings("enc", list(vectors))
+    assert len(found) == 12_000 and found["h11999"][0] == 11_999
+
+
+def test_a_kb_created_anew_never_repeats_a_serving_generation(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    _write(store, "docs", "a.md", 1)
+    store.activate("docs", "a.md", 1)
+    before = store.serving_state(["docs"]).generations["docs"]
+    store.drop_kb("docs")
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    _write(store, "docs", "a.md", 1)
+    store.activate("docs", "a.md", 1)
+    after = store.serving_state(["docs"]).generations["docs"]
+    assert before != after and before.endswith("#1") and after.endswith("#1")
+
+
+def test_switch_serves_new_versions_and_retires_the_rest_in_one_step(store: DocumentStore) -> None:
+    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    for doc in ("a.md", "b.md"):
+        _write(store, "docs", doc, 1)
+        store.activate("docs", doc, 1)
+    _write(store, "docs", "a.md", 2, content_hash="h2")
+    store.switch("docs", [("a.md", 2)], retire=["b.md"])
+    assert {(v.doc_id, v.version): v.status for v in store.versions("docs")} == {
+        ("a.md", 1): "retired", ("a.md", 2): "active", ("b.md", 1): "retired",
+    }  # fmt: skip
+
+
+def test_query_path_reads_stop_at_the_statement_timeout(pg_url: str) -> None:
+    """A PostgreSQL that does not answer (here: a table lock held by another session) costs the timeout, not forever."""
+    import psycopg
+
+    from backend.config import DatabaseSettings
+
+    store = DocumentStore(DatabaseSettings(url=pg_url, query_timeout_s=0.5))
+    store.ensure_kb("locked", encoder="e", dim=3, chunking="c")
+    blocker = psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"))
+    try:
+        blocker.execute("LOCK TABLE strata_knowledge_bases IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(StoreError, match="statement timeout"):
+            store.serving_state(["locked"])
+    finally:
+        blocker.rollback()
+        blocker.close()
+        store.dispose()
+    assert DocumentStore(DatabaseSettings(url=pg_url)).serving_state(["locked"]).generations
