@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping, Sequence
 
 from backend.config import Settings
 from backend.rag.registry import DEFAULT_STRATEGY, get_retriever
@@ -35,6 +35,24 @@ class RetrievalCall:
         if self.on_result is not None:
             self.on_result(result)
         return result
+
+
+def as_filters(value: Filters | Mapping[str, Any] | None) -> Filters | None:
+    """``Filters`` from a ``Filters`` or a plain dict (``{"modules": ["billing"]}``).
+
+    An unknown key is refused: a misspelt filter must not silently widen the search.
+    """
+    if value is None or isinstance(value, Filters):
+        return value
+    known = {f.name for f in fields(Filters)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return Filters(**{name: _as_tuple(v) if name != "source_prefix" else v for name, v in value.items()})
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def document_metadata(doc: RetrievedDocument, meta: dict[str, Any]) -> dict[str, Any]:

@@ -26,8 +26,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "backend.integrations.langchain needs langchain-core: pip install 'strata-rag[langchain]'"
     ) from exc
 
+from pydantic import Field, field_validator
+
 from backend.config import Settings
-from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, document_metadata
+from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
 from backend.rag.registry import DEFAULT_STRATEGY
 from backend.types import Filters, RetrievalResult
 
@@ -44,10 +46,15 @@ class StrataRetriever(BaseRetriever):
     strategy: str = DEFAULT_STRATEGY
     kb_ids: list[str] | None = None
     filters: Filters | None = None
-    top_k: int = 5
+    top_k: int = Field(5, ge=1)
     settings: Settings | None = None
     engine: Any = None
     on_result: ResultCallback | None = None
+
+    @field_validator("filters", mode="before")
+    @classmethod
+    def _filters(cls, value: Any) -> Filters | None:
+        return as_filters(value)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         return self._documents(query)

@@ -16,7 +16,7 @@ record, offsets) is excluded there. ``on_result`` receives the whole
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 try:
     from llama_index.core.callbacks import CallbackManager
@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from backend.config import Settings
-from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, document_metadata
+from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
 from backend.rag.registry import DEFAULT_STRATEGY
 from backend.types import Filters, RetrievalResult
 
@@ -49,7 +49,7 @@ class StrataRetriever(BaseRetriever):
         *,
         strategy: str = DEFAULT_STRATEGY,
         kb_ids: Sequence[str] | None = None,
-        filters: Filters | None = None,
+        filters: Filters | Mapping[str, Any] | None = None,
         top_k: int = 5,
         settings: Settings | None = None,
         engine: Any = None,
@@ -57,9 +57,11 @@ class StrataRetriever(BaseRetriever):
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         kbs = list(kb_ids) if kb_ids is not None else None
-        self.call = RetrievalCall(strategy, kbs, filters, top_k, settings, engine, on_result)
+        self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, settings, engine, on_result)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return to_nodes(self.call.run(query_bundle.query_str))

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
@@ -43,10 +44,19 @@ def test_kb_ids_and_filters_restrict_the_documents(indexed: Settings, memo_encod
     garden = StrataRetriever(kb_ids=["garden"], engine=search).invoke(query)
     demo = StrataRetriever(kb_ids=["demo"], engine=search).invoke(query)
     billing = StrataRetriever(kb_ids=["demo"], filters=Filters(modules=("billing",)), engine=search).invoke("refund")
+    ops = StrataRetriever(kb_ids=["demo"], filters={"source_prefix": "ops"}, engine=search).invoke("backup")
 
     assert garden and {d.metadata["kb_id"] for d in garden} == {"garden"}
     assert demo and {d.metadata["kb_id"] for d in demo} == {"demo"}
     assert billing and {d.metadata["module"] for d in billing} == {"billing"}
+    assert ops and {d.metadata["source"] for d in ops} == {"ops-runbook.md"}
+
+
+def test_a_misspelt_filter_is_refused_instead_of_widening_the_search() -> None:
+    with pytest.raises(ValidationError, match="unknown filter.*modulez"):
+        StrataRetriever(filters={"modulez": ["billing"]})
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        StrataRetriever(top_k=0)
 
 
 def test_a_broken_query_encoder_gives_bm25_documents_marked_degraded(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001

@@ -49,9 +49,18 @@ def test_kb_ids_and_filters_restrict_the_nodes(indexed: Settings, memo_encoder) 
 
     garden = StrataRetriever(kb_ids=["garden"], engine=search).retrieve("how often should tomatoes be watered")
     skill = StrataRetriever(kb_ids=["demo"], filters=Filters(skill_points=("两步验证",)), engine=search).retrieve("密码")
+    billing = StrataRetriever(kb_ids=["demo"], filters={"modules": "billing"}, engine=search).retrieve("refund")
 
     assert garden and {n.node.metadata["kb_id"] for n in garden} == {"garden"}
     assert skill and all("两步验证" in n.node.metadata["skill_points"] for n in skill)
+    assert billing and {n.node.metadata["module"] for n in billing} == {"billing"}
+
+
+def test_a_misspelt_filter_or_a_bad_top_k_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown filter.*modulez"):
+        StrataRetriever(filters={"modulez": ["billing"]})
+    with pytest.raises(ValueError, match="top_k"):
+        StrataRetriever(top_k=0)
 
 
 def test_a_broken_query_encoder_gives_bm25_nodes_marked_degraded(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
