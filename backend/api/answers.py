@@ -28,12 +28,19 @@ def check_limits(service: Service, query: str, top_k: int) -> None:
         raise Problem(422, f"the query must be at most {max_chars} characters (got {len(query)})", title="Invalid Input")
 
 
-def search_scope(principal: Principal, requested: Sequence[str] | None) -> list[str] | None:
-    """Requested ∩ readable kbs; a kb the key may not read is a 404, as if it did not exist."""
+def search_scope(service: Service, principal: Principal, requested: Sequence[str] | None) -> list[str] | None:
+    """Requested ∩ readable kbs; a kb the key may not read is a 404, as if it did not exist.
+
+    Without requested kbs a restricted key searches those of its kbs that exist (a grant may
+    name a kb before its first upload).
+    """
     try:
         scope = principal.search_scope(requested)
     except KeyError as exc:
         raise not_found(str(exc.args[0])) from None
+    if not requested and scope is not None:
+        existing = {kb.kb_id for kb in service.resources.documents.list_kbs()}
+        scope = [kb for kb in scope if kb in existing]
     if scope == []:
         raise Problem(404, "this key may read no knowledge base", title="Not Found")
     return scope

@@ -20,7 +20,7 @@ router = APIRouter(tags=["retrieval"], responses=PROBLEMS)
 @router.post("/retrieve", summary="evidence for a query, with the meta record", response_model=RetrieveResponse)
 def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     answers.check_limits(service, body.query, body.top_k)
-    scope = answers.search_scope(principal, body.kb_ids)
+    scope = answers.search_scope(service, principal, body.kb_ids)
     filters = body.filters.to_filters() if body.filters else None
     result = service.retrieve(
         body.query, body.top_k, kb_ids=scope, filters=filters, rerank=body.rerank, expand=body.expand
@@ -31,7 +31,7 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
 @router.post("/retrieve/by-skill", summary="evidence for a skill point (expanded through the synonyms)", response_model=SkillResponse)
 def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     answers.check_limits(service, body.query or body.skill, body.top_k)
-    scope = answers.search_scope(principal, body.kb_ids)
+    scope = answers.search_scope(service, principal, body.kb_ids)
     selection = answers.skill_selection(service, body.skill, scope)
     result = service.retrieve(body.query or selection.query, body.top_k, kb_ids=scope, filters=selection.filters)
     return answers.retrieval(result, explain=body.explain, skill=selection.describe())
@@ -40,7 +40,7 @@ def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -
 @router.post("/retrieve/by-module", summary="chunks of a module's documents, ranked by a query or in document order", response_model=ModuleResponse)
 def by_module(body: ModuleRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     answers.check_limits(service, body.query or body.module, body.top_k)
-    scope = answers.search_scope(principal, body.kb_ids)
+    scope = answers.search_scope(service, principal, body.kb_ids)
     match = answers.match_module(service, body.module, scope)
     if body.query is None:
         return answers.module_listing(service, match, scope, top_k=body.top_k, level=body.level)

@@ -1,0 +1,181 @@
+"""Every error is a problem document with a request id: 401, 403, 404, 413, 422, 503 (failed retrieval, busy, stores down)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from milvus_lite.server_manager import server_manager_instance
+
+from backend.api import create_app
+from backend.config import Settings
+from backend.indexing.pipeline import Indexer
+from backend.resources import Resources
+from tests.api.conftest import AppFactory, auth, make_settings
+
+ADMIN = auth("admin-key")
+
+
+def assert_problem(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert {"type", "title", "status", "detail", "request_id"} <= set(body) and body["status"] == status
+    assert body["request_id"] and response.headers["x-request-id"] == body["request_id"]
+    return body
+
+
+@pytest.mark.parametrize("headers", [{}, auth("not-a-key"), {"Authorization": "Basic YWRtaW4ta2V5"}, {"Authorization": "Bearer"}])
+def test_every_endpoint_but_health_needs_a_valid_key(client: TestClient, headers: dict[str, str]) -> None:
+    for method, path in [("GET", "/ready"), ("GET", "/metrics"), ("POST", "/retrieve"), ("GET", "/kbs"),
+                         ("GET", "/kbs/demo/documents"), ("GET", "/kbs/demo/stats"), ("POST", "/retrieve/by-module")]:  # fmt: skip
+        response = client.request(method, path, headers=headers, json={"query": "x", "module": "auth"})
+        body = assert_problem(response, 401)
+        assert response.headers["www-authenticate"].startswith("Bearer") and "Bearer" in body["detail"]
+    assert client.get("/health").status_code == 200
+
+
+def test_a_sane_request_id_is_kept_and_echoed(client: TestClient) -> None:
+    response = client.post("/retrieve", json={"query": ""}, headers={**ADMIN, "X-Request-ID": "trace-42"})
+    assert assert_problem(response, 422)["request_id"] == "trace-42"
+    other = client.get("/kbs", headers={**ADMIN, "X-Request-ID": "bad id\twith tab"})
+    assert other.headers["x-request-id"] != "bad id\twith tab" and len(other.headers["x-request-id"]) == 32
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"query": "", "top_k": 3}, "query"),
+        ({"query": "   ", "top_k": 3}, "blank"),
+        ({"query": "ok", "top_k": 0}, "top_k"),
+        ({"query": "ok", "top_k": 51}, "top_k must be at most 50"),
+        ({"query": "x" * 2001}, "at most 2000 characters"),
+        ({"query": "bell \x07 here"}, "control character U+0007"),
+        ({"query": "nul \x00"}, "control character U+0000"),
+        ({"query": "ok", "filters": {"module": ["auth"]}}, "filters.module"),
+        ({"query": "ok", "filters": {"modules": ["a\x1b[31m"]}}, "control character"),
+        ({"query": "ok", "kb_ids": ["../etc"]}, "kb_ids"),
+        ({"query": "ok", "unknown": 1}, "unknown"),
+        ({"top_k": 3}, "query"),
+    ],
+)
+def test_invalid_input_is_a_422(client: TestClient, body: dict[str, Any], fragment: str) -> None:
+    problem = assert_problem(client.post("/retrieve", json=body, headers=ADMIN), 422)
+    assert fragment in problem["detail"]
+
+
+def test_malformed_json_is_a_422(client: TestClient) -> None:
+    response = client.post("/retrieve", content=b"{not json", headers={**ADMIN, "Content-Type": "application/json"})
+    assert_problem(response, 422)
+
+
+def test_unknown_kb_is_a_404(client: TestClient) -> None:
+    problem = assert_problem(client.post("/retrieve", json={"query": "x", "kb_ids": ["nope"]}, headers=ADMIN), 404)
+    assert "nope" in problem["detail"]
+    assert_problem(client.get("/kbs/nope/documents", headers=ADMIN), 404)
+    assert_problem(client.get("/kbs/nope/stats", headers=ADMIN), 404)
+    assert_problem(client.delete("/kbs/demo/documents/nope.md", headers=ADMIN), 404)
+    assert_problem(client.get("/kbs/bad%00kb/stats", headers=ADMIN), 422)
+
+
+def test_a_read_only_key_cannot_write(client: TestClient) -> None:
+    reader = auth("demo-reader-key")
+    files = [("files", ("a.md", b"# A\n\nText.", "text/markdown"))]
+    assert_problem(client.post("/kbs/demo/documents", files=files, headers=reader), 403)
+    assert_problem(client.delete("/kbs/demo/documents/auth.md", headers=reader), 403)
+    assert_problem(client.post("/kbs", json={"kb_id": "demo"}, headers=reader), 403)
+    assert client.get("/kbs/demo/stats", headers=reader).json()["documents"] == 5  # nothing was deleted
+
+
+def test_uploads_over_the_limit_are_413_also_when_chunked(make_client: AppFactory) -> None:
+    small = make_client(api={"max_upload_bytes": 2048})
+    big = b"# Big\n\n" + b"x" * 4096
+    files = [("files", ("big.md", big, "text/markdown"))]
+    problem = assert_problem(small.post("/kbs/limits/documents", files=files), 413)
+    assert "2048 bytes" in problem["detail"]
+
+    def chunks():  # no Content-Length: the body arrives chunked
+        yield b'{"query": "'
+        for _ in range(8):
+            yield b"y" * 512
+        yield b'"}'
+
+    chunked = small.post("/retrieve", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in {k.lower() for k in chunked.request.headers}
+    assert_problem(chunked, 413)
+    assert small.get("/kbs/limits/stats").status_code == 404  # the refused upload created nothing
+
+
+def test_upload_names_must_stay_inside_the_upload(client: TestClient) -> None:
+    files = [("files", ("../../etc/passwd.md", b"# X\n\ny", "text/markdown"))]
+    assert "'..'" in assert_problem(client.post("/kbs/evil/documents", files=files, headers=ADMIN), 422)["detail"]
+    twice = [("files", ("a.md", b"# A\n\n1", "text/markdown")), ("files", ("a.md", b"# A\n\n2", "text/markdown"))]
+    assert "twice" in assert_problem(client.post("/kbs/evil/documents", files=twice, headers=ADMIN), 422)["detail"]
+
+
+def test_excess_requests_wait_then_get_503_with_retry_after(make_client: AppFactory) -> None:
+    busy = make_client(api={"max_concurrency": 1, "queue_timeout_s": 0.2})
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> dict[str, str]:  # a request that holds the only slot until the test lets it go
+        entered.set()
+        release.wait(30)
+        return {"held": "yes"}
+
+    busy.app.add_api_route("/test-hold", hold, methods=["GET"])
+    holder = threading.Thread(target=lambda: results.append(busy.get("/test-hold")))
+    results: list[Any] = []
+    holder.start()
+    assert entered.wait(30)
+    try:
+        refused = busy.post("/retrieve", json={"query": "x"})
+        problem = assert_problem(refused, 503)
+        assert refused.headers["retry-after"] == "1" and "busy" in problem["detail"]
+        assert busy.get("/health").status_code == 200  # operations endpoints are never queued
+    finally:
+        release.set()
+        holder.join(30)
+    assert results[0].status_code == 200
+    assert busy.post("/retrieve", json={"query": "password", "top_k": 1}).status_code == 200  # the slot is free again
+    assert 'strata_http_requests_rejected_total{reason="concurrency"} 1.0' in busy.get("/metrics").text
+
+
+@pytest.fixture
+def outage(tmp_path: Path, memo_encoder) -> Resources:  # noqa: ANN001
+    """Stores whose Milvus Lite server is gone (SQLite still there)."""
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 's.sqlite3'}", "unused", redis={"url": None})
+    resources = Resources(settings, encoder=memo_encoder)
+    doc = tmp_path / "one.md"
+    doc.write_text("# One\n\nA single short document about lighthouses.", encoding="utf-8")
+    assert Indexer(resources).index_paths([doc], kb_id="outage").added == 1
+    server_manager_instance.release_server(str(settings.milvus.uri))
+    return resources
+
+
+def test_a_failed_retrieval_is_a_503_with_the_meta_record(outage: Resources) -> None:
+    with TestClient(create_app(outage.settings, resources=outage, warm_up=False), raise_server_exceptions=False) as client:
+        response = client.post("/retrieve", json={"query": "lighthouses", "kb_ids": ["outage"]})
+        problem = assert_problem(response, 503)
+        assert problem["meta"]["status"] == "failed" and problem["meta"]["errors"]
+        assert "docs" not in problem and response.headers["retry-after"] == "5"
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+        assert ready.json()["components"]["milvus"]["status"] == "down"
+        assert ready.json()["components"]["sql"]["status"] == "ok"
+
+
+def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], private_redis, memo_encoder) -> None:  # noqa: ANN001
+    settings, shared = stores
+    with_private = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": private_redis.url})})
+    resources = Resources(with_private, encoder=memo_encoder)
+    resources.__dict__.update(leaf_index=shared.leaf_index, documents=shared.documents)  # only the cache differs
+    private_redis.stop()
+    with TestClient(create_app(with_private, resources=resources, warm_up=False)) as client:
+        ready = client.get("/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+        assert ready.json()["components"]["redis"]["status"] == "down"
+        answer = client.post("/retrieve", json={"query": "密码重置链接多久失效？", "kb_ids": ["demo"]})
+        assert answer.status_code == 200 and answer.json()["docs"]
