@@ -9,7 +9,8 @@ order never depends on which list an item came from.
 The two-route fusion of dense and BM25 hits (``backend.rag.fusion``), the
 ``fusion`` strategy's query variants and the fusion of a custom retriever's
 results with strata's are all calls of ``reciprocal_rank_fusion``;
-``fuse_documents`` is that call on ``RetrievedDocument`` lists.
+``fuse_candidates`` and ``fuse_documents`` are that call on ``Candidate`` and
+``RetrievedDocument`` lists.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
+from backend.rag.candidates import Candidate
 from backend.types import RetrievedDocument
 
 T = TypeVar("T")
@@ -133,3 +135,31 @@ def fuse_documents(
         replace(f.item, score=f.score, metadata={**f.item.metadata, "fusion": {"score": f.score, "ranks": list(f.ranks)}})
         for f in fused
     ]
+
+
+def fuse_candidates(
+    lists: Sequence[Sequence[Candidate] | None],
+    *,
+    k: float = 60,
+    weights: Sequence[float] | None = None,
+    limit: int | None = None,
+) -> list[Candidate]:
+    """Candidates of several searches (e.g. one per query variant) fused by normalized RRF.
+
+    Each fused candidate is the copy from the list where it ranked best (the
+    first such list on a tie), keeping that search's trace, with ``score`` and
+    ``trace.fused_score`` set to the fused score in (0, 1].
+    """
+    fused = reciprocal_rank_fusion(lists, k=k, weights=weights, limit=limit, key=_candidate_id, normalize=True)
+    return [_best_copy(f) for f in fused]
+
+
+def _candidate_id(cand: Candidate) -> str:
+    return cand.chunk_id
+
+
+def _best_copy(fused: Fused[Candidate]) -> Candidate:
+    best = min((r, i) for i, r in enumerate(fused.ranks) if r is not None)[1]
+    cand = fused.items[best]
+    assert cand is not None
+    return replace(cand, score=fused.score, trace=replace(cand.trace, fused_score=fused.score))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from backend.rag.candidates import Candidate, Trace
 from backend.rag.fusion import FusionWeights, rrf_fuse
-from backend.rag.rank_fusion import Fused, fuse_documents, reciprocal_rank_fusion
+from backend.rag.rank_fusion import Fused, fuse_candidates, fuse_documents, reciprocal_rank_fusion
 from backend.stores.milvus import LeafHit
 from backend.types import Chunk, RetrievedDocument
 
@@ -149,3 +149,18 @@ def test_documents_of_two_retrievers_fuse_into_one_list_with_their_ranks() -> No
 
 def doc(chunk_id: str, text: str, score: float) -> RetrievedDocument:
     return RetrievedDocument(text, score, {"chunk_id": chunk_id, "level": 3})
+
+
+def test_candidates_of_query_variants_fuse_keeping_the_trace_of_their_best_search() -> None:
+    a1 = Candidate(leaf("a"), 0.9, Trace(dense_rank=1, fused_score=0.9))
+    b1 = Candidate(leaf("b"), 0.8, Trace(dense_rank=2, fused_score=0.8))
+    b2 = Candidate(leaf("b"), 0.7, Trace(sparse_rank=1, fused_score=0.7))
+    c2 = Candidate(leaf("c"), 0.6, Trace(sparse_rank=2, fused_score=0.6))
+
+    fused = fuse_candidates([[a1, b1], [b2, c2], None], k=0)
+
+    assert [c.chunk_id for c in fused] == ["b", "a", "c"]
+    b = fused[0]
+    assert b.score == b.trace.fused_score == pytest.approx((1 / 2 + 1 / 1) / 2)  # best possible: 1/1 + 1/1
+    assert b.trace.sparse_rank == 1 and b.trace.dense_rank is None  # the copy from variant 2, where b was 1st
+    assert fused[1].score == pytest.approx(0.5) and fused[1].trace.dense_rank == 1
