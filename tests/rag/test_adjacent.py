@@ -93,9 +93,14 @@ texts = st.lists(st.tuples(words, separators), min_size=1, max_size=80).map(lamb
 
 @settings(max_examples=60, deadline=None)
 @given(texts, st.integers(0, 5), st.integers(0, 7), st.data())
-def test_real_leaves_join_to_the_documents_text_without_repeating_overlaps(text: str, l3_overlap: int, l2_overlap: int, data) -> None:  # noqa: ANN001
-    sizes = ChunkingSettings(l1_max_chars=60, l2_max_chars=30, l3_max_chars=12, l2_overlap=l2_overlap, l3_overlap=l3_overlap)
-    leaves = [c for c in chunk_document(SourceDocument("d.md", "d.md", text, ()), kb_id="kb", version=1, settings=sizes) if c.is_leaf]
+def test_real_leaves_join_to_the_documents_text_without_repeating_overlaps(
+    text: str, l3_overlap: int, l2_overlap: int, data  # noqa: ANN001
+) -> None:
+    sizes = ChunkingSettings(
+        l1_max_chars=60, l2_max_chars=30, l3_max_chars=12, l2_overlap=l2_overlap, l3_overlap=l3_overlap
+    )
+    chunks = chunk_document(SourceDocument("d.md", "d.md", text, ()), kb_id="kb", version=1, settings=sizes)
+    leaves = [c for c in chunks if c.is_leaf]
     start = data.draw(st.integers(0, len(leaves) - 1))
     end = data.draw(st.integers(start + 1, len(leaves)))
     run = leaves[start:end]

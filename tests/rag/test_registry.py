@@ -34,7 +34,8 @@ class WikiRetriever:
 
     def retrieve(self, query: str, top_k: int = 5, **kw: Any) -> RetrievalResult:
         docs = tuple(RetrievedDocument(p, 1.0 / (i + 1), {"source": f"wiki/{i}"}) for i, p in enumerate(self.pages))
-        return RetrievalResult(docs[:top_k], RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k, returned=min(top_k, len(docs))))
+        meta = RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k, returned=min(top_k, len(docs)))
+        return RetrievalResult(docs[:top_k], meta)
 
 
 @pytest.fixture
@@ -93,15 +94,18 @@ class RecordingEngine:
         self.calls.append({"query": query, "top_k": top_k, "kb_ids": kb_ids, "filters": filters})
         return RetrievalResult((), RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k))
 
-    def _with_strategy(self, query: str, top_k: int = 5, *, kb_ids: Any = None, filters: Any = None, strategy: str = "auto_merge") -> RetrievalResult:
+    def _with_strategy(
+        self, query: str, top_k: int = 5, *, kb_ids: Any = None, filters: Any = None, strategy: str = "auto_merge"
+    ) -> RetrievalResult:
         self.calls.append({"query": query, "top_k": top_k, "kb_ids": kb_ids, "filters": filters, "strategy": strategy})
         return RetrievalResult((), RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k))
 
 
 def test_the_strategy_is_passed_only_where_the_engine_takes_it() -> None:
     new = RecordingEngine(takes_strategy=True)
-    get_retriever("adjacent", engine=new, kb_ids=["demo"]).retrieve("q", 3, filters=Filters(modules=("auth",)))
-    assert new.calls == [{"query": "q", "top_k": 3, "kb_ids": ["demo"], "filters": Filters(modules=("auth",)), "strategy": "adjacent"}]
+    auth = Filters(modules=("auth",))
+    get_retriever("adjacent", engine=new, kb_ids=["demo"]).retrieve("q", 3, filters=auth)
+    assert new.calls == [{"query": "q", "top_k": 3, "kb_ids": ["demo"], "filters": auth, "strategy": "adjacent"}]
 
     old = RecordingEngine(takes_strategy=False)
     get_retriever("auto_merge", engine=old).retrieve("q", 2, kb_ids=["garden"])
