@@ -10,7 +10,7 @@ from backend.rag.registry import DEFAULT_STRATEGY, get_retriever
 from backend.types import Filters, RetrievalResult, RetrievedDocument
 
 META_KEY = "strata_meta"
-"""The metadata key under which every returned document carries the call's meta record (a dict)."""
+"""The metadata key under which every returned document carries the call's meta record (one dict, shared)."""
 
 ResultCallback = Callable[[RetrievalResult], None]
 

@@ -171,4 +171,4 @@ def _accepts(call: Callable[..., Any], parameter: str) -> bool:
 
 
 for _strategy in STRATEGIES:
-    register_retriever(_strategy, partial(StrategyRetriever, _strategy))
+    register_retriever(_strategy, partial(StrategyRetriever, _strategy), replace=True)  # replace: reload-safe
