@@ -35,6 +35,8 @@ def merge_adjacent_chunks(candidates: Sequence[Candidate]) -> list[Candidate]:
     best member score and that member's trace (``score_stage="adjacent"``),
     and lists its leaf ids in document order in ``merged_from``. Candidates
     without neighbours are returned unchanged; a repeated chunk id counts once.
+    Each level is joined on its own: a list that mixes a parent with its own
+    leaves should go through ``merge.collapse`` first.
     """
     unique: dict[str, Candidate] = {}
     for cand in candidates:

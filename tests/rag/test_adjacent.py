@@ -133,6 +133,7 @@ def as_candidate(doc: str, version: int, ordinal: int, score: float) -> Candidat
     return cand(chunk, score)
 
 
+@settings(deadline=None)
 @given(st.lists(hit, max_size=20))
 def test_every_hit_leaf_is_in_exactly_one_passage_of_its_own_document_version(hits: list) -> None:  # noqa: ANN001
     candidates = [as_candidate(*h) for h in hits]
@@ -146,6 +147,7 @@ def test_every_hit_leaf_is_in_exactly_one_passage_of_its_own_document_version(hi
         assert len(owners) <= 1  # never across documents or versions
 
 
+@settings(deadline=None)
 @given(st.lists(hit, max_size=20))
 def test_runs_are_maximal_and_a_sorted_list_stays_sorted(hits: list) -> None:  # noqa: ANN001
     candidates = sorted((as_candidate(*h) for h in hits), key=lambda c: -c.score)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.rag.candidates import Candidate, Trace
@@ -74,6 +74,7 @@ def test_bad_arguments_are_refused(kwargs: dict, message: str) -> None:
         reciprocal_rank_fusion([["a"], ["b"]], **kwargs)
 
 
+@settings(deadline=None)
 @given(st.lists(ranked_ids, max_size=5), st.integers(0, 100))
 def test_every_distinct_item_appears_once_sorted_by_score(lists: list[list[str]], k: int) -> None:
     fused = reciprocal_rank_fusion(lists, k=k)
@@ -85,6 +86,7 @@ def test_every_distinct_item_appears_once_sorted_by_score(lists: list[list[str]]
         assert f.score == pytest.approx(expected)
 
 
+@settings(deadline=None)
 @given(st.lists(ranked_ids, min_size=1, max_size=5), st.randoms())
 def test_the_order_does_not_depend_on_the_order_of_the_lists(lists: list[list[str]], rnd) -> None:  # noqa: ANN001
     shuffled = list(lists)
@@ -96,6 +98,7 @@ def test_the_order_does_not_depend_on_the_order_of_the_lists(lists: list[list[st
 routes = st.one_of(st.none(), ranked_ids)
 
 
+@settings(deadline=None)
 @given(routes, routes, st.integers(0, 80), st.integers(0, 12), st.sampled_from([(1.0, 1.0), (0.6, 0.4), (0.3, 0.7)]))
 def test_two_route_rrf_fuse_is_a_call_of_the_n_list_fusion(
     dense_ids: list[str] | None, sparse_ids: list[str] | None, k: int, limit: int, w: tuple[float, float]
