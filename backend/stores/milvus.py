@@ -390,9 +390,11 @@ def _connect(settings: MilvusSettings) -> MilvusClient:
     except MilvusException as exc:
         if settings.is_lite and _lite_file_locked(uri):
             raise IndexLockedError(
-                f"the Milvus Lite file {uri} is open in another process (a running `strata index`, `strata eval` "
-                "or a service calling retrieve_documents?). Milvus Lite allows one process per file: index from "
-                "that process or stop it first, or use a Milvus server (STRATA_MILVUS__URI=http://host:19530)."
+                f"the Milvus Lite file {uri} is open in another process (a running `strata serve`, `strata index`, "
+                "`strata eval` or a service calling retrieve_documents?). Milvus Lite allows one process per file: "
+                "when it is `strata serve`, index through it with `strata index PATH --kb NAME --server "
+                "http://127.0.0.1:8080`; otherwise stop that process first, or use a Milvus server "
+                "(STRATA_MILVUS__URI=http://host:19530)."
             ) from exc
         raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
 
