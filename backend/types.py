@@ -198,6 +198,7 @@ class RetrievalMeta:
     parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()
+    expansion: Mapping[str, Any] = field(default_factory=dict)  # terms synonyms added to the BM25 query
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the whole record."""

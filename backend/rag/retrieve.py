@@ -17,6 +17,7 @@ import numpy as np
 
 from backend.config import Settings, get_settings
 from backend.rag.candidates import Candidate
+from backend.rag.expansion import Expansion, load_synonyms
 from backend.rag.finalize import finalize
 from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
 from backend.rag.merge import apply_merge, parents_to_fetch
@@ -45,6 +46,7 @@ class Retriever:
         )  # fmt: skip
         self._states = LastServingStates()
         self._config_key = config_fingerprint(resources.settings)
+        self._synonyms = load_synonyms(self._cfg.synonyms)
 
     @property
     def reranker(self) -> Reranker | None:
@@ -52,26 +54,28 @@ class Retriever:
 
     def retrieve(
         self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
-        rerank: bool = True,
+        rerank: bool = True, expand: bool = True,
     ) -> RetrievalResult:  # fmt: skip
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
-        ``rerank=False`` keeps the fused order for this call even when a reranker is configured.
+        ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
+        ``expand=False`` searches BM25 with the query as given (no synonyms).
         """
         self._check_arguments(query, top_k, kb_ids)
         candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
         run = Recorder(query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters)
         use_reranker = self._reranker if rerank else None
+        expansion = self._synonyms.expand(query) if expand else Expansion(query, ())
         state = self._serving_state(run)
         if state is None or not self._cache.enabled:
-            return run.uncached(self._compute(run, state, use_reranker))
+            return run.uncached(self._compute(run, state, use_reranker, expansion))
         computed: list[RetrievalResult] = []
 
         def compute() -> tuple[dict[str, Any], bool]:
-            computed.append(self._compute(run, state, use_reranker))
+            computed.append(self._compute(run, state, use_reranker, expansion))
             return computed[0].to_dict(), computed[0].meta.status == "ok"
 
-        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank), compute)
+        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, expansion), compute)
         if lookup.cache_error:
             run.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
         if lookup.source == "miss":
@@ -91,11 +95,11 @@ class Retriever:
         if isinstance(kb_ids, str):
             raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
 
-    def _cache_key(self, run: Recorder, state: ServingState, rerank: bool) -> str:
+    def _cache_key(self, run: Recorder, state: ServingState, rerank: bool, expansion: Expansion) -> str:
         return cache_key({
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
             "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
-            "config": self._config_key,
+            "expanded": list(expansion.added_terms), "config": self._config_key,
         })  # fmt: skip
 
     def close(self) -> None:
@@ -130,18 +134,20 @@ class Retriever:
         run.error("state", exc, degraded="serving_state_stale", note="serving the last state this process saw")
         return last
 
-    def _compute(self, run: Recorder, state: ServingState | None, reranker: Reranker | None) -> RetrievalResult:
+    def _compute(
+        self, run: Recorder, state: ServingState | None, reranker: Reranker | None, expansion: Expansion
+    ) -> RetrievalResult:
         if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
             run.mode = "failed"
-            return run.result([], dropped=0)
+            return _expanded(run.result([], dropped=0), expansion)
         where = self._where(run, state)
         vector = self._encode(run)
-        candidates = self._search(run, vector, where)
+        candidates = self._search(run, vector, where, expansion.bm25_text)
         if self._cfg.merge_enabled and candidates:
             candidates = self._merge(run, candidates)
         candidates, reranked = self._rerank(run, candidates, reranker)
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
-        return run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score)
+        return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
 
     def _where(self, run: Recorder, state: ServingState) -> str:
         hidden = state.hidden_version_keys
@@ -159,14 +165,15 @@ class Retriever:
                 run.error("encode", exc, degraded="query_encoder_failed")
                 return None
 
-    def _search(self, run: Recorder, vector: np.ndarray | None, where: str) -> list[Candidate]:
+    def _search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Candidate]:
         """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
-        BM25-only when there is no query vector (or dense failed too)."""
+        BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
+        (the query plus its synonyms); the dense route embedded the query as given."""
         with run.timed("search"):
             if self._cfg.routes != "hybrid":
-                return self._single(run, self._cfg.routes, vector, where)
+                return self._single(run, self._cfg.routes, vector, where, bm25_text)
             if vector is not None:
-                fused = self._hybrid(run, vector, where)
+                fused = self._hybrid(run, vector, where, bm25_text)
                 if fused is not None:
                     return fused
                 if self._cfg.dense_fallback:
@@ -176,7 +183,7 @@ class Retriever:
                         return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
             if not self._cfg.sparse_fallback:
                 return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
-            sparse = self._route(run, "sparse", run.query, where)
+            sparse = self._route(run, "sparse", bm25_text, where)
             if sparse is None:
                 return run.failed()
             run.mode = "sparse_fallback"
@@ -187,19 +194,19 @@ class Retriever:
             return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
         return FusionWeights()
 
-    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str) -> list[Candidate]:
+    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Candidate]:
         """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
-        query = vector if route == "dense" else run.query
+        query = vector if route == "dense" else bm25_text
         hits = self._route(run, route, query, where, stage="search") if query is not None else None
         if hits is None:
             return run.failed()
         run.mode = route  # type: ignore[assignment]
         return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
 
-    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str) -> list[Candidate] | None:
+    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Candidate] | None:
         try:
             dense = self._hits("dense", run, vector, where)
-            sparse = self._hits("sparse", run, run.query, where)
+            sparse = self._hits("sparse", run, bm25_text, where)
         except Exception as exc:
             run.error("search", exc, degraded="hybrid_search_failed")
             return None
@@ -273,6 +280,14 @@ class Retriever:
         return [_reranked(candidates[s.index], s.score) for s in scores], True
 
 
+def _expanded(result: RetrievalResult, expansion: Expansion) -> RetrievalResult:
+    """The meta record with the terms query expansion added to the BM25 route (none: left empty)."""
+    if not expansion.added_terms:
+        return result
+    record = {"added_terms": list(expansion.added_terms), "bm25_query": expansion.bm25_text}
+    return replace(result, meta=replace(result.meta, expansion=record))
+
+
 def _reranked(cand: Candidate, score: float) -> Candidate:
     return replace(cand, score=score, trace=replace(cand.trace, rerank_score=score, score_stage="rerank"))
 
@@ -322,6 +337,7 @@ def retrieve_documents(
     kb_ids: list[str] | None = None,
     filters: Filters | None = None,
     rerank: bool = True,
+    expand: bool = True,
     settings: Settings | None = None,
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
@@ -330,4 +346,4 @@ def retrieve_documents(
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
     over-long query, ``top_k`` outside 1..``max_top_k``) raise ``ValueError``.
     """
-    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank)
+    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand)

@@ -171,3 +171,16 @@ def test_openapi_and_docs_are_generated_from_the_schemas(client: TestClient) -> 
     request = schema["components"]["schemas"]["RetrieveRequest"]
     assert {"query", "top_k", "kb_ids", "filters", "rerank", "explain"} <= set(request["properties"])
     assert client.get("/docs").status_code == 200
+
+
+def test_query_expansion_feeds_the_bm25_route_only_and_is_recorded(client: TestClient) -> None:
+    # synonyms: 浇水 -> watering, irrigation; the garden handbook is English only
+    query = {"query": f"浇水 {uuid.uuid4().hex[:4]}", "top_k": 3, "kb_ids": ["garden"], "explain": True}
+    expanded = client.post("/retrieve", json=query, headers=ADMIN).json()
+    meta = expanded["meta"]
+    assert meta["expansion"]["added_terms"] == ["watering", "irrigation"]
+    assert meta["expansion"]["bm25_query"].endswith("watering irrigation") and meta["query"] == query["query"]
+    assert meta["sparse_candidates"] > 0
+    assert any(d["metadata"]["trace"]["sparse_rank"] for d in expanded["docs"])
+    plain = client.post("/retrieve", json={**query, "expand": False}, headers=ADMIN).json()["meta"]
+    assert plain["expansion"] == {} and plain["sparse_candidates"] == 0 and plain["cache"] == "miss"
