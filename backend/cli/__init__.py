@@ -1,4 +1,4 @@
-"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve.
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild.
 
 Each sub-command lives in a module of this package, imported only when run.
 """
@@ -103,6 +103,23 @@ def _add_eval(sub: Any) -> None:
     p.set_defaults(handler=_lazy("backend.cli.evaluate", "cmd_eval"))
 
 
+def _add_rebuild(sub: Any) -> None:
+    p = sub.add_parser(
+        "rebuild",
+        help="write a kb's Milvus leaves again from SQL (in place, or into another Milvus with --to-uri)",
+        description="Rebuilds a knowledge base's leaves in Milvus from SQL, the source of truth: vectors come from "
+        "the SQL embedding cache (only what it lacks is encoded), the result is flushed and verified against SQL. "
+        "Without --to-uri it rebuilds IN PLACE: the kb's leaves are deleted first, so queries of the kb find "
+        "nothing until it finishes. With --to-uri the configured Milvus is not touched; point "
+        "STRATA_MILVUS__URI at the verified copy afterwards.",
+    )
+    p.add_argument("--kb", required=True, help="knowledge base id")
+    p.add_argument("--to-uri", metavar="URI", help="write a copy into this Milvus: a Lite file *.db or http://host:19530")
+    p.add_argument("--collection", metavar="NAME", help="collection of the copy (default STRATA_MILVUS__COLLECTION)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_lazy("backend.cli.rebuild", "cmd_rebuild"))
+
+
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
     def run(args: argparse.Namespace, settings: Settings) -> int:
         import importlib
@@ -116,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild):
         add(sub)
     return parser
 

