@@ -137,4 +137,7 @@ def _meta(data: dict[str, Any]) -> RetrievalMeta:
         return RetrievalMeta.from_dict(data)
     except (TypeError, KeyError):  # a service of another version: keep what is known
         errors = tuple(StageError(**e) for e in data.get("errors", ()))
-        return RetrievalMeta(query=data.get("query", ""), top_k=data.get("top_k", 0), candidate_k=0, status="failed", mode="failed", errors=errors)
+        return RetrievalMeta(
+            query=data.get("query", ""), top_k=data.get("top_k", 0), candidate_k=0, status="failed", mode="failed",
+            errors=errors,
+        )  # fmt: skip

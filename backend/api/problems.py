@@ -27,7 +27,9 @@ TYPE_BASE = "https://strata.dev/problems/"
 class Problem(Exception):
     """An error answer: status, a short title, a detail for people and extra members."""
 
-    def __init__(self, status: int, detail: str, *, title: str | None = None, headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self, status: int, detail: str, *, title: str | None = None, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.title = title or HTTPStatus(status).phrase

@@ -34,7 +34,9 @@ WARM_UP_QUERY = "warm-up 预热"
 class Service:
     """The engine parts of one app, built once in its lifespan."""
 
-    def __init__(self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None
+    ) -> None:
         self.settings = settings
         self.resources = resources
         self.owns_resources = owns_resources
@@ -90,12 +92,12 @@ class Service:
 
     def create_kb(self, kb_id: str) -> bool:
         """Creates an empty kb for the configured encoder; False when it existed."""
-        documents = self.resources.documents
-        if documents.get_kb(kb_id) is not None:
-            return False
-        encoder = self.resources.encoder
+        documents, encoder = self.resources.documents, self.resources.encoder
         with self._kb_lock(kb_id):
-            documents.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=chunking_signature(self.settings.chunking))
+            if documents.get_kb(kb_id) is not None:
+                return False
+            signature = chunking_signature(self.settings.chunking)
+            documents.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
         return True
 
     def kb_stats(self, kb_id: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import unicodedata
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
@@ -29,8 +30,8 @@ def relative_name(filename: str | None) -> PurePosixPath:
     return PurePosixPath(*parts)
 
 
-async def save_all(files: Sequence[UploadFile], folder: Path) -> None:
-    """Writes every upload under ``folder`` by its relative name; duplicate names are refused."""
+def save_all(files: Sequence[UploadFile], folder: Path) -> None:
+    """Writes every upload under ``folder`` by its relative name; duplicate names are refused (blocking I/O)."""
     seen: set[PurePosixPath] = set()
     for upload in files:
         name = relative_name(upload.filename)
@@ -39,9 +40,9 @@ async def save_all(files: Sequence[UploadFile], folder: Path) -> None:
         seen.add(name)
         target = folder.joinpath(*name.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
+        upload.file.seek(0)
         with target.open("wb") as out:
-            while chunk := await upload.read(_CHUNK):
-                out.write(chunk)
+            shutil.copyfileobj(upload.file, out, _CHUNK)
 
 
 def entry_dict(entry: DocumentEntry) -> dict[str, Any]:

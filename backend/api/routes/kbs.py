@@ -51,7 +51,7 @@ async def upload_documents(
     dry_run: Annotated[bool, Query(description="report what would change, write nothing")] = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="strata-upload-") as folder:
-        await uploads.save_all(files, Path(folder))
+        await run_in_threadpool(uploads.save_all, files, Path(folder))
         try:
             report = await run_in_threadpool(
                 service.index_folder, kb, Path(folder), delete_missing=delete_missing, recreate=recreate, dry_run=dry_run

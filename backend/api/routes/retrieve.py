@@ -12,7 +12,15 @@ from starlette.responses import JSONResponse
 
 from backend.api import answers
 from backend.api.deps import PrincipalDep, ServiceDep
-from backend.api.schemas import PROBLEMS, ModuleRequest, ModuleResponse, RetrieveRequest, RetrieveResponse, SkillRequest, SkillResponse
+from backend.api.schemas import (
+    PROBLEMS,
+    ModuleRequest,
+    ModuleResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    SkillRequest,
+    SkillResponse,
+)
 
 router = APIRouter(tags=["retrieval"], responses=PROBLEMS)
 
@@ -28,7 +36,9 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
     return answers.retrieval(result, explain=body.explain)
 
 
-@router.post("/retrieve/by-skill", summary="evidence for a skill point (expanded through the synonyms)", response_model=SkillResponse)
+@router.post(
+    "/retrieve/by-skill", summary="evidence for a skill point (expanded through the synonyms)", response_model=SkillResponse
+)
 def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     answers.check_limits(service, body.query or body.skill, body.top_k)
     scope = answers.search_scope(service, principal, body.kb_ids)
@@ -37,7 +47,10 @@ def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -
     return answers.retrieval(result, explain=body.explain, skill=selection.describe())
 
 
-@router.post("/retrieve/by-module", summary="chunks of a module's documents, ranked by a query or in document order", response_model=ModuleResponse)
+@router.post(
+    "/retrieve/by-module", summary="chunks of a module's documents, ranked by a query or in document order",
+    response_model=ModuleResponse,
+)  # fmt: skip
 def by_module(body: ModuleRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     answers.check_limits(service, body.query or body.module, body.top_k)
     scope = answers.search_scope(service, principal, body.kb_ids)
