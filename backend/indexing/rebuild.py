@@ -33,6 +33,8 @@ from backend.types import LEAF_LEVEL, Chunk
 
 logger = logging.getLogger(__name__)
 
+_SERVER_READ_BACK_S = 15.0  # three times Milvus's default graceful time (common.gracefulTime, 5 s)
+
 
 @dataclass(frozen=True)
 class RebuildReport:
@@ -80,9 +82,9 @@ class Rebuilder:
                     logger.info("rebuilding kb %s in place: deleting its leaves first", kb_id)
                     index.delete_kb(kb_id)
                     index.flush()
-                written, encoded, reused = self._write(index, kb_id, versions, progress)
+                expected, encoded, reused = self._write(index, kb_id, versions, progress)
                 index.flush()
-                report = self._verify(index, kb_id, len(versions), written, encoded, reused, started)
+                report = self._verify(index, kb_id, len(versions), expected, encoded, reused, started)
             finally:
                 if self._target is not None:
                     index.close()
@@ -115,10 +117,12 @@ class Rebuilder:
 
     def _write(
         self, index: LeafIndex, kb_id: str, versions: Sequence[DocumentVersion], progress: Progress
-    ) -> tuple[int, int, int]:
+    ) -> tuple[set[str], int, int]:
+        """Writes every leaf of ``versions``; returns the ids written and the passages encoded and reused."""
         contextualize = self._res.settings.chunking.contextualize
         progress.files_planned(len(versions))
-        written = encoded = reused = 0
+        written: set[str] = set()
+        encoded = reused = 0
         for batch, done in self._batches(kb_id, versions):
             texts = [search_text(leaf, contextualize) for leaf in batch]
             embedded = embed_texts(
@@ -126,7 +130,8 @@ class Rebuilder:
                 batch_size=self._res.settings.embedding.batch_size, progress=progress,
             )  # fmt: skip
             index.upsert(batch, embedded.vectors, texts)
-            written, encoded, reused = written + len(batch), encoded + embedded.encoded, reused + embedded.reused
+            written.update(leaf.chunk_id for leaf in batch)
+            encoded, reused = encoded + embedded.encoded, reused + embedded.reused
             for version, leaves in done:
                 progress.file_done(version.source, "rebuilt", leaves)
         return written, encoded, reused
@@ -147,23 +152,38 @@ class Rebuilder:
         if batch or done:
             yield batch, done
 
+    @staticmethod
+    def _read_back(index: LeafIndex, kb_id: str, expected: set[str], *, patient: bool) -> tuple[set[str], int]:
+        """The kb's leaf ids and count as the target answers them.
+
+        A Milvus server reads at Bounded consistency (pymilvus's default, which strata keeps): rows
+        flushed a moment ago may be missing from a read for up to the server's graceful time (5 s by
+        default), so a server is asked again for a while before the copy is called wrong.
+        """
+        deadline = time.monotonic() + (_SERVER_READ_BACK_S if patient else 0.0)
+        while True:
+            found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)
+            if (found == expected and count == len(expected)) or time.monotonic() >= deadline:
+                return found, count
+            time.sleep(0.5)
+
     def _verify(
-        self, index: LeafIndex, kb_id: str, documents: int, written: int, encoded: int, reused: int, started: float
-    ) -> RebuildReport:
-        expected = self._res.documents.leaf_ids(kb_id)
+        self, index: LeafIndex, kb_id: str, documents: int, expected: set[str], encoded: int, reused: int,
+        started: float,
+    ) -> RebuildReport:  # fmt: skip
+        """The target must hold exactly the leaves of the active versions in SQL (read under the kb's lease)."""
         found = set(index.leaf_ids(kb_id))
         stale = found - expected
         if stale:  # a copy target written before: leaves SQL no longer has
             logger.info("removing %d leaves of kb %s that SQL no longer has", len(stale), kb_id)
             index.delete_leaves(kb_id, sorted(stale))
             index.flush()
-            found = set(index.leaf_ids(kb_id))
-        count = index.count(kb_id)
-        verified = found == expected and count == len(expected)
         target = self.target_settings
+        found, count = self._read_back(index, kb_id, expected, patient=not target.is_lite)
+        verified = found == expected and count == len(expected)
         report = RebuildReport(
             kb=kb_id, target_uri=str(target.uri), collection=target.collection, in_place=self._target is None,
-            documents=documents, leaves_written=written, encoded=encoded, reused=reused, sql_leaves=len(expected),
+            documents=documents, leaves_written=len(expected), encoded=encoded, reused=reused, sql_leaves=len(expected),
             milvus_leaves=count, verified=verified, seconds=time.perf_counter() - started,
         )  # fmt: skip
         if not verified:

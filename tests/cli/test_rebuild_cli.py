@@ -94,7 +94,8 @@ def test_text_output_prints_the_next_step(demo: dict[str, str], tmp_path: Path) 
 def test_in_place_rebuild_restores_leaves_deleted_from_milvus(demo: dict[str, str], memo_encoder: Any) -> None:
     settings = settings_for(demo)
     with opened(settings, memo_encoder) as resources:
-        expected = resources.documents.leaf_ids("demo")
+        expected = {leaf.chunk_id for v in resources.documents.versions("demo")
+                    for leaf in resources.documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))}  # fmt: skip
         resources.leaf_index.delete_leaves("demo", sorted(expected)[::3])
         resources.leaf_index.flush()
         assert resources.leaf_index.count("demo") < len(expected)

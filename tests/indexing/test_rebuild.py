@@ -17,7 +17,7 @@ from milvus_lite.server_manager import server_manager_instance
 from sqlalchemy import delete, func, select
 
 from backend.config import MilvusSettings, Settings, load_settings
-from backend.errors import NotFoundError
+from backend.errors import LeaseHeldError, NotFoundError
 from backend.indexing.embedding import search_text, text_hash
 from backend.indexing.pipeline import Indexer
 from backend.indexing.rebuild import Rebuilder
@@ -63,6 +63,17 @@ def indexed(tmp_path: Path, memo_encoder: Any) -> Any:
     server_manager_instance.release_server(str(settings.milvus.uri))
 
 
+def _sql_leaf_ids(resources: Resources) -> set[str]:
+    """The L3 chunk ids of the kb's active versions, read from SQL."""
+    documents = resources.documents
+    return {
+        leaf.chunk_id
+        for v in documents.versions("demo")
+        if v.status == "active"
+        for leaf in documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))
+    }
+
+
 def _copy_settings(tmp_path: Path) -> MilvusSettings:
     return MilvusSettings(uri=str(tmp_path / "copy" / "milvus.db"))
 
@@ -77,7 +88,7 @@ def _leaf_ids_in(settings: MilvusSettings, encoder: Any, kb: str) -> set[str]:
 
 
 def test_copy_with_a_warm_cache_encodes_nothing_and_matches_sql(indexed: Resources, tmp_path: Path) -> None:
-    expected = indexed.documents.leaf_ids("demo")
+    expected = _sql_leaf_ids(indexed)
     target = _copy_settings(tmp_path)
 
     report = Rebuilder(indexed, target).rebuild("demo")
@@ -116,7 +127,7 @@ def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources
 
 
 def test_in_place_rebuild_restores_deleted_leaves(indexed: Resources) -> None:
-    expected = indexed.documents.leaf_ids("demo")
+    expected = _sql_leaf_ids(indexed)
     gone = sorted(expected)[: len(expected) // 2]
     indexed.leaf_index.delete_leaves("demo", gone)
     indexed.leaf_index.flush()
@@ -135,7 +146,7 @@ def test_copy_over_an_old_copy_drops_leaves_sql_no_longer_has(indexed: Resources
     Rebuilder(indexed, target).rebuild("demo")
     doc = indexed.documents.versions("demo")[0]
     indexed.documents.retire_document("demo", doc.doc_id)  # SQL stops serving one document
-    expected = indexed.documents.leaf_ids("demo")
+    expected = _sql_leaf_ids(indexed)
 
     report = Rebuilder(indexed, target).rebuild("demo")
 
@@ -147,3 +158,11 @@ def test_a_kb_that_does_not_exist_is_not_found(indexed: Resources, tmp_path: Pat
     with pytest.raises(NotFoundError, match="no knowledge base 'nope'"):
         Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("nope")
     assert not (tmp_path / "copy").exists()  # nothing was created for it
+
+
+def test_a_kb_another_process_is_indexing_is_not_rebuilt(indexed: Resources, tmp_path: Path) -> None:
+    lease = pytest.importorskip("backend.stores.lease", reason="the kb lease (backend/stores/lease.py) is not in this tree")
+    with lease.KbLease(indexed.documents, "demo", owner="indexer-elsewhere:pid 1"):
+        with pytest.raises(LeaseHeldError, match="indexer-elsewhere:pid 1"):
+            Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
+    assert not (tmp_path / "copy").exists()
