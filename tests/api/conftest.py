@@ -92,7 +92,12 @@ def make_client(stores: tuple[Settings, Resources]) -> Iterator[AppFactory]:
 
     def build(**sections: Any) -> TestClient:
         updates = {name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()}
-        client = TestClient(create_app(settings.model_copy(update=updates), resources=resources), raise_server_exceptions=False)
+        changed = settings.model_copy(update=updates)
+        engine = resources
+        if set(sections) - {"api"}:  # the engine reads its settings from Resources: same stores, new settings
+            engine = Resources(changed, encoder=resources.encoder)
+            engine.__dict__.update({k: resources.__dict__[k] for k in ("leaf_index", "documents", "parents")})
+        client = TestClient(create_app(changed, resources=engine), raise_server_exceptions=False)
         client.__enter__()
         opened.append(client)
         return client

@@ -15,6 +15,7 @@ from backend.config import Settings
 from backend.indexing.pipeline import Indexer
 from backend.resources import Resources
 from tests.api.conftest import AppFactory, auth, make_settings
+from tests.conftest import free_port
 
 ADMIN = auth("admin-key")
 
@@ -179,3 +180,36 @@ def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], pr
         assert ready.json()["components"]["redis"]["status"] == "down"
         answer = client.post("/retrieve", json={"query": "密码重置链接多久失效？", "kb_ids": ["demo"]})
         assert answer.status_code == 200 and answer.json()["docs"]
+
+
+def test_a_reranker_that_fails_leaves_the_service_ready_but_degraded(make_client: AppFactory) -> None:
+    from tests.rag.rerank_server import RerankServer, status
+
+    with RerankServer() as server:  # answers by word overlap until told to fail
+        client = make_client(rerank={"url": server.url, "read_timeout_s": 1.0, "max_retries": 0})
+        query = {"query": "tomatoes deep watering twice a week", "top_k": 3, "kb_ids": ["garden"]}
+        assert client.post("/retrieve", json=query).json()["meta"]["rerank"]["status"] == "applied"
+        skipped = client.post("/retrieve", json={**query, "rerank": False}).json()["meta"]["rerank"]
+        assert skipped == {**skipped, "status": "skipped", "reason": "off for this request"}
+        assert client.get("/ready").json()["components"]["reranker"]["status"] == "ok"
+        server.behaviour = status(500)
+        ready = client.get("/ready")
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+        assert ready.json()["components"]["reranker"]["status"] == "down"
+        fallback = client.post("/retrieve", json={**query, "query": "soil pH in spring"})
+        assert fallback.status_code == 200 and fallback.json()["meta"]["degraded"] == ["rerank_failed"]
+
+
+def test_sql_down_is_not_ready(tmp_path: Path, memo_encoder) -> None:  # noqa: ANN001
+    unreachable = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/strata"
+    settings = make_settings(tmp_path, unreachable, "unused", redis={"url": None}, database={"connect_timeout_s": 1.0})
+    resources = Resources(settings, encoder=memo_encoder)
+    try:
+        with TestClient(create_app(settings, resources=resources), raise_server_exceptions=False) as client:
+            ready = client.get("/ready")
+            assert ready.status_code == 503 and ready.json()["components"]["sql"]["status"] == "down"
+            assert_problem(client.get("/kbs"), 503)
+            assert client.get("/health").status_code == 200
+    finally:
+        resources.close()
+        server_manager_instance.release_server(str(settings.milvus.uri))
