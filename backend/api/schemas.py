@@ -62,7 +62,9 @@ class FiltersIn(_Strict):
 class RetrieveRequest(_Strict):
     query: QueryText
     top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(None, max_length=100, description="knowledge bases to search; default all you may read")
+    kb_ids: list[KbId] | None = Field(
+        None, min_length=1, max_length=100, description="knowledge bases to search; default all you may read"
+    )
     filters: FiltersIn | None = None
     rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
     expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
@@ -73,7 +75,7 @@ class SkillRequest(_Strict):
     skill: Name
     query: QueryText | None = None
     top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(None, max_length=100)
+    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
     explain: bool = False
 
 
@@ -81,7 +83,7 @@ class ModuleRequest(_Strict):
     module: Name
     query: QueryText | None = None
     top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(None, max_length=100)
+    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
     level: Literal[1, 2, 3] = Field(1, description="chunk level listed when no query is given")
     explain: bool = False
 

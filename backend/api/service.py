@@ -8,6 +8,7 @@ worker thread (retrieval keeps answering) and never twice at once on one kb.
 from __future__ import annotations
 
 import inspect
+import os
 import logging
 import threading
 import time
@@ -82,9 +83,11 @@ class Service:
     def index_folder(self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool) -> IndexReport:
         """Indexes an uploaded folder into ``kb_id`` (call from a worker thread)."""
         with self._kb_lock(kb_id):
-            return self.indexer.index_paths(
+            report = self.indexer.index_paths(
                 [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run
             )
+        _relative_sources(report, folder)
+        return report
 
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
         with self._kb_lock(kb_id):
@@ -129,3 +132,11 @@ class Service:
     def _kb_lock(self, kb_id: str) -> threading.Lock:
         with self._kb_locks_guard:
             return self._kb_locks[kb_id]
+
+
+def _relative_sources(report: IndexReport, folder: Path) -> None:
+    """Failures and skipped files named as uploaded (the temporary folder means nothing to the caller)."""
+    prefix = f"{folder}{os.sep}"
+    for entry in (*report.failures, *report.skipped):
+        if entry["source"].startswith(prefix):
+            entry["source"] = entry["source"][len(prefix) :]

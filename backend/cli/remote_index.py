@@ -35,7 +35,7 @@ def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, 
         except (ValueError, NotFoundError) as exc:
             print(f"strata: the service refused the files: {exc}", file=sys.stderr)
             return 1
-    report = with_local_failures(report, missing)
+    report = with_local_failures(with_local_paths(report, files), missing)
     print_report(report, as_json=args.json)
     return 1 if report["failed"] else 0
 
@@ -53,6 +53,16 @@ def collect_files(paths: Sequence[Path]) -> tuple[list[tuple[str, Path]], list[d
             continue
         files += [(f.relative_to(root).as_posix(), f) for f in found]
     return files, missing
+
+
+def with_local_paths(report: dict[str, Any], files: Sequence[tuple[str, Path]]) -> dict[str, Any]:
+    """Failures and skipped files named by their local paths, as a local run names them."""
+    local = {name: str(path) for name, path in files}
+
+    def renamed(entries: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{**e, "source": local.get(e["source"], e["source"])} for e in entries]
+
+    return {**report, "failures": renamed(report["failures"]), "skipped": renamed(report["skipped"])}
 
 
 def with_local_failures(report: dict[str, Any], missing: list[dict[str, str]]) -> dict[str, Any]:

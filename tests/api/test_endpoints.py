@@ -138,7 +138,7 @@ def test_upload_then_retrieve_then_delete_then_gone(client: TestClient) -> None:
     assert report.status_code == 200
     body = report.json()
     assert (body["kb"], body["added"], body["failed"]) == (kb, 1, 0)
-    assert body["skipped"] and body["skipped"][0]["source"].endswith("readme.bin")
+    assert body["skipped"] and body["skipped"][0]["source"] == "readme.bin"  # named as uploaded
     query = {"query": "When is the Fresnel lens polished?", "top_k": 3, "kb_ids": [kb]}
     found = client.post("/retrieve", json=query, headers=ADMIN).json()["docs"]
     assert found and "Tuesday" in found[0]["content"] and found[0]["metadata"]["doc_id"] == "notes/lighthouse.md"
@@ -184,3 +184,35 @@ def test_query_expansion_feeds_the_bm25_route_only_and_is_recorded(client: TestC
     assert any(d["metadata"]["trace"]["sparse_rank"] for d in expanded["docs"])
     plain = client.post("/retrieve", json={**query, "expand": False}, headers=ADMIN).json()["meta"]
     assert plain["expansion"] == {} and plain["sparse_candidates"] == 0 and plain["cache"] == "miss"
+
+
+class CountingEncoder:
+    """The test encoder, counting query encodings (the ``Encoder`` protocol)."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self._inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.queries = 0
+
+    def encode_queries(self, texts):  # noqa: ANN001, ANN201
+        self.queries += 1
+        return self._inner.encode_queries(texts)
+
+    def encode_passages(self, texts):  # noqa: ANN001, ANN201
+        return self._inner.encode_passages(texts)
+
+
+def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores_open(
+    stores: tuple[Settings, Resources],
+) -> None:
+    from backend.api import create_app
+
+    settings, shared = stores
+    counting = CountingEncoder(shared.encoder)
+    resources = Resources(settings, encoder=counting)
+    resources.__dict__.update({k: shared.__dict__[k] for k in ("leaf_index", "documents", "parents")})
+    with TestClient(create_app(settings, resources=resources)) as client:
+        warmed = counting.queries
+        assert warmed >= 1  # before any request was sent
+        assert client.post("/retrieve", json={"query": f"backup {uuid.uuid4().hex[:6]}", "kb_ids": ["demo"]}).status_code == 200
+        assert counting.queries == warmed + 1
+    assert resources.documents.get_kb("demo") is not None  # the caller's stores were not closed

@@ -59,6 +59,7 @@ def test_a_sane_request_id_is_kept_and_echoed(client: TestClient) -> None:
         ({"query": "ok", "filters": {"module": ["auth"]}}, "filters.module"),
         ({"query": "ok", "filters": {"modules": ["a\x1b[31m"]}}, "control character"),
         ({"query": "ok", "kb_ids": ["../etc"]}, "kb_ids"),
+        ({"query": "ok", "kb_ids": []}, "kb_ids"),
         ({"query": "ok", "unknown": 1}, "unknown"),
         ({"top_k": 3}, "query"),
     ],

@@ -103,6 +103,12 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     found = service.http.post("/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["notes"]})
     assert found.json()["docs"][0]["metadata"]["doc_id"] == "orchard.md"
 
+    # a file that fails and a path that does not exist: reported, exit status 1, as a local run
+    broken = write_files(tmp_path / "broken", {"empty.md": ""})
+    done = run_strata(["index", str(broken), str(tmp_path / "nowhere"), "--kb", "notes", "--server", service.url], env)
+    assert done.returncode == 1 and "2 failed" in done.stdout, done.stdout + done.stderr
+    assert f"FAILED {broken / 'empty.md'}: empty file" in done.stdout and "no such file or directory" in done.stdout
+
     # the Python client: the library's call and record, over HTTP
     with StrataClient(service.url) as client:
         result = client.retrieve_documents("sourdough starter feeding", 1, kb_ids=["notes"])
