@@ -92,9 +92,7 @@ class ConcurrencyLimit:
             return await self.app(scope, receive, send)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)  # created inside the server's event loop
-        try:
-            await asyncio.wait_for(self._slots.acquire(), timeout=self.wait_s)
-        except asyncio.TimeoutError:
+        if not await self._acquire(self._slots):
             self.metrics.rejected.labels("concurrency").inc()
             response = problem_response(
                 503, f"the service is busy ({self.limit} requests in progress); retry shortly",
@@ -105,6 +103,16 @@ class ConcurrencyLimit:
             await self.app(scope, receive, send)
         finally:
             self._slots.release()
+
+    async def _acquire(self, slots: asyncio.Semaphore) -> bool:
+        if not slots.locked():  # a free slot is taken at once (wait_for with timeout 0 would refuse it)
+            await slots.acquire()
+            return True
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout=self.wait_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
 
 class BodyLimit:

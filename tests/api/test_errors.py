@@ -118,16 +118,22 @@ def test_upload_names_must_stay_inside_the_upload(client: TestClient) -> None:
     assert "twice" in assert_problem(client.post("/kbs/evil/documents", files=twice, headers=ADMIN), 422)["detail"]
 
 
-def test_excess_requests_wait_then_get_503_with_retry_after(make_client: AppFactory) -> None:
-    busy = make_client(api={"max_concurrency": 1, "queue_timeout_s": 0.2})
+def add_hold_route(client: TestClient) -> tuple[threading.Event, threading.Event]:
+    """``GET /test-hold``: takes a slot and keeps it until the test sets ``release``; ``entered`` says it runs."""
     entered, release = threading.Event(), threading.Event()
 
-    def hold() -> dict[str, str]:  # a request that holds the only slot until the test lets it go
+    def hold() -> dict[str, str]:
         entered.set()
         release.wait(30)
         return {"held": "yes"}
 
-    busy.app.add_api_route("/test-hold", hold, methods=["GET"])
+    client.app.add_api_route("/test-hold", hold, methods=["GET"])
+    return entered, release
+
+
+def test_excess_requests_wait_then_get_503_with_retry_after(make_client: AppFactory) -> None:
+    busy = make_client(api={"max_concurrency": 1, "queue_timeout_s": 0.0})
+    entered, release = add_hold_route(busy)
     holder = threading.Thread(target=lambda: results.append(busy.get("/test-hold")))
     results: list[Any] = []
     holder.start()
@@ -143,6 +149,27 @@ def test_excess_requests_wait_then_get_503_with_retry_after(make_client: AppFact
     assert results[0].status_code == 200
     assert busy.post("/retrieve", json={"query": "password", "top_k": 1}).status_code == 200  # the slot is free again
     assert 'strata_http_requests_rejected_total{reason="concurrency"} 1.0' in busy.get("/metrics").text
+
+
+def test_a_queued_request_is_served_once_a_slot_frees(make_client: AppFactory) -> None:
+    busy = make_client(api={"max_concurrency": 1, "queue_timeout_s": 60.0})
+    entered, release = add_hold_route(busy)
+    answers: dict[str, Any] = {}
+    holder = threading.Thread(target=lambda: answers.update(hold=busy.get("/test-hold")))
+    holder.start()
+    assert entered.wait(30)
+    waiter = threading.Thread(target=lambda: answers.update(wait=busy.post("/retrieve", json={"query": "refund", "top_k": 1})))
+    waiter.start()
+    queued = 'strata_http_requests_in_progress{route="/retrieve"} 1.0'
+    for _ in range(3000):  # the retrieval is queued behind the held slot (it cannot run before release)
+        if queued in busy.get("/metrics").text:
+            break
+        threading.Event().wait(0.01)
+    assert "wait" not in answers and queued in busy.get("/metrics").text
+    release.set()
+    holder.join(30)
+    waiter.join(60)
+    assert answers["hold"].status_code == 200 and answers["wait"].status_code == 200
 
 
 @pytest.fixture
