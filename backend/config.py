@@ -182,8 +182,6 @@ class RetrievalSettings(_Section):
     max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
     synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
-    max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
-    max_query_chars: int = Field(2000, ge=1, description="longest query accepted")
 
 
 class RerankSettings(_Section):

@@ -20,8 +20,7 @@ CLOSEST_SHOWN = 5
 def check_limits(service: Service, query: str, top_k: int) -> None:
     """The settings' limits (``max_query_chars``, ``max_top_k``) as 422 problems."""
     cfg = service.settings.retrieval
-    max_top_k = getattr(cfg, "max_top_k", 50)
-    max_chars = getattr(cfg, "max_query_chars", 2000)
+    max_top_k, max_chars = cfg.max_top_k, cfg.max_query_chars
     if top_k > max_top_k:
         raise Problem(422, f"top_k must be at most {max_top_k} (got {top_k})", title="Invalid Input")
     if len(query) > max_chars:
