@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from backend.api.auth import KeyRing
 from backend.api.metrics import Metrics
+from backend.api.problems import Problem
 from backend.config import Settings
 from backend.indexing.pipeline import Indexer, chunking_signature
 from backend.indexing.report import IndexReport
@@ -76,7 +77,10 @@ class Service:
         if expand is not None and "expand" in self._options:
             options["expand"] = expand
         kbs = list(kb_ids) if kb_ids is not None else None
-        result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
+        try:
+            result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
+        except ValueError as exc:  # the engine's own argument checks
+            raise Problem(422, str(exc), title="Invalid Input") from None
         self.metrics.observe_retrieval(result)
         return result
 
