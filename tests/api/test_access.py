@@ -68,3 +68,18 @@ def test_writes_stay_inside_the_keys_kbs(client: TestClient) -> None:
     query = {"query": "mulch in heat waves", "top_k": 3}
     assert "garden-uploads" in kbs_of(client.post("/retrieve", json=query, headers=GARDEN))
     assert "garden-uploads" not in kbs_of(client.post("/retrieve", json=query, headers=DEMO))
+
+
+def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from pydantic import SecretStr
+
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps({"file-key": {"kbs": ["garden"]}}), encoding="utf-8")
+    client = make_client(api={"keys_file": keys_file, "api_key": SecretStr("the-admin-secret")})
+    assert {k["kb_id"] for k in client.get("/kbs", headers=auth("file-key")).json()["kbs"]} == {"garden"}
+    files = [("files", ("x.md", b"# X\n\nText.", "text/markdown"))]
+    assert client.post("/kbs/garden/documents", files=files, headers=auth("file-key")).status_code == 403  # write: false
+    assert {"demo", "garden"} <= {k["kb_id"] for k in client.get("/kbs", headers=auth("the-admin-secret")).json()["kbs"]}
+    assert client.get("/kbs", headers=auth("demo-reader-key")).status_code == 401  # only the configured keys count
