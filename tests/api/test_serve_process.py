@@ -135,6 +135,9 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     assert service.process.wait(60) == 0
     stderr = service.process.stderr.read() if service.process.stderr else ""
     assert "without authentication" in stderr  # no keys: said at start-up
+    access = [json.loads(line.split(": ", 1)[1]) for line in stderr.splitlines() if "backend.api.access" in line]
+    retrievals = [entry for entry in access if entry["route"] == "/retrieve"]
+    assert retrievals and all(entry["status"] == 200 and entry["ms"] > 0 and entry["request_id"] for entry in retrievals)
 
 
 def test_serve_refuses_what_cannot_work(tmp_path: Path) -> None:
