@@ -104,6 +104,7 @@ class DocumentVersion:
     leaf_count: int = 0
     chunk_count: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    root: str = ""  # the folder it was indexed from ("" = unknown: indexed before roots were recorded)
 
 
 @dataclass(frozen=True)

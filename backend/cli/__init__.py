@@ -73,8 +73,10 @@ def _add_maintenance(sub: Any) -> None:
     p.add_argument("--kb", required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_lazy("backend.cli.index", "cmd_stats"))
-    p = sub.add_parser("reconcile", help="remove what an interrupted indexing run left behind")
+    p = sub.add_parser("reconcile", help="compare Milvus and the cache with SQL; --repair makes them agree")
     p.add_argument("--kb", required=True)
+    p.add_argument("--repair", action="store_true", help="fix what differs (without it: report only)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_lazy("backend.cli.index", "cmd_reconcile"))
 
 
@@ -146,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args, settings))
     except ConfigError as exc:
         print(f"strata: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a bad argument the parser could not see (an empty query, top_k out of range)
+        print(f"strata {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except StrataError as exc:
         print(f"strata: {type(exc).__name__}: {exc}", file=sys.stderr)

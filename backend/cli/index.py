@@ -53,6 +53,8 @@ def _print_report(report: dict[str, Any], *, as_json: bool) -> None:
         print(f"  FAILED {failure['source']}: {failure['reason']}")
     for skipped in report["skipped"]:
         print(f"  skipped {skipped['source']}: {skipped['reason']}")
+    for note in report["notes"]:
+        print(f"  note: {note}")
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
@@ -109,6 +111,19 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    removed = Indexer(Resources(settings)).reconcile(args.kb)
-    print(f"kb {args.kb}: removed {removed} unfinished or retired versions")
-    return 0
+    """Reports what differs between the stores (exit 1 when something does); ``--repair`` fixes it."""
+    report = Indexer(Resources(settings)).reconcile(args.kb, repair=args.repair).to_dict()
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        cache = "unknown" if report["stale_cache"] is None else report["stale_cache"]
+        print(
+            f"kb {args.kb}: {report['leftover_versions']} unfinished or retired versions, "
+            f"{report['missing_in_milvus']} leaves missing in Milvus, {report['orphans_in_milvus']} orphan leaves "
+            f"in Milvus, {cache} stale cache entries" + (" - repaired" if report["repaired"] else "")
+        )
+        for note in report["notes"]:
+            print(f"  note: {note}")
+        if report["differences"] and not report["repaired"]:
+            print("  run again with --repair to fix them")
+    return 0 if report["repaired"] or not report["differences"] else 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 
 class Progress(Protocol):
@@ -46,6 +49,7 @@ class IndexReport:
     leaves_written: int = 0
     seconds: float = 0.0
     encode_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def chunks_per_s(self) -> float:
@@ -57,3 +61,10 @@ class IndexReport:
         data["seconds"] = round(self.seconds, 3)
         data["encode_seconds"] = round(self.encode_seconds, 3)
         return data
+
+
+def record_failure(report: IndexReport, source: str, reason: str) -> None:
+    """One file (or path) that could not be indexed, logged and listed in the report."""
+    logger.warning("failed: %s: %s", source, reason)
+    report.failed += 1
+    report.failures.append({"source": source, "reason": reason})

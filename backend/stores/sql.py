@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import Engine, and_, create_engine, delete, event, func, select, update
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,7 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from backend.config import DatabaseSettings
 from backend.errors import EncoderMismatchError, StoreError
 from backend.stores.keys import version_key
-from backend.stores.sql_schema import chunks, documents, embedding_cache, knowledge_bases, metadata
+from backend.stores.sql_schema import ADDED_COLUMNS, chunks, documents, embedding_cache, knowledge_bases, metadata
 from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class DocumentStore:
         self._query_timeout_ms = int(settings.query_timeout_s * 1000)
         try:
             metadata.create_all(self.engine)
+            _add_missing_columns(self.engine)
         except SQLAlchemyError as exc:
             raise StoreError(f"cannot prepare the SQL schema at {_safe_url(self.engine)}: {exc}") from exc
 
@@ -103,6 +104,7 @@ class DocumentStore:
             "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
             "source": version.source, "content_hash": version.content_hash, "status": PENDING,
             "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks), "metadata": dict(version.metadata),
+            "root": version.root or None,
         }  # fmt: skip
         with self._begin() as conn:
             self._delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
@@ -128,6 +130,15 @@ class DocumentStore:
                     update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(gone)).values(status=RETIRED)
                 )
             self._bump(conn, kb_id)
+
+    def set_roots(self, kb_id: str, roots: Mapping[str, str]) -> None:
+        """Records the folder each (unchanged) document was last indexed from: doc id -> root."""
+        with self._begin() as conn:
+            for doc_id, root in roots.items():
+                conn.execute(
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id,
+                                            documents.c.root.is_distinct_from(root)).values(root=root)
+                )  # fmt: skip
 
     def retire_document(self, kb_id: str, doc_id: str) -> None:
         """Stop serving every version of a document (deletion, step 1)."""
@@ -180,11 +191,11 @@ class DocumentStore:
 
     # -- what queries need -----------------------------------------------------
 
-    def leaf_ids(self, kb_id: str) -> set[str]:
-        """Chunk ids of the L3 leaves of the kb's active versions (what Milvus must hold)."""
+    def active_chunk_ids(self, kb_id: str, *, levels: Sequence[int] = (3,)) -> set[str]:
+        """Chunk ids of the kb's active versions at ``levels`` (L3: what Milvus must hold)."""
         active = and_(documents.c.kb_id == chunks.c.kb_id, documents.c.doc_id == chunks.c.doc_id,
                       documents.c.version == chunks.c.version, documents.c.status == ACTIVE)  # fmt: skip
-        query = select(chunks.c.chunk_id).join(documents, active).where(chunks.c.kb_id == kb_id, chunks.c.level == 3)
+        query = select(chunks.c.chunk_id).join(documents, active).where(chunks.c.kb_id == kb_id, chunks.c.level.in_(levels))
         with self._connect() as conn:
             return set(conn.execute(query).scalars())
 
@@ -303,6 +314,19 @@ def _create_engine(settings: DatabaseSettings) -> Engine:
     )
 
 
+def _add_missing_columns(engine: Engine) -> None:
+    """Adds columns introduced after a table was first created (a database from an earlier strata)."""
+    inspector = inspect(engine)
+    for table, columns in ADDED_COLUMNS.items():
+        present = {c["name"] for c in inspector.get_columns(table)}
+        for column in columns:
+            if column.name not in present:
+                kind = column.type.compile(dialect=engine.dialect)
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
+                logger.info("added column %s.%s to an existing database", table, column.name)
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
@@ -334,7 +358,7 @@ def _version(row: Any) -> DocumentVersion:
     return DocumentVersion(
         kb_id=row.kb_id, doc_id=row.doc_id, version=row.version, source=row.source,
         content_hash=row.content_hash, status=row.status, leaf_count=row.leaf_count,
-        chunk_count=row.chunk_count, metadata=row.metadata or {},
+        chunk_count=row.chunk_count, metadata=row.metadata or {}, root=row.root or "",
     )  # fmt: skip
 
 

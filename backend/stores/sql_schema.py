@@ -55,6 +55,7 @@ documents = Table(
     Column("leaf_count", Integer, nullable=False, default=0),
     Column("chunk_count", Integer, nullable=False, default=0),
     Column("metadata", _Json, nullable=False, default=dict),
+    Column("root", String(4096), comment="absolute folder the document was indexed from; scopes --delete-missing"),
     *_timestamps(),
 )
 Index("ix_strata_documents_status", documents.c.kb_id, documents.c.status)
@@ -86,3 +87,16 @@ embedding_cache = Table(
     Column("text_hash", String(64), primary_key=True),
     Column("vector", LargeBinary, nullable=False),
 )
+
+kb_leases = Table(
+    "strata_kb_leases",
+    metadata,
+    Column("kb_id", String(256), primary_key=True),
+    Column("owner", String(512), nullable=False, comment="host:pid:token of the indexer holding the kb"),
+    Column("acquired_at", DateTime, nullable=False),
+    Column("expires_at", DateTime, nullable=False, comment="UTC; a holder renews it while it works"),
+)
+
+# Columns added after a table's first release: ``create_all`` does not add columns to an existing
+# table, so ``DocumentStore`` adds these when they are missing (nullable, no default needed).
+ADDED_COLUMNS = {"strata_documents": [documents.c.root]}

@@ -69,8 +69,10 @@ def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path) -> None:
     assert (again["unchanged"], again["added"], again["updated"], again["deleted"]) == (5, 0, 0, 0)
     assert (again["passages_encoded"], again["chunks_written"]) == (0, 0)
 
+    generation = _stats("demo", env)["generation"]
     rebuilt = _index(EXAMPLES_KB, "demo", env, "--recreate")
-    assert (rebuilt["added"], rebuilt["passages_encoded"]) == (5, 0)
+    assert (rebuilt["updated"], rebuilt["passages_encoded"]) == (5, 0)  # every document rebuilt as a new version
+    assert _stats("demo", env)["generation"] > generation  # never reset: cached answers of the old kb cannot return
     assert rebuilt["embeddings_reused"] == levels["3"]
     assert _stats("demo", env)["chunks_by_level"] == levels
 

@@ -105,12 +105,12 @@ def test_a_leaf_text_is_encoded_once_across_versions_and_recreate(tmp_path: Path
 
         encoded_before = len(encoder.passages)
         rebuilt = indexer.index_paths([docs], kb_id="kb", recreate=True)
-        assert (rebuilt.added, rebuilt.passages_encoded) == (2, 0)
+        assert (rebuilt.updated, rebuilt.passages_encoded) == (2, 0)  # every document rebuilt as a new version
         assert rebuilt.embeddings_reused == rebuilt.leaves_written > 0
         assert len(encoder.passages) == encoded_before
         state = store_state(resources, "kb")
     state.assert_consistent()
-    assert state.active == {"guide.md": 1, "other.md": 1}  # recreate starts the versions over
+    assert state.active == {"guide.md": 4, "other.md": 2}  # recreate writes new versions, then switches to them
 
 
 def test_changed_chunking_settings_rechunk_every_document(tmp_path: Path, encoder: CountingEncoder) -> None:

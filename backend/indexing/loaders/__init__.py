@@ -31,7 +31,7 @@ from backend.indexing.loaders._pdf import parse_pdf
 from backend.indexing.loaders._text import Parsed, normalize_text
 from backend.types import SourceDocument
 
-__all__ = ["SUPPORTED_SUFFIXES", "is_supported", "iter_source_files", "load_document", "normalize_text"]
+__all__ = ["SUPPORTED_SUFFIXES", "is_supported", "iter_source_files", "load_document", "normalize_text", "walk_folder"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,19 @@ def iter_source_files(paths: Sequence[Path]) -> list[Path]:
     return list(found)
 
 
-def _walk(folder: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(folder):
+def walk_folder(folder: Path) -> tuple[list[Path], list[str]]:
+    """The files under ``folder`` (as ``iter_source_files`` walks them) and the folders that could not be read."""
+    errors: list[str] = []
+    files = list(_walk(folder, errors))
+    return files, errors
+
+
+def _walk(folder: Path, errors: list[str] | None = None) -> Iterator[Path]:
+    def unreadable(exc: OSError) -> None:
+        if errors is not None:
+            errors.append(f"cannot read folder {exc.filename}: {exc.strerror or exc}")
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
         # Pruning in place stops os.walk from descending into hidden folders.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
