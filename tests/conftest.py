@@ -29,7 +29,8 @@ PG_ADMIN_URL = os.environ.get("STRATA_TEST_PG_URL", "postgresql://postgres@127.0
 REDIS_URL = os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES_KB = REPO / "examples" / "kb"
-CMRC2018_DEV = REPO.parent / "shared" / "data" / "cmrc2018" / "cmrc2018_dev.json"  # the benchmark set beside the repo
+# 100 articles of the CMRC 2018 dev set (CC BY-SA 4.0, see tests/fixtures/README.md): tests never read outside the repo
+CMRC2018_SUBSET = REPO / "tests" / "fixtures" / "cmrc2018_dev_subset.json"
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ from backend.evaluation.dataset import (
     subsample,
     write_corpus,
 )
-from tests.conftest import CMRC2018_DEV
+from tests.conftest import CMRC2018_SUBSET
 
 TINY_SQUAD = {
     "version": "test",
@@ -219,21 +219,21 @@ def test_write_corpus_refuses_duplicate_doc_ids(tmp_path: Path) -> None:
         write_corpus(twice, tmp_path)
 
 
-# --- the real development set ----------------------------------------------------------
+# --- a subset of the real development set (tests/fixtures) ------------------------------
 
 
-def test_cmrc2018_dev_counts() -> None:
-    articles, queries = load_squad(CMRC2018_DEV)
+def test_cmrc2018_subset_counts() -> None:
+    articles, queries = load_squad(CMRC2018_SUBSET)
 
-    assert len(articles) == 848
-    assert sum(len(a.paragraphs) for a in articles) == 848
-    assert len(queries) == 3219
-    assert len(paragraph_doc_ids(articles)) == 848
+    assert len(articles) == 100
+    assert sum(len(a.paragraphs) for a in articles) == 100
+    assert len(queries) == 418
+    assert len(paragraph_doc_ids(articles)) == 100
     assert articles[0].doc_id == "DEV_0"
     assert queries[0].answers == ("光荣和ω-force",)  # three identical answers collapse
 
 
-def test_cmrc2018_dev_subsample_of_1000() -> None:
-    _, queries = load_squad(CMRC2018_DEV)
-    expected = [queries[i] for i in sorted(random.Random(13).sample(range(3219), 1000))]
-    assert subsample(queries, 1000) == expected
+def test_subsample_is_seed_13_over_the_question_order() -> None:
+    _, queries = load_squad(CMRC2018_SUBSET)
+    expected = [queries[i] for i in sorted(random.Random(13).sample(range(418), 100))]
+    assert subsample(queries, 100) == expected

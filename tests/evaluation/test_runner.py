@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CMRC2018_DEV, REPO
+from tests.conftest import CMRC2018_SUBSET, REPO
 
 
 @pytest.fixture(scope="module")
 def small_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 6 CMRC articles, as its own SQuAD-style file."""
-    data = json.loads(CMRC2018_DEV.read_text(encoding="utf-8"))
+    data = json.loads(CMRC2018_SUBSET.read_text(encoding="utf-8"))
     path = tmp_path_factory.mktemp("eval") / "small.json"
     path.write_text(json.dumps({"version": "x", "data": data["data"][:6]}, ensure_ascii=False), encoding="utf-8")
     return path

@@ -16,7 +16,7 @@ from backend.errors import EncoderMismatchError
 from backend.stores import filters as F
 from backend.stores.milvus import LeafIndex
 from backend.types import Chunk
-from tests.conftest import CMRC2018_DEV as CMRC
+from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import REPO
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 import redis
@@ -83,15 +82,13 @@ def test_a_paused_redis_costs_one_timeout_then_is_bypassed(sql: DocumentStore, p
     store.get_many(refs)
     private_redis.pause()
     try:
-        started = time.monotonic()
         first = store.get_many(refs)
         second = store.get_many(refs)
-        elapsed = time.monotonic() - started
     finally:
         private_redis.resume()
     assert len(first.chunks) == len(second.chunks) == 5
-    assert first.cache_error and second.cache_round_trips == 0
-    assert elapsed < 2.0
+    assert first.cache_error and "Timeout" in first.cache_error and first.cache_round_trips == 1  # one timeout
+    assert second.cache_round_trips == 0 and "bypassed" in str(second.cache_error)  # then no wait at all
 
 
 def test_missing_parents_are_reported(sql: DocumentStore) -> None:
