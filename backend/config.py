@@ -157,6 +157,10 @@ class ChunkingSettings(_Section):
 class RetrievalSettings(_Section):
     """How ``retrieve_documents`` searches, merges and cuts."""
 
+    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] = Field(
+        "auto_merge", description="default retrieval strategy (a request may name another)"
+    )
+    fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
     routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
     route_multiplier: int = Field(2, ge=1, description="each route fetches route_multiplier x candidate_k")

@@ -199,6 +199,8 @@ class RetrievalMeta:
     parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()
+    strategy: str = "auto_merge"
+    query_variants: tuple[str, ...] = ()
     expansion: Mapping[str, Any] = field(default_factory=dict)  # terms synonyms added to the BM25 query
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,6 +215,7 @@ class RetrievalMeta:
         fields["rerank"] = RerankOutcome(**fields.get("rerank", {}))
         fields["errors"] = tuple(StageError(**e) for e in fields.get("errors", ()))
         fields["degraded"] = tuple(fields.get("degraded", ()))
+        fields["query_variants"] = tuple(fields.get("query_variants", ()))
         return cls(**fields)
 
 

@@ -90,6 +90,9 @@ def _add_query(sub: Any) -> None:
     p.add_argument("--source-prefix", help="filter: source path prefix")
     p.add_argument("--json", action="store_true", help="print the RetrievalResult as JSON")
     p.add_argument("--explain", action="store_true", help="print stages, merges and per-doc traces")
+    p.add_argument("--strategy", choices=["basic", "hybrid", "auto_merge", "fusion", "adjacent"],
+                   help="retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, auto_merge)")
+    p.add_argument("--query-variant", action="append", default=[], help="fusion: another phrasing to search (repeat)")
     p.set_defaults(handler=_lazy("backend.cli.query", "cmd_query"))
 
 

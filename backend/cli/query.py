@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from backend.config import Settings
-from backend.rag import format_for_tool_output, get_retriever
+from backend.rag import format_for_tool_output
+from backend.rag.retrieve import get_retriever
 from backend.types import Filters, RetrievalResult
 
 
@@ -16,8 +17,9 @@ def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
         modules=tuple(args.module), skill_points=tuple(args.skill_point), source_prefix=args.source_prefix
     )
     result = get_retriever(settings).retrieve(
-        args.query, args.top_k, kb_ids=args.kb, filters=None if filters.is_empty() else filters
-    )
+        args.query, args.top_k, kb_ids=args.kb, filters=None if filters.is_empty() else filters,
+        strategy=args.strategy, queries=args.query_variant or None,
+    )  # fmt: skip
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
     elif args.explain:
@@ -34,7 +36,9 @@ def explain(result: RetrievalResult) -> str:
     meta = result.meta
     lines = [
         f"query: {meta.query}",
-        f"status {meta.status}, mode {meta.mode}, top_k {meta.top_k}, candidate_k {meta.candidate_k}, cache {meta.cache}",
+        f"status {meta.status}, strategy {meta.strategy}, mode {meta.mode}, top_k {meta.top_k}, "
+        f"candidate_k {meta.candidate_k}, cache {meta.cache}",
+        *([f"query variants: {' | '.join(meta.query_variants)}"] if meta.query_variants else []),
         f"candidates: dense {meta.dense_candidates}, bm25 {meta.sparse_candidates}, fused {meta.fused_candidates}",
         "",
         "stage            ms",

@@ -7,7 +7,10 @@ mode answers every sampled question at each k:
 - ``bm25``: the BM25 route only; ``dense``: the dense route only;
 - ``hybrid``: both routes fused with RRF, no merge;
 - ``hybrid+merge``: the full path without rerank (strata's default);
-- ``full``: the full path with rerank (only when ``STRATA_RERANK__URL`` is set).
+- ``full``: the full path with rerank (only when ``STRATA_RERANK__URL`` is set);
+- ``basic``, ``auto_merge``, ``adjacent``, ``fusion``: the strategies by name
+  (``fusion`` makes its query variants from ``STRATA_RETRIEVAL__SYNONYMS``; without
+  a dictionary it searches the question alone and equals ``auto_merge``).
 
 Latency is the wall time of each ``retrieve_documents`` call after 5 warm-up
 calls, query encoding included; the encoder's own cost per query is reported
@@ -39,6 +42,11 @@ MODES: dict[str, dict[str, Any]] = {
     "hybrid": {"routes": "hybrid", "merge_enabled": False},
     "hybrid+merge": {"routes": "hybrid", "merge_enabled": True},
     "full": {"routes": "hybrid", "merge_enabled": True},
+    # the strategies by name (backend.rag.strategies)
+    "basic": {"strategy": "basic"},
+    "auto_merge": {"strategy": "auto_merge", "routes": "hybrid", "merge_enabled": True},
+    "adjacent": {"strategy": "adjacent"},
+    "fusion": {"strategy": "fusion", "routes": "hybrid", "merge_enabled": True},
 }
 WARMUP_CALLS = 5
 

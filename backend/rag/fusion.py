@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from backend.rag.candidates import Candidate, Trace
+from backend.rag.rank_fusion import Fused, reciprocal_rank_fusion
 from backend.types import LeafHit
 
 
@@ -36,30 +37,29 @@ def rrf_fuse(
 ) -> list[Candidate]:
     """The top ``limit`` leaves by normalized (weighted) RRF, each with its per-route trace.
 
+    A call of the N-list ``reciprocal_rank_fusion`` on the two routes.
+
     ``None`` for a route means it did not run (an empty list: it ran and found
     nothing). Ties are broken by the better single-route rank, then by chunk
     id, so the order is deterministic.
     """
-    best = sum(w for w, hits in ((weights.dense, dense), (weights.sparse, sparse)) if hits is not None) / (k + 1)
-    if best <= 0:
-        return []
-    chunks, dense_seen, sparse_seen = {}, {}, {}
-    for rank, hit in enumerate(_unique(dense or ()), start=1):
-        chunks.setdefault(hit.chunk.chunk_id, hit.chunk)
-        dense_seen[hit.chunk.chunk_id] = (rank, hit.score)
-    for rank, hit in enumerate(_unique(sparse or ()), start=1):
-        chunks.setdefault(hit.chunk.chunk_id, hit.chunk)
-        sparse_seen[hit.chunk.chunk_id] = (rank, hit.score)
-    fused = []
-    for chunk_id, chunk in chunks.items():
-        d_rank, d_score = dense_seen.get(chunk_id, (None, None))
-        s_rank, s_score = sparse_seen.get(chunk_id, (None, None))
-        raw = (weights.dense / (k + d_rank) if d_rank else 0.0) + (weights.sparse / (k + s_rank) if s_rank else 0.0)
-        score = raw / best
-        trace = Trace(d_rank, d_score, s_rank, s_score, fused_score=score)
-        fused.append(Candidate(chunk=chunk, score=score, trace=trace))
-    fused.sort(key=lambda c: (-c.score, _best_rank(c.trace), c.chunk_id))
-    return fused[:limit]
+    fused = reciprocal_rank_fusion(
+        [dense, sparse], k=k, weights=(weights.dense, weights.sparse), limit=limit, key=_chunk_id, normalize=True
+    )
+    return [_candidate(f) for f in fused]
+
+
+def _candidate(fused: Fused[LeafHit]) -> Candidate:
+    dense, sparse = fused.items
+    trace = Trace(
+        fused.ranks[0], dense.score if dense else None, fused.ranks[1], sparse.score if sparse else None,
+        fused_score=fused.score,
+    )  # fmt: skip
+    return Candidate(chunk=fused.item.chunk, score=fused.score, trace=trace)
+
+
+def _chunk_id(hit: LeafHit) -> str:
+    return hit.chunk.chunk_id
 
 
 def single_route(
@@ -71,17 +71,3 @@ def single_route(
     if route == "sparse":
         return rrf_fuse(None, hits, k=k, limit=limit, weights=weights)
     raise ValueError(f"unknown route {route!r} (dense or sparse)")
-
-
-def _unique(hits: Sequence[LeafHit]) -> list[LeafHit]:
-    seen: set[str] = set()
-    out = []
-    for hit in hits:
-        if hit.chunk.chunk_id not in seen:
-            seen.add(hit.chunk.chunk_id)
-            out.append(hit)
-    return out
-
-
-def _best_rank(trace: Trace) -> int:
-    return min(r for r in (trace.dense_rank, trace.sparse_rank, 10**9) if r is not None)

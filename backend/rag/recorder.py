@@ -36,6 +36,8 @@ class Recorder:
         self.query, self.top_k, self.candidate_k = query, top_k, candidate_k
         self.kb_ids, self.filters = kb_ids, filters
         self.mode: Mode = "hybrid"
+        self.strategy = "auto_merge"
+        self.variants: tuple[str, ...] = ()
         self.dense = self.sparse = self.fused = 0
         self.merge_rounds: list[MergeRound] = []
         self.rerank = RerankOutcome()
@@ -96,6 +98,7 @@ class Recorder:
             rerank=self.rerank, returned=len(docs), dropped_by_min_score=dropped,
             timings_ms={k: round(v, 3) for k, v in self._timings.items()}, cache="miss",
             parent_cache=dict(self._parent_cache), errors=tuple(self._errors), degraded=tuple(self._degraded),
+            strategy=self.strategy, query_variants=self.variants,
         )  # fmt: skip
         if status == "failed":
             logger.error("retrieval failed for %r: %s", self.query[:80], "; ".join(f"{e.stage}: {e.message}" for e in self._errors))

@@ -13,22 +13,23 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-import numpy as np
-
 from backend.config import Settings, get_settings
 from backend.rag.candidates import Candidate
 from backend.rag.expansion import Expansion, load_synonyms
 from backend.rag.finalize import finalize
-from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
+from backend.rag.adjacent import merge_adjacent_chunks
+from backend.rag.rank_fusion import fuse_candidates
 from backend.rag.merge import apply_merge, parents_to_fetch
 from backend.rag.fingerprint import config_fingerprint, settings_fingerprint
 from backend.rag.query_cache import QueryCache, cache_key, normalize_query
 from backend.rag.recorder import Recorder
 from backend.rag.rerank import Reranker, build_reranker
+from backend.rag.search import RouteSearch
 from backend.rag.serving import LastServingStates
+from backend.rag.strategies import StrategyPlan, plan_for, query_variants
 from backend.resources import Resources
 from backend.stores import filters as expr
-from backend.types import Filters, LeafHit, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument, ServingState
+from backend.types import Filters, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Retriever:
         self._states = LastServingStates()
         self._config_key = config_fingerprint(resources.settings)
         self._synonyms = load_synonyms(self._cfg.synonyms)
+        self._routes = RouteSearch(resources, self._cfg)
 
     @property
     def reranker(self) -> Reranker | None:
@@ -54,25 +56,33 @@ class Retriever:
 
     def retrieve(
         self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
-        rerank: bool = True, expand: bool = True,
+        rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
     ) -> RetrievalResult:  # fmt: skip
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
         ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
-        ``expand=False`` searches BM25 with the query as given (no synonyms).
+        ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one
+        of ``backend.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the
+        ``fusion`` strategy's extra query variants.
         """
         self._check_arguments(query, top_k, kb_ids)
+        plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
+        if queries and not plan.multi_query:
+            raise ValueError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
         candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
         run = Recorder(query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters)
+        run.strategy = plan.name
+        if plan.multi_query:
+            run.variants = query_variants(query, given=queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
         use_reranker = self._reranker if rerank else None
         expansion = self._synonyms.expand(query) if expand else Expansion(query, ())
         state = self._serving_state(run)
         if state is None or not self._cache.enabled:
-            return run.uncached(self._compute(run, state, use_reranker, expansion))
+            return run.uncached(self._compute(run, state, use_reranker, expansion, plan))
         computed: list[RetrievalResult] = []
 
         def compute() -> tuple[dict[str, Any], bool]:
-            computed.append(self._compute(run, state, use_reranker, expansion))
+            computed.append(self._compute(run, state, use_reranker, expansion, plan))
             return computed[0].to_dict(), computed[0].meta.status == "ok"
 
         lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, expansion), compute)
@@ -99,7 +109,8 @@ class Retriever:
         return cache_key({
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
             "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
-            "expanded": list(expansion.added_terms), "config": self._config_key,
+            "expanded": list(expansion.added_terms), "config": self._config_key, "strategy": run.strategy,
+            "variants": list(run.variants),
         })  # fmt: skip
 
     def close(self) -> None:
@@ -135,105 +146,45 @@ class Retriever:
         return last
 
     def _compute(
-        self, run: Recorder, state: ServingState | None, reranker: Reranker | None, expansion: Expansion
-    ) -> RetrievalResult:
+        self, run: Recorder, state: ServingState | None, reranker: Reranker | None, expansion: Expansion,
+        plan: StrategyPlan,
+    ) -> RetrievalResult:  # fmt: skip
         if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
             run.mode = "failed"
             return _expanded(run.result([], dropped=0), expansion)
         where = self._where(run, state)
-        vector = self._encode(run)
-        candidates = self._search(run, vector, where, expansion.bm25_text)
-        if self._cfg.merge_enabled and candidates:
+        if plan.multi_query:
+            candidates = self._search_variants(run, where, expansion, plan.routes)
+        else:
+            vectors = self._routes.encode(run, [run.query], plan.routes)
+            candidates = self._routes.search(run, vectors[0] if vectors else None, where, expansion.bm25_text, plan.routes)
+        if plan.merge == "parents" and candidates:
             candidates = self._merge(run, candidates)
+        elif plan.merge == "adjacent" and candidates:
+            with run.timed("merge"):
+                candidates = merge_adjacent_chunks(candidates)
         candidates, reranked = self._rerank(run, candidates, reranker)
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
+
+    def _search_variants(self, run: Recorder, where: str, expansion: Expansion, routes: str) -> list:
+        """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF."""
+        vectors = self._routes.encode(run, run.variants, routes)
+        lists = []
+        for i, variant in enumerate(run.variants):
+            bm25_text = expansion.bm25_text if i == 0 else variant
+            lists.append(self._routes.search(run, vectors[i] if vectors else None, where, bm25_text, routes))
+        if all(not found for found in lists):
+            return []
+        fused = fuse_candidates(lists, k=self._cfg.rrf_k, limit=run.candidate_k)
+        run.fused = len(fused)
+        return fused
 
     def _where(self, run: Recorder, state: ServingState) -> str:
         hidden = state.hidden_version_keys
         return expr.all_of(
             expr.filters_expression(run.filters), expr.not_in("version_key", list(hidden)) if hidden else None
         )
-
-    def _encode(self, run: Recorder) -> np.ndarray | None:
-        if self._cfg.routes == "sparse":
-            return None
-        with run.timed("encode"):
-            try:
-                return self._res.encoder.encode_queries([run.query])[0]
-            except Exception as exc:
-                run.error("encode", exc, degraded="query_encoder_failed")
-                return None
-
-    def _search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Candidate]:
-        """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
-        BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
-        (the query plus its synonyms); the dense route embedded the query as given."""
-        with run.timed("search"):
-            if self._cfg.routes != "hybrid":
-                return self._single(run, self._cfg.routes, vector, where, bm25_text)
-            if vector is not None:
-                fused = self._hybrid(run, vector, where, bm25_text)
-                if fused is not None:
-                    return fused
-                if self._cfg.dense_fallback:
-                    dense = self._route(run, "dense", vector, where)
-                    if dense is not None:
-                        run.mode = "dense_fallback"
-                        return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
-            if not self._cfg.sparse_fallback:
-                return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
-            sparse = self._route(run, "sparse", bm25_text, where)
-            if sparse is None:
-                return run.failed()
-            run.mode = "sparse_fallback"
-            return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
-
-    def _weights(self) -> FusionWeights:
-        if self._cfg.fusion == "weighted_rrf":
-            return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
-        return FusionWeights()
-
-    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Candidate]:
-        """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
-        query = vector if route == "dense" else bm25_text
-        hits = self._route(run, route, query, where, stage="search") if query is not None else None
-        if hits is None:
-            return run.failed()
-        run.mode = route  # type: ignore[assignment]
-        return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
-
-    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Candidate] | None:
-        try:
-            dense = self._hits("dense", run, vector, where)
-            sparse = self._hits("sparse", run, bm25_text, where)
-        except Exception as exc:
-            run.error("search", exc, degraded="hybrid_search_failed")
-            return None
-        run.mode = "hybrid"
-        run.route_counts(dense=len(dense), sparse=len(sparse))
-        fused = rrf_fuse(dense, sparse, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self._weights())
-        run.fused = len(fused)
-        return fused
-
-    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[LeafHit] | None:
-        try:
-            hits = self._hits(route, run, query, where)
-        except Exception as exc:
-            run.error(stage or f"{route}_fallback", exc)
-            return None
-        run.route_counts(**{route: len(hits)})
-        run.fused = min(len(hits), run.candidate_k)
-        return hits
-
-    def _hits(self, route: str, run: Recorder, query: Any, where: str) -> list[LeafHit]:
-        index = self._res.leaf_index
-        search = index.search_dense if route == "dense" else index.search_sparse
-        hits = search(query, limit=self._cfg.route_multiplier * run.candidate_k, kb_ids=run.kb_ids, where=where)
-        prefix = run.filters.source_prefix if run.filters else None
-        if prefix and expr.needs_exact_check(prefix):  # LIKE wildcards in the prefix over-match
-            hits = [h for h in hits if str(h.chunk.metadata.get("source", "")).startswith(prefix)]
-        return hits
 
     def _merge(self, run: Recorder, candidates: list[Candidate]) -> list[Candidate]:
         with run.timed("merge"):
@@ -338,6 +289,8 @@ def retrieve_documents(
     filters: Filters | None = None,
     rerank: bool = True,
     expand: bool = True,
+    strategy: str | None = None,
+    queries: Sequence[str] | None = None,
     settings: Settings | None = None,
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
@@ -346,4 +299,6 @@ def retrieve_documents(
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
     over-long query, ``top_k`` outside 1..``max_top_k``) raise ``ValueError``.
     """
-    return get_retriever(settings).retrieve(query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand)
+    return get_retriever(settings).retrieve(
+        query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand, strategy=strategy, queries=queries
+    )

