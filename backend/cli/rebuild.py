@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pydantic import ValidationError
 
@@ -14,6 +15,9 @@ from backend.resources import Resources
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    # pymilvus configures its own loggers when first imported, after the entry point silenced them;
+    # its query iterator would warn on every Milvus Lite read-back.
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
     target = target_settings(settings.milvus, to_uri=args.to_uri, collection=args.collection)
     resources = Resources(settings)
     progress = make_progress(enabled=not args.json)
