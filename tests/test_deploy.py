@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -259,6 +261,36 @@ def test_the_image_runs_strata_serve_as_a_non_root_user_with_a_health_check() ->
     assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
     assert re.search(r'^CMD \["strata", "serve", "--host", "0.0.0.0"', text, re.M)
     assert re.search(r"^ARG TORCH_INDEX=cpu", text, re.M)
+
+
+def _compose_command() -> list[str] | None:
+    """``docker compose`` (the v2 plugin) or ``docker-compose`` (v1): both validate a file without an engine."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> None:
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed: the compose CLI's own check did not run")
+    env_file = tmp_path / "compose.env"
+    shutil.copy(DEPLOY / "compose.env.example", env_file)
+    args = [*command, "--env-file", str(env_file), "-f", str(COMPOSE), "--profile", "embeddings", "--profile", "rerank"]
+    done = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rendered = yaml.safe_load(done.stdout)
+    assert set(rendered["services"]) == set(_compose()["services"])
+    strata = rendered["services"]["strata"]["environment"]
+    assert strata["STRATA_DATABASE__URL"] == "postgresql+psycopg://strata:CHANGE_ME@postgres:5432/strata"
+
+    (tmp_path / "empty.env").write_text("", encoding="utf-8")  # not deploy/.env: an operator's secrets stay unread
+    missing = subprocess.run([*command, "--env-file", str(tmp_path / "empty.env"), "-f", str(COMPOSE), "config"],
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k != "POSTGRES_PASSWORD"})  # fmt: skip
+    assert missing.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in missing.stderr
 
 
 # -- the checker itself ---------------------------------------------------------------------------------
