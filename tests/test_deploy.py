@@ -293,6 +293,16 @@ def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> N
     assert missing.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in missing.stderr
 
 
+def test_kustomize_renders_every_manifest_of_the_service() -> None:
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed: `kubectl kustomize deploy/k8s` did not run")
+    done = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rendered = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
+    listed = {(d["kind"], d["metadata"]["name"]) for d in _k8s_documents() if d["kind"] != "Job"}
+    assert rendered == listed  # everything but the indexer Job, which is applied on its own
+
+
 # -- the checker itself ---------------------------------------------------------------------------------
 
 
