@@ -14,6 +14,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -301,6 +303,25 @@ def test_kustomize_renders_every_manifest_of_the_service() -> None:
     rendered = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
     listed = {(d["kind"], d["metadata"]["name"]) for d in _k8s_documents() if d["kind"] != "Job"}
     assert rendered == listed  # everything but the indexer Job, which is applied on its own
+
+
+def test_the_image_install_carries_every_file_of_the_package(tmp_path: Path) -> None:
+    """The Dockerfile installs a wheel of pyproject.toml + README + backend/ (no editable install, no git):
+    every non-Python file under backend/ (the console's static page) must be in it."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "backend", source / "backend", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source), "-w", str(tmp_path / "wheel")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    packed = set(zipfile.ZipFile(wheel).namelist())
+    data_files = {str(f.relative_to(source)) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
+    assert data_files and data_files <= packed, sorted(data_files - packed)
 
 
 # -- the checker itself ---------------------------------------------------------------------------------
