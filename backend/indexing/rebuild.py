@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Sequence
 
@@ -27,6 +26,7 @@ from backend.errors import EncoderMismatchError, IndexingError, NotFoundError
 from backend.indexing.embedding import embed_texts, search_text
 from backend.indexing.report import NoProgress, Progress
 from backend.resources import Resources
+from backend.stores.lease import KbLease
 from backend.stores.milvus import LeafIndex
 from backend.stores.sql import ACTIVE, DocumentVersion
 from backend.types import LEAF_LEVEL, Chunk
@@ -74,7 +74,7 @@ class Rebuilder:
         progress = progress or NoProgress()
         started = time.perf_counter()
         self._check_kb(kb_id)
-        with self._lease(kb_id):
+        with KbLease(self._res.documents, kb_id):  # no `strata index` writes the kb while it is rebuilt
             versions = [v for v in self._res.documents.versions(kb_id) if v.status == ACTIVE]
             index = self._open_target()
             try:
@@ -100,14 +100,6 @@ class Rebuilder:
                 f"knowledge base {kb_id!r} was built with encoder {kb.encoder} (dim {kb.dim}); the configured encoder "
                 f"is {encoder.name} (dim {encoder.dim}). Rebuild with the kb's encoder (STRATA_EMBEDDING__*)."
             )
-
-    def _lease(self, kb_id: str) -> AbstractContextManager[Any]:
-        """The kb's indexing lease, so no ``strata index`` writes the kb while it is rebuilt."""
-        try:
-            from backend.stores.lease import KbLease  # the lead's lease; absent in older trees
-        except ImportError:
-            return nullcontext()
-        return KbLease(self._res.documents, kb_id)
 
     def _open_target(self) -> LeafIndex:
         if self._target is None:

@@ -22,6 +22,7 @@ from backend.indexing.embedding import search_text, text_hash
 from backend.indexing.pipeline import Indexer
 from backend.indexing.rebuild import Rebuilder
 from backend.resources import Resources
+from backend.stores.lease import KbLease
 from backend.stores.milvus import LeafIndex
 from backend.stores.sql_schema import embedding_cache
 from tests.strata_support import REPO
@@ -161,8 +162,7 @@ def test_a_kb_that_does_not_exist_is_not_found(indexed: Resources, tmp_path: Pat
 
 
 def test_a_kb_another_process_is_indexing_is_not_rebuilt(indexed: Resources, tmp_path: Path) -> None:
-    lease = pytest.importorskip("backend.stores.lease", reason="the kb lease (backend/stores/lease.py) is not in this tree")
-    with lease.KbLease(indexed.documents, "demo", owner="indexer-elsewhere:pid 1"):
+    with KbLease(indexed.documents, "demo", owner="indexer-elsewhere:pid 1"):
         with pytest.raises(LeaseHeldError, match="indexer-elsewhere:pid 1"):
             Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
     assert not (tmp_path / "copy").exists()
