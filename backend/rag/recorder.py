@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
+from backend.rag.deadline import REASON as DEADLINE_REASON
+from backend.rag.deadline import Deadline, DeadlineExceeded
 from backend.stores.parents import ParentFetch
 from backend.types import (
     Filters,
@@ -31,9 +33,11 @@ class Recorder:
     """Mutable for the length of one query; everything it hands out is frozen."""
 
     def __init__(
-        self, query: str, top_k: int, candidate_k: int, kb_ids: tuple[str, ...] | None, filters: Filters | None
-    ) -> None:
+        self, query: str, top_k: int, candidate_k: int, kb_ids: tuple[str, ...] | None, filters: Filters | None,
+        *, deadline: Deadline | None = None,
+    ) -> None:  # fmt: skip
         self.query, self.top_k, self.candidate_k = query, top_k, candidate_k
+        self.deadline = deadline or Deadline(float("inf"))
         self.kb_ids, self.filters = kb_ids, filters
         self.mode: Mode = "hybrid"
         self.strategy = "auto_merge"
@@ -60,8 +64,11 @@ class Recorder:
             self._timings[stage] = self._timings.get(stage, 0.0) + (time.perf_counter() - started) * 1000
 
     def error(self, stage: str, exc: BaseException, *, degraded: str | None = None, note: str = "") -> None:
+        """A stage failed; when the request's time is up, the reason ``deadline_exceeded`` is recorded too."""
         logger.warning("retrieval stage %s failed: %s: %s", stage, type(exc).__name__, exc)
         self.error_message(stage, type(exc).__name__, f"{exc} ({note})" if note else str(exc), degraded)
+        if isinstance(exc, DeadlineExceeded) or self.deadline.expired():
+            self.error_message(stage, "DeadlineExceeded", f"{stage} ran out of the request deadline", DEADLINE_REASON)
 
     def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
         self._errors.append(StageError(stage=stage, error=error, message=message[:500]))

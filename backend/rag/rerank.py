@@ -48,8 +48,10 @@ class Reranker(Protocol):
     @property
     def provider(self) -> str: ...
 
-    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[RerankScore]:
-        """Scores of the best ``top_n`` documents (all when None), best first."""
+    def rerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, timeout_s: float | None = None
+    ) -> list[RerankScore]:
+        """Scores of the best ``top_n`` documents (all when None), best first, within ``timeout_s``."""
         ...
 
     def close(self) -> None:
@@ -142,16 +144,19 @@ class HttpReranker:
     def model(self) -> str:
         return self._model
 
-    def rerank(self, query: str, documents: Sequence[str], *, top_n: int | None = None) -> list[RerankScore]:
+    def rerank(
+        self, query: str, documents: Sequence[str], *, top_n: int | None = None, timeout_s: float | None = None
+    ) -> list[RerankScore]:
         """Scores of the best ``top_n`` documents, best first; ``RerankError`` on any failure.
 
-        ``top_n`` overrides the configured one; both default to every document.
+        ``top_n`` overrides the configured one; both default to every document. ``timeout_s``
+        cuts the read timeout (what is left of a request's deadline) and disables retries.
         """
         if not documents:
             return []
         limit = self._limit(top_n, len(documents))
         request = RerankRequest(model=self._model, query=query, documents=list(documents), top_n=limit)
-        payload = self._post(self._adapter.body(request))
+        payload = self._post(self._adapter.body(request), timeout_s)
         pairs = parse_results(self._adapter.results(payload), self._adapter, request)
         return [RerankScore(index, score) for index, score in pairs]
 
@@ -161,42 +166,44 @@ class HttpReranker:
             raise ValueError(f"top_n must be at least 1, got {limit}")
         return count if limit is None else min(limit, count)
 
-    def _post(self, body: dict[str, Any]) -> Any:
-        response = self._send(body)
+    def _post(self, body: dict[str, Any], timeout_s: float | None = None) -> Any:
+        response = self._send(body, timeout_s)
         try:
             return response.json()
         except ValueError as exc:
             raise RerankError(f"rerank service at {self._url} answered non-JSON: {_excerpt(response.text)!r}") from exc
 
-    def _send(self, body: dict[str, Any]) -> httpx.Response:
+    def _send(self, body: dict[str, Any], timeout_s: float | None = None) -> httpx.Response:
+        cut = timeout_s is not None and timeout_s < self._timeout.read
+        timeout = self._timeout if not cut else httpx.Timeout(timeout_s, connect=min(timeout_s, self._timeout.connect))
         retrying = Retrying(
-            stop=stop_after_attempt(self._max_retries + 1),
+            stop=stop_after_attempt(1 if cut else self._max_retries + 1),
             wait=wait_exponential(multiplier=0.1, max=1.0),
             retry=retry_if_exception(_is_transient),
             before_sleep=_log_retry,
             reraise=True,
         )
         try:
-            return retrying(self._post_once, body)
+            return retrying(self._post_once, body, timeout)
         except httpx.TimeoutException as exc:
-            raise RerankError(self._timed_out(exc)) from exc
+            raise RerankError(self._timed_out(exc, timeout)) from exc
         except httpx.HTTPStatusError as exc:
             status, text = exc.response.status_code, _excerpt(exc.response.text)
             raise RerankError(f"rerank service at {self._url} answered HTTP {status}: {text!r}") from exc
         except httpx.HTTPError as exc:
             raise RerankError(f"rerank request to {self._url} failed: {_describe(exc)}") from exc
 
-    def _post_once(self, body: dict[str, Any]) -> httpx.Response:
-        response = self._client.post(self._url, json=body)
+    def _post_once(self, body: dict[str, Any], timeout: httpx.Timeout) -> httpx.Response:
+        response = self._client.post(self._url, json=body, timeout=timeout)
         response.raise_for_status()
         return response
 
-    def _timed_out(self, exc: httpx.TimeoutException) -> str:
+    def _timed_out(self, exc: httpx.TimeoutException, timeout: httpx.Timeout) -> str:
         phase, seconds = {
-            httpx.ConnectTimeout: ("connect", self._timeout.connect),
-            httpx.WriteTimeout: ("write", self._timeout.write),
-            httpx.PoolTimeout: ("pool", self._timeout.pool),
-        }.get(type(exc), ("read", self._timeout.read))
+            httpx.ConnectTimeout: ("connect", timeout.connect),
+            httpx.WriteTimeout: ("write", timeout.write),
+            httpx.PoolTimeout: ("pool", timeout.pool),
+        }.get(type(exc), ("read", timeout.read))
         return f"rerank timed out after {seconds}s ({phase}) at {self._url}"
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from backend.config import Settings, get_settings
 from backend.rag.candidates import Candidate
+from backend.rag.deadline import Deadline, DeadlineExceeded
 from backend.rag.expansion import Expansion, load_synonyms
 from backend.rag.finalize import finalize
 from backend.rag.adjacent import merge_adjacent_chunks
@@ -49,6 +50,8 @@ class Retriever:
         self._config_key = config_fingerprint(resources.settings)
         self._synonyms = load_synonyms(self._cfg.synonyms)
         self._routes = RouteSearch(resources, self._cfg)
+        self._warm = False
+        self._warm_lock = threading.Lock()
 
     @property
     def reranker(self) -> Reranker | None:
@@ -66,11 +69,15 @@ class Retriever:
         ``fusion`` strategy's extra query variants.
         """
         self._check_arguments(query, top_k, kb_ids)
+        self.warm_up()
         plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
         if queries and not plan.multi_query:
             raise ValueError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
         candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
-        run = Recorder(query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters)
+        run = Recorder(
+            query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters,
+            deadline=Deadline(self._cfg.deadline_ms / 1000),
+        )  # fmt: skip
         run.strategy = plan.name
         if plan.multi_query:
             run.variants = query_variants(query, given=queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
@@ -91,6 +98,21 @@ class Retriever:
         if lookup.source == "miss":
             return run.with_cache_errors(computed[0])
         return run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source)
+
+    def warm_up(self) -> None:
+        """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary) once,
+        outside any request's deadline: a cold start is not an outage. Failures are left to the query."""
+        with self._warm_lock:
+            if self._warm:
+                return
+            self._warm = True
+            started = time.perf_counter()
+            try:
+                self._res.encoder.encode_queries(["warm up"])
+                self._res.leaf_index.search_sparse("warm up", limit=1, kb_ids=None)
+            except Exception as exc:
+                logger.warning("warm-up did not complete: %s: %s", type(exc).__name__, exc)
+            logger.info("retriever warmed up in %.0f ms", (time.perf_counter() - started) * 1000)
 
     def _check_arguments(self, query: str, top_k: int, kb_ids: Sequence[str] | None) -> None:
         if not isinstance(query, str) or not query.strip():
@@ -114,10 +136,11 @@ class Retriever:
         })  # fmt: skip
 
     def close(self) -> None:
-        """Releases the reranker's HTTP client and the query cache's Redis client."""
+        """Releases the reranker's HTTP client, the query cache's Redis client and the encoder worker."""
         if self._reranker is not None:
             self._reranker.close()
         self._cache.close()
+        self._routes.close()
 
     # -- stages ------------------------------------------------------------------
 
@@ -125,7 +148,7 @@ class Retriever:
         """SQL's serving state; during an outage the last one this process saw (fail closed)."""
         with run.timed("state"):
             try:
-                state = self._res.documents.serving_state(run.kb_ids)
+                state = self._res.documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
             except Exception as exc:
                 return self._last_state(run, exc)
         self._states.remember(run.kb_ids, state)
@@ -187,6 +210,9 @@ class Retriever:
         )
 
     def _merge(self, run: Recorder, candidates: list[Candidate]) -> list[Candidate]:
+        if run.deadline.expired():  # the leaves as found are the answer
+            run.error("merge", DeadlineExceeded("merge"))
+            return candidates
         with run.timed("merge"):
             for round_no, level in ((1, 3), (2, 2)):
                 candidates = self._merge_round(run, candidates, round_no, level)
@@ -199,7 +225,7 @@ class Retriever:
             return candidates
         with run.timed("parent_fetch"):
             try:
-                fetch = self._res.parents.get_many(refs)
+                fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
             except Exception as exc:
                 run.error("parent_fetch", exc, degraded="parent_fetch_failed")
                 run.merge_rounds.append(MergeRound(round=round_no, parents_missing=len(refs)))
@@ -220,7 +246,9 @@ class Retriever:
         started = time.perf_counter()
         try:
             with run.timed("rerank"):
-                scores = reranker.rerank(run.query, [c.chunk.text for c in candidates])
+                if run.deadline.expired():
+                    raise DeadlineExceeded("rerank")
+                scores = reranker.rerank(run.query, [c.chunk.text for c in candidates], timeout_s=run.deadline.remaining())
         except Exception as exc:
             latency = (time.perf_counter() - started) * 1000
             run.rerank = RerankOutcome("failed", f"{type(exc).__name__}: {exc}", reranker.provider, round(latency, 2))

@@ -8,17 +8,24 @@ route. Every outcome is reported to the run's ``Recorder``.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Sequence
 
 import numpy as np
 
 from backend.config import RetrievalSettings
 from backend.rag.candidates import Candidate
+from backend.rag.deadline import DeadlineExceeded
 from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
 from backend.rag.recorder import Recorder
 from backend.resources import Resources
 from backend.stores import filters as expr
 from backend.types import LeafHit
+
+
+# Share of the deadline the encoder leaves for the searches after it (BM25 alone, if it timed out).
+ENCODE_KEEPS = 0.4
 
 
 class RouteSearch:
@@ -27,17 +34,29 @@ class RouteSearch:
     def __init__(self, resources: Resources, settings: RetrievalSettings) -> None:
         self._res = resources
         self._cfg = settings
+        # The encoder runs in a worker so a hung one costs a query its share of the deadline, not forever.
+        self._encoding = ThreadPoolExecutor(max_workers=4, thread_name_prefix="strata-encode")
 
     def encode(self, run: Recorder, queries: Sequence[str], routes: str) -> list[np.ndarray] | None:
         """Query vectors (one encoder call for every query), or None for BM25-only or when the encoder failed."""
         if routes == "sparse":
             return None
+        wait = run.deadline.within(float("inf"), keep_s=ENCODE_KEEPS * run.deadline.budget_s)
         with run.timed("encode"):
             try:
-                return list(self._res.encoder.encode_queries(list(queries)))
+                if wait <= 0:
+                    raise DeadlineExceeded("encode")
+                job = self._encoding.submit(self._res.encoder.encode_queries, list(queries))
+                return list(job.result(timeout=wait))
+            except FutureTimeout:
+                run.error("encode", DeadlineExceeded("encode"), degraded="query_encoder_failed")
+                return None
             except Exception as exc:
                 run.error("encode", exc, degraded="query_encoder_failed")
                 return None
+
+    def close(self) -> None:
+        self._encoding.shutdown(wait=False, cancel_futures=True)
 
     def search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Candidate]:
         """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
@@ -103,7 +122,10 @@ class RouteSearch:
     def _hits(self, route: str, run: Recorder, query: Any, where: str) -> list[LeafHit]:
         index = self._res.leaf_index
         search = index.search_dense if route == "dense" else index.search_sparse
-        hits = search(query, limit=self._cfg.route_multiplier * run.candidate_k, kb_ids=run.kb_ids, where=where)
+        if run.deadline.expired():
+            raise DeadlineExceeded(f"the {route} route")
+        limit = self._cfg.route_multiplier * run.candidate_k
+        hits = search(query, limit=limit, kb_ids=run.kb_ids, where=where, timeout=run.deadline.remaining())
         prefix = run.filters.source_prefix if run.filters else None
         if prefix and expr.needs_exact_check(prefix):  # LIKE wildcards in the prefix over-match
             hits = [h for h in hits if str(h.chunk.metadata.get("source", "")).startswith(prefix)]

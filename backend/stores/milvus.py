@@ -239,8 +239,10 @@ class LeafIndex:
         for start in range(0, len(ids), _UPSERT_BATCH):
             self._delete(kb_id, expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
 
-    def search_dense(self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "") -> list[LeafHit]:
-        """Top leaves by inner product with ``vector`` (ef raised to ``limit``)."""
+    def search_dense(
+        self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "", timeout: float | None = None
+    ) -> list[LeafHit]:
+        """Top leaves by inner product with ``vector`` (ef raised to ``limit``); ``timeout`` cuts the search timeout."""
         partitions = self._partitions_for(kb_ids)
         if partitions == []:
             return []
@@ -249,11 +251,13 @@ class LeafIndex:
             "search", self._name, data=[np.asarray(vector, dtype=np.float32).tolist()], anns_field="dense",
             limit=limit, filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
             search_params={"metric_type": "IP", "params": {"ef": ef}}, partition_names=partitions,
-            timeout=self._search_timeout,
+            timeout=self._cut(timeout),
         )  # fmt: skip
         return [_hit(h, h["distance"]) for h in result[0]]
 
-    def search_sparse(self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "") -> list[LeafHit]:
+    def search_sparse(
+        self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "", timeout: float | None = None
+    ) -> list[LeafHit]:
         """Top leaves by BM25 against ``text`` (Lite reports negated BM25; scores here are positive)."""
         partitions = self._partitions_for(kb_ids)
         if partitions == [] or not text.strip():
@@ -261,7 +265,7 @@ class LeafIndex:
         result = self._call(
             "search", self._name, data=[text], anns_field="sparse", limit=limit,
             filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
-            search_params={"metric_type": "BM25"}, partition_names=partitions, timeout=self._search_timeout,
+            search_params={"metric_type": "BM25"}, partition_names=partitions, timeout=self._cut(timeout),
         )  # fmt: skip
         return [_hit(h, abs(h["distance"])) for h in result[0]]
 
@@ -320,6 +324,9 @@ class LeafIndex:
             with self._partitions_lock:
                 self._partitions.add(name)
         return name
+
+    def _cut(self, timeout: float | None) -> float:
+        return self._search_timeout if timeout is None else max(0.001, min(timeout, self._search_timeout))
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("timeout", self._timeout)

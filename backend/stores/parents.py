@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 class ChunkSource(Protocol):
     """The source of truth for chunks (``DocumentStore``)."""
 
-    def get_chunks(self, chunk_ids: Iterable[str]) -> dict[str, Chunk]: ...
+    def get_chunks(self, chunk_ids: Iterable[str], *, timeout_s: float | None = None) -> dict[str, Chunk]: ...
 
 
 @dataclass(frozen=True)
@@ -51,14 +51,14 @@ class ParentStore:
         self._lock = threading.Lock()
         self.cache_errors = 0
 
-    def get_many(self, refs: Sequence[ChunkRef]) -> ParentFetch:
-        """The chunks named by ``refs``; SQL errors propagate as ``StoreError``."""
+    def get_many(self, refs: Sequence[ChunkRef], *, timeout_s: float | None = None) -> ParentFetch:
+        """The chunks named by ``refs``; SQL errors propagate as ``StoreError`` (``timeout_s`` bounds the SQL read)."""
         refs = list(dict.fromkeys(refs))
         if not refs:
             return ParentFetch()
         cached, error, trips = self._cache_read(refs)
         misses = [ref for ref in refs if ref[1] not in cached]
-        loaded = self._source.get_chunks([cid for _, cid in misses]) if misses else {}
+        loaded = self._source.get_chunks([cid for _, cid in misses], timeout_s=timeout_s) if misses else {}
         if loaded and error is None:
             error = self._cache_call(self.cache.put_many, list(loaded.values()))
         found = {**cached, **loaded}

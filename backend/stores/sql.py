@@ -170,12 +170,12 @@ class DocumentStore:
 
     # -- chunks ----------------------------------------------------------------
 
-    def get_chunks(self, chunk_ids: Iterable[str]) -> dict[str, Chunk]:
-        """Chunks by id: one SELECT per 900 ids (one for any auto-merge round)."""
+    def get_chunks(self, chunk_ids: Iterable[str], *, timeout_s: float | None = None) -> dict[str, Chunk]:
+        """Chunks by id: one SELECT per 900 ids (one for any auto-merge round), under the query timeout."""
         ids = list(dict.fromkeys(chunk_ids))
         found: dict[str, Chunk] = {}
         with self._connect() as conn:
-            self._limit_statement_time(conn)
+            self._limit_statement_time(conn, timeout_s)
             for start in range(0, len(ids), _IN_BATCH):
                 batch = ids[start : start + _IN_BATCH]
                 for row in conn.execute(select(chunks).where(chunks.c.chunk_id.in_(batch))):
@@ -199,7 +199,7 @@ class DocumentStore:
         with self._connect() as conn:
             return set(conn.execute(query).scalars())
 
-    def serving_state(self, kb_ids: Sequence[str] | None) -> ServingState:
+    def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState:
         """Each kb's (epoch, generation) and the versions not to serve, in one query.
 
         Runs under the query-path statement timeout (``STRATA_DATABASE__QUERY_TIMEOUT_S``).
@@ -211,16 +211,17 @@ class DocumentStore:
         if kb_ids is not None:
             query = query.where(kb.c.kb_id.in_(list(kb_ids)))
         with self._connect() as conn:
-            self._limit_statement_time(conn)
+            self._limit_statement_time(conn, timeout_s)
             rows = conn.execute(query).all()
         generations = {r.kb_id: f"{_epoch(r.created_at)}#{r.generation}" for r in rows}
         hidden = tuple(version_key(r.kb_id, r.doc_id, r.version) for r in rows if r.doc_id is not None)
         return ServingState(generations=generations, hidden_version_keys=hidden)
 
-    def _limit_statement_time(self, conn: Connection) -> None:
-        """A hung PostgreSQL costs the query path at most the query timeout, not forever."""
+    def _limit_statement_time(self, conn: Connection, timeout_s: float | None = None) -> None:
+        """A hung PostgreSQL costs the query path at most the query timeout (or ``timeout_s``), not forever."""
         if self.engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {self._query_timeout_ms}")
+            limit_ms = self._query_timeout_ms if timeout_s is None else min(self._query_timeout_ms, int(timeout_s * 1000))
+            conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, limit_ms)}")
 
     def stats(self, kb_id: str) -> dict[str, Any]:
         """Documents by status and chunks by level of the active versions."""

