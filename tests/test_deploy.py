@@ -202,6 +202,14 @@ def test_the_k8s_secret_as_shipped_is_refused_until_its_placeholders_are_replace
     assert len(problems) == 1 and "STRATA_API__API_KEY must be set to a real secret" in problems[0]
 
 
+def test_production_env_sets_only_real_settings(tmp_path: Path) -> None:
+    lines = (DEPLOY / "production.env").read_text(encoding="utf-8").splitlines()
+    env = dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+    env = {k: v.replace("CHANGE_ME_TO_A_LONG_RANDOM_SECRET", "probe-secret-value").replace("CHANGE_ME", "probe") for k, v in env.items()}
+    assert len(env) >= 10
+    assert settings_problems(env, tmp_path) == []
+
+
 def test_the_image_sets_only_real_settings(tmp_path: Path) -> None:
     env = _dockerfile_env()
     assert "STRATA_DATA_DIR" in env
