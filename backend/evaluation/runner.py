@@ -61,14 +61,15 @@ class ModeResult:
 
 
 def eval_settings(base: Settings, index_dir: Path) -> Settings:
-    """The caller's settings on a private embedded index (no Redis, no query cache)."""
+    """The caller's settings on a private embedded index (no Redis, no query cache, no deadline)."""
     return base.model_copy(
         update={
             "data_dir": index_dir,
             "milvus": base.milvus.model_copy(update={"uri": str(index_dir / "milvus.db"), "kb_layout": "auto"}),
             "database": base.database.model_copy(update={"url": f"sqlite:///{index_dir / 'strata.sqlite3'}"}),
             "redis": base.redis.model_copy(update={"url": None}),
-            "retrieval": base.retrieval.model_copy(update={"cache_size": 0}),
+            # quality is measured without a deadline: a loaded machine must not turn answers into fallbacks
+            "retrieval": base.retrieval.model_copy(update={"cache_size": 0, "deadline_ms": 600_000}),
         }
     )
 
