@@ -114,7 +114,8 @@ class Indexer:
         if dry_run:
             _count_planned(plan, report)
             return
-        self._res.documents.set_roots(kb_id, {d.doc_id: scan.roots[d.doc_id] for d in plan.unchanged})
+        if plan.moved:
+            self._res.documents.set_roots(kb_id, plan.moved)
         if recreate:
             self._recreate(kb_id, scan, plan, report, progress)
         else:

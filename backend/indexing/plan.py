@@ -33,6 +33,7 @@ class IndexPlan:
     to_write: tuple[DocumentPlan, ...]
     unchanged: tuple[SourceDocument, ...]
     to_delete: tuple[DocumentVersion, ...]
+    moved: dict[str, str] = field(default_factory=dict)  # unchanged doc id -> the root it is now found under
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def plan_changes(
         else:
             to_write.append(DocumentPlan(doc, latest.get(doc.doc_id, 0) + 1, previous, scan.roots.get(doc.doc_id, "")))
     to_delete = deletable(scan, active.values()) if delete_missing else []
-    return IndexPlan(tuple(to_write), tuple(unchanged), tuple(to_delete))
+    moved = {d.doc_id: scan.roots[d.doc_id] for d in unchanged if active[d.doc_id].root != scan.roots.get(d.doc_id, "")}
+    return IndexPlan(tuple(to_write), tuple(unchanged), tuple(to_delete), moved)
 
 
 def deletable(scan: Scan, active: Iterable[DocumentVersion]) -> list[DocumentVersion]:

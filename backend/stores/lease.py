@@ -69,11 +69,15 @@ class KbLease:
         self._renewer.start()
 
     def release(self) -> None:
+        """Gives the lease back; with SQL unreachable it is left to expire (never masks the caller's error)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5)
-        with self._store._begin() as conn:
-            conn.execute(delete(kb_leases).where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner))
+        try:
+            with self._store._begin() as conn:
+                conn.execute(delete(kb_leases).where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner))
+        except StoreError as exc:
+            logger.warning("could not release the indexing lease of %s (it expires by itself): %s", self.kb_id, exc)
 
     def _try_take(self) -> bool:
         now = _now()

@@ -136,9 +136,8 @@ class DocumentStore:
         with self._begin() as conn:
             for doc_id, root in roots.items():
                 conn.execute(
-                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id,
-                                            documents.c.root.is_distinct_from(root)).values(root=root)
-                )  # fmt: skip
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(root=root)
+                )
 
     def retire_document(self, kb_id: str, doc_id: str) -> None:
         """Stop serving every version of a document (deletion, step 1)."""

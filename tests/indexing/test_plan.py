@@ -153,3 +153,9 @@ def test_an_empty_folder_plans_nothing() -> None:
     plan = plan_changes_of([], [])
 
     assert (plan.to_write, plan.unchanged, plan.to_delete) == ((), (), ())
+
+
+def test_an_unchanged_document_found_under_another_root_is_recorded_as_moved() -> None:
+    stored = [_stored("a.md", 1, "ha", root="/old/place"), _stored("b.md", 1, "hb")]
+    plan = plan_changes_of([_doc("a.md", "ha"), _doc("b.md", "hb")], stored)
+    assert plan.moved == {"a.md": ROOT} and len(plan.unchanged) == 2
