@@ -61,7 +61,8 @@ class PrivatePostgres:
 
     def restart(self) -> None:
         """A fast restart: every open connection is closed by the server."""
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "restart")
+        # -l: the new postmaster must not inherit our pipes (pg_ctl would then never seem to finish)
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-l", str(self.root / "log"), "-w", "-t", "60", "restart")
 
     def running(self) -> bool:
         status = subprocess.run(self._command("pg_ctl", "-D", str(self.data), "status"), capture_output=True)
