@@ -17,7 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from backend.api import problems
 from backend.api.middleware import BodyLimit, ConcurrencyLimit, RequestContext
 from backend.api.metrics import Metrics
-from backend.api.routes import health, kbs, retrieve
+from backend.api.routes import health, kbs, retrieve, ui
 from backend.api.service import Service
 from backend.config import Settings, get_settings
 from backend.resources import Resources
@@ -48,7 +48,7 @@ def create_app(settings: Settings, *, resources: Resources | None = None, warm_u
         version="0.1.0",
         lifespan=lifespan,
     )
-    routers = (health.router, retrieve.router, kbs.router)
+    routers = (health.router, retrieve.router, kbs.router, ui.router)
     for router in routers:
         app.include_router(router)
     routes = [route for router in routers for route in router.routes]  # route templates label the metrics

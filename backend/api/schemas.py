@@ -69,6 +69,12 @@ class RetrieveRequest(_Strict):
     rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
     expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
     explain: bool = Field(False, description="keep the per-document score trace")
+    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] | None = Field(
+        None, description="retrieval strategy; default as configured"
+    )
+    queries: list[QueryText] | None = Field(
+        None, max_length=8, description="the fusion strategy's extra query variants"
+    )
 
 
 class SkillRequest(_Strict):

