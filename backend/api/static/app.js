@@ -383,11 +383,11 @@ function renderMergeTree(docs, meta) {
     const level = item.doc.metadata.level;
     const label = meta.strategy === "adjacent" || level === 3
       ? "adjacent leaves joined into one passage"
-      : level === 2 ? "round 1: leaves (L3) merged into their L2 parent" : "round 2: L2 sections merged into their L1 parent";
+      : `chunks merged into their L${level} parent`;
     if (!groups.has(label)) groups.set(label, []);
     groups.get(label).push(item);
   }
-  const sorted = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b));
+  const sorted = [...groups.entries()].sort(([a], [b]) => b.localeCompare(a));  // L2 parents, then L1
   return el("section", { class: "panel", id: "merge-tree" },
     el("h2", {}, "Merge tree"),
     rounds.length ? el("ul", { class: "rounds" }, rounds.map((r) => el("li", {},
