@@ -95,7 +95,9 @@ class Served:
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Served]]:
     """(keyed: demo = examples/kb and garden, open: no kb yet), started side by side."""
     root = tmp_path_factory.mktemp("console")
-    open_service = Served(root / "open-data")
+    # a reranker nobody listens on: every reranked query is degraded (rerank_failed), rerank off is not
+    dead_reranker = f"http://127.0.0.1:{free_port()}/v1/rerank"
+    open_service = Served(root / "open-data", STRATA_RERANK__URL=dead_reranker, STRATA_RERANK__MAX_RETRIES="0")
     keyed_env = strata_env(root / "keyed-data")
     garden = write_files(root / "garden-src", {"handbook.md": GARDEN})
     for folder, kb in ((EXAMPLES_KB, "demo"), (garden, "garden")):
@@ -159,11 +161,12 @@ def enter_key(driver: WebDriver, key: str) -> None:
     driver.find_element(By.ID, "key-submit").click()
 
 
-def run_query(driver: WebDriver, query: str, *, kb: str = "", strategy: str = "") -> WebElement:
+def run_query(driver: WebDriver, query: str, *, kb: str = "", strategy: str = "", rerank: str = "") -> WebElement:
     wait_for(driver, "#tab-query").click()
     type_into(driver, "q", query)
     Select(driver.find_element(By.ID, "kb")).select_by_value(kb)
     Select(driver.find_element(By.ID, "strategy")).select_by_value(strategy)
+    Select(driver.find_element(By.ID, "rerank")).select_by_value(rerank)
     driver.execute_script("document.getElementById('query-out').replaceChildren()")
     driver.find_element(By.ID, "run").click()
     return wait_for(driver, "#cards, #query-error")
@@ -314,3 +317,14 @@ def test_open_service_upload_then_find(services: tuple[Served, Served], browser:
     assert "Fresnel" in [m.text for m in first.find_elements(By.CSS_SELECTOR, ".text mark")]
     assert '<img src="x" id="injected">' in first.find_element(By.CSS_SELECTOR, ".text").text
     assert not browser.find_elements(By.CSS_SELECTOR, "#injected")
+
+    # the reranker is down: said in words, with the engine's error; with rerank off the same query is ok
+    assert browser.find_element(By.ID, "meta-status").text.startswith("degraded Degraded:")
+    reasons = browser.find_element(By.ID, "meta-degraded").text
+    assert "rerank_failed the reranker failed; the fused order was kept" in reasons
+    assert browser.find_element(By.ID, "meta-errors").text.split("\n")[1].startswith("rerank ")
+    assert "rerank\nfailed" in browser.find_element(By.CSS_SELECTOR, "#meta .facts").text
+    run_query(browser, "When is the Fresnel lens polished?", kb="notes", rerank="off")
+    assert browser.find_element(By.ID, "meta-status").text.startswith("ok OK:")
+    assert not browser.find_elements(By.ID, "meta-degraded") and not browser.find_elements(By.ID, "meta-errors")
+    assert "rerank=off" in browser.find_element(By.ID, "permalink").get_attribute("href")
