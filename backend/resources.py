@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import Iterable
 from backend.config import Settings
 from backend.encoders import Encoder, create_encoder
 from backend.stores.cache import create_parent_cache
+from backend.stores.catalog import Catalog
 from backend.stores.milvus import LeafIndex
 from backend.stores.parents import ParentStore
 from backend.stores.sql import DocumentStore
@@ -38,9 +40,19 @@ class Resources:
 
     @functools.cached_property
     def leaf_index(self) -> LeafIndex:
+        return self.open_leaf_index()
+
+    def open_leaf_index(self, extra_terms: Iterable[str] = ()) -> LeafIndex:
+        """The leaf index; a collection created now gets the front-matter terms SQL knows, plus
+        ``extra_terms`` (those of documents about to be indexed), in its BM25 dictionary."""
         with self._lock:
-            encoder = self.encoder
-            return LeafIndex(self.settings.milvus, encoder_name=encoder.name, dim=encoder.dim)
+            if "leaf_index" not in self.__dict__:
+                encoder = self.encoder
+                terms = lambda: [*Catalog(self.documents.engine).vocabulary(None).terms, *extra_terms]  # noqa: E731
+                self.__dict__["leaf_index"] = LeafIndex(
+                    self.settings.milvus, encoder_name=encoder.name, dim=encoder.dim, vocabulary=terms
+                )
+            return self.__dict__["leaf_index"]
 
     @functools.cached_property
     def parents(self) -> ParentStore:

@@ -36,8 +36,8 @@ from backend.indexing.report import IndexReport, NoProgress, Progress, record_fa
 from backend.indexing.scan import scan_paths
 from backend.resources import Resources
 from backend.stores.lease import KbLease
-from backend.stores.milvus import LIMITS, leaf_limit_violation
-from backend.types import ACTIVE, Chunk, DocumentVersion
+from backend.stores.milvus import LIMITS, LeafIndex, dictionary_terms, leaf_limit_violation
+from backend.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +93,6 @@ class Indexer:
         if dry_run:
             self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
         else:
-            # Open Milvus before any SQL write: a Milvus Lite file held by another process must fail
-            # the run before it encodes or writes pending rows that could clash with that process's.
-            _ = self._res.leaf_index
             with self.lease(kb_id):
                 self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
         report.seconds = time.perf_counter() - started
@@ -106,6 +103,12 @@ class Indexer:
         delete_missing: bool, recreate: bool, dry_run: bool,
     ) -> None:  # fmt: skip
         scan = scan_paths(paths, report)
+        if not dry_run:
+            # Open Milvus before any document write: a Milvus Lite file held by another process must fail
+            # the run before it encodes or writes pending rows. A collection created now gets the scanned
+            # documents' modules and skill points in its BM25 dictionary.
+            index = self._res.open_leaf_index(front_matter_terms(scan.docs))
+            _note_new_terms(report, index, scan)
         plan = self._plan(kb_id, scan, self._signature, delete_missing, dry_run, recreate)
         report.unchanged = len(plan.unchanged)
         progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
@@ -323,6 +326,28 @@ class Indexer:
         if self._kill_at == step:
             logger.warning("%s=%s: killing the indexer", KILL_ENV, step)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:
+    """The modules and skill points of documents' front-matter (terms the BM25 analyzer keeps whole)."""
+    terms: dict[str, None] = {}
+    for doc in docs:
+        if isinstance(doc.metadata.get("module"), str):
+            terms[doc.metadata["module"]] = None
+        terms.update(dict.fromkeys(str(p) for p in doc.metadata.get("skill_points") or ()))
+    return [t for t in terms if t.strip()]
+
+
+def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan) -> None:
+    if not index.dictionary and index.analyzer_tokenizer != "jieba":
+        return
+    new = sorted(dictionary_terms(front_matter_terms(scan.docs)) - index.dictionary)
+    if new:
+        shown = ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")
+        report.notes.append(
+            f"{len(new)} front-matter term(s) not in the BM25 dictionary of this collection ({shown}); jieba may split "
+            "them until the leaves are rebuilt into a new collection (strata rebuild --kb KB --collection NEW)"
+        )
 
 
 def _check_kb_id(kb_id: str) -> None:

