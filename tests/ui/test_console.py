@@ -36,8 +36,9 @@ from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 QUERY = "密码重置链接多久失效？"
+DEMO_KEY = "demo-reader-key"
 KEYS = {
-    "demo-reader-key": {"kbs": ["demo"], "write": False},
+    DEMO_KEY: {"kbs": ["demo"], "write": False},
     "garden-key": {"kbs": ["garden"], "write": True},
 }
 GARDEN = "# Garden handbook\n\n## Watering\n\nTomatoes need deep watering twice a week in summer.\n"
@@ -106,7 +107,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served,
     # query cache off: each request computes every stage, so the page and the test see the same stages
     keyed = Served(root / "keyed-data", STRATA_API__KEYS=json.dumps(KEYS), STRATA_RETRIEVAL__CACHE_SIZE="0")
     try:
-        keyed.wait_ready("demo-reader-key")
+        keyed.wait_ready(DEMO_KEY)
         open_service.wait_ready()
         yield keyed, open_service
     finally:
@@ -176,123 +177,164 @@ def card_ids(driver: WebDriver) -> list[str]:
     return [c.get_attribute("data-chunk-id") for c in driver.find_elements(By.CSS_SELECTOR, "#cards > .card")]
 
 
-# -- the tests ------------------------------------------------------------------------
+def chunk_ids(result: dict[str, Any]) -> list[str]:
+    return [d["metadata"]["chunk_id"] for d in result["docs"]]
 
 
-def test_query_view_shows_the_services_answer(services: tuple[Served, Served], browser: WebDriver) -> None:
-    keyed, _ = services
-    browser.get(f"{keyed.url}/ui")
+def kb_rows(driver: WebDriver) -> list[str]:
+    return [r.get_attribute("data-kb") for r in driver.find_elements(By.CSS_SELECTOR, "#kb-table tbody tr")]
+
+
+def shown(value: Any) -> str:
+    """A figure as the page prints it."""
+    return "–" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+@pytest.fixture
+def demo_console(services: tuple[Served, Served], browser: WebDriver) -> WebDriver:
+    """The console on the keyed service, signed in with the demo reader's key."""
+    browser.get(f"{services[0].url}/ui")
+    enter_key(browser, DEMO_KEY)
+    wait_for(browser, "#tabs")
+    return browser
+
+
+# -- keys -------------------------------------------------------------------------------
+
+
+def test_a_wrong_key_is_refused_and_a_good_one_kept_for_the_tab_only(services: tuple[Served, Served], browser: WebDriver) -> None:
+    browser.get(f"{services[0].url}/ui")
     enter_key(browser, "wrong-key")
     message = wait_for(browser, "#key-error").text
-    assert "not accepted" in message and "401" in message
-    enter_key(browser, "demo-reader-key")
+    assert "not accepted" in message and "401" in message and not browser.find_element(By.ID, "tabs").is_displayed()
+    enter_key(browser, DEMO_KEY)
     wait_for(browser, "#tabs")
-    assert browser.execute_script("return sessionStorage.getItem('strata.apiKey')") == "demo-reader-key"
+    assert browser.execute_script("return sessionStorage.getItem('strata.apiKey')") == DEMO_KEY
     assert browser.execute_script("return localStorage.length") == 0
-    assert option_values(browser, "kb") == ["", "demo"]  # the key's kbs only
-
-    assert run_query(browser, QUERY, kb="demo").get_attribute("id") == "cards"
-    expected = keyed.retrieve("demo-reader-key", query=QUERY, top_k=5, kb_ids=["demo"])
-    docs, meta = expected["docs"], expected["meta"]
-    assert card_ids(browser) == [d["metadata"]["chunk_id"] for d in docs] and docs
-
-    # each card: level, heading path, source, score, highlighted text, and the trace as the API gave it
-    first, top = browser.find_element(By.CSS_SELECTOR, "#cards > .card"), docs[0]
-    assert first.find_element(By.CSS_SELECTOR, ".level").text == f"L{top['metadata']['level']}"
-    assert first.find_element(By.CSS_SELECTOR, ".heading").text == top["metadata"]["heading_path"]
-    assert first.find_element(By.CSS_SELECTOR, ".source").text == top["metadata"]["source"]
-    assert first.find_element(By.CSS_SELECTOR, ".score").text == f"score {top['score']:.4f}"
-    assert first.find_element(By.CSS_SELECTOR, ".text").get_attribute("textContent") == top["content"]
-    assert first.find_elements(By.CSS_SELECTOR, ".text mark"), "no query term highlighted"
-    first.find_element(By.CSS_SELECTOR, ".trace summary").click()
-    for field in ("dense_rank", "sparse_rank", "fused_score", "score_stage"):
-        cell = first.find_element(By.CSS_SELECTOR, f'.trace-table tr[data-field="{field}"] td').text
-        value = top["metadata"]["trace"][field]
-        assert cell == ("–" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)), field
-
-    # the merge tree: every merged doc with its children, as merged_from says
-    merged = {d["metadata"]["chunk_id"]: d["metadata"]["merged_from"] for d in docs if d["metadata"]["merged_from"]}
-    assert merged, "the query was chosen to return a merged parent"
-    nodes = browser.find_elements(By.CSS_SELECTOR, "#merge-tree .merge-node")
-    shown = {n.get_attribute("data-chunk-id"): [c.text for c in n.find_elements(By.CSS_SELECTOR, ".merge-child code")] for n in nodes}
-    assert shown == merged
-    rounds = browser.find_elements(By.CSS_SELECTOR, "#merge-tree .rounds li")
-    assert len(rounds) == len(meta["merge_rounds"]) and f"{meta['merge_rounds'][0]['parents_merged']} parent(s)" in rounds[0].text
-
-    # the meta record in words, and a timing bar with the engine's stages
-    assert browser.find_element(By.ID, "meta-status").text.startswith(f"{meta['status']} ")
-    facts = browser.find_element(By.CSS_SELECTOR, "#meta .facts").text
-    assert f"mode\n{meta['mode']}:" in facts and f"strategy\n{meta['strategy']}:" in facts
-    stages = [s.get_attribute("data-stage") for s in browser.find_elements(By.CSS_SELECTOR, "#timing-bar .seg")]
-    assert stages == [name for name in meta["timings_ms"] if name != "total"] and stages
-
-    screenshot = os.environ.get("STRATA_TEST_CONSOLE_SCREENSHOT")
-    if screenshot:
-        browser.save_screenshot(str(REPO / screenshot))
-
-    # the permalink holds the query and re-runs it when opened
-    link = browser.find_element(By.ID, "permalink").get_attribute("href")
-    assert link == f"{keyed.url}/ui?q={quote(QUERY, safe='')}&kb=demo&k=5"
-    browser.get(f"{keyed.url}/ui?q={quote('How long is a password reset link valid')}&kb=demo&k=3&strategy=hybrid")
-    wait_for(browser, "#cards")
-    again = keyed.retrieve("demo-reader-key", query="How long is a password reset link valid", top_k=3,
-                           kb_ids=["demo"], strategy="hybrid")  # fmt: skip
-    assert card_ids(browser) == [d["metadata"]["chunk_id"] for d in again["docs"]]
-    assert again["meta"]["strategy"] == "hybrid" and "strategy\nhybrid:" in browser.find_element(By.ID, "meta").text
-    assert Select(browser.find_element(By.ID, "strategy")).first_selected_option.get_attribute("value") == "hybrid"
-
-    # compare: hybrid (leaves) against auto_merge (merged parents), with what moved
-    wait_for(browser, "#tab-compare").click()
-    type_into(browser, "cq", QUERY)
-    Select(browser.find_element(By.ID, "ckb")).select_by_value("demo")
-    Select(browser.find_element(By.ID, "a-strategy")).select_by_value("hybrid")
-    Select(browser.find_element(By.ID, "b-strategy")).select_by_value("auto_merge")
-    browser.find_element(By.ID, "compare-run").click()
-    wait_for(browser, "#moves")
-    side_a = keyed.retrieve("demo-reader-key", query=QUERY, top_k=5, kb_ids=["demo"], strategy="hybrid")
-    ids_a = [d["metadata"]["chunk_id"] for d in side_a["docs"]]
-    ids_b = [d["metadata"]["chunk_id"] for d in docs]  # auto_merge is the configured default asked above
-    assert [e.get_attribute("data-chunk-id") for e in browser.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
-    assert [e.get_attribute("data-chunk-id") for e in browser.find_elements(By.CSS_SELECTOR, "#side-b li")] == ids_b
-    assert "strategy hybrid" in browser.find_element(By.ID, "side-a").text
-    assert "strategy auto_merge" in browser.find_element(By.ID, "side-b").text
-    rows = {r.get_attribute("data-chunk-id"): r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#moves tbody tr")}
-    assert set(rows) == set(ids_a) | set(ids_b)
-    for chunk_id, cells in rows.items():
-        in_a = f"#{ids_a.index(chunk_id) + 1}" if chunk_id in ids_a else "–"
-        in_b = f"#{ids_b.index(chunk_id) + 1}" if chunk_id in ids_b else "–"
-        assert (cells[1].text, cells[2].text) == (in_a, in_b)
-    assert any("inside B's" in cells[3].text for cells in rows.values()), "a hybrid leaf merged into a B parent"
-
-    # knowledge bases: the key's only, with stats that agree
-    browser.find_element(By.ID, "tab-kbs").click()
-    assert [r.get_attribute("data-kb") for r in browser.find_elements(By.CSS_SELECTOR, "#kb-table tbody tr")] == ["demo"]
-    browser.find_element(By.CSS_SELECTOR, '#kb-table tr[data-kb="demo"] button').click()
-    wait_for(browser, "#kb-stats")
-    stats = keyed.http.get("/kbs/demo/stats", headers={"Authorization": "Bearer demo-reader-key"}).json()
-    assert browser.find_element(By.ID, "stat-leaves").text == str(stats["leaves_in_milvus"])
-    assert browser.find_element(By.ID, "stat-consistent").text.startswith("consistent")
-
-
-def test_a_key_sees_only_its_kbs(services: tuple[Served, Served], browser: WebDriver) -> None:
-    keyed, _ = services
-    browser.get(f"{keyed.url}/ui?q=watering&kb=demo&k=3")  # a permalink to a kb this key may not read
-    enter_key(browser, "garden-key")
-    error = wait_for(browser, "#query-error").text
-    assert "404" in error and "no knowledge base 'demo'" in error
-    assert [r.get_attribute("data-kb") for r in browser.find_elements(By.CSS_SELECTOR, "#kb-table tbody tr")] == ["garden"]
-    assert run_query(browser, "how often are tomatoes watered").get_attribute("id") == "cards"
-    assert option_values(browser, "kb") == ["", "garden", "demo"]  # demo only as the permalink asked for it:
-    assert "not among this key's kbs" in Select(browser.find_element(By.ID, "kb")).options[2].text
-    cards = browser.find_elements(By.CSS_SELECTOR, "#cards > .card")
-    assert cards and {c.get_attribute("data-kb") for c in cards} == {"garden"}
+    assert option_values(browser, "kb") == ["", "demo"] and kb_rows(browser) == ["demo"]  # the key's kbs only
     browser.find_element(By.ID, "forget-key").click()
     wait_for(browser, "#key-input")
     assert browser.execute_script("return sessionStorage.getItem('strata.apiKey')") is None
 
 
+def test_a_key_sees_only_its_kbs(services: tuple[Served, Served], browser: WebDriver) -> None:
+    browser.get(f"{services[0].url}/ui?q=watering&kb=demo&k=3")  # a permalink to a kb this key may not read
+    enter_key(browser, "garden-key")
+    error = wait_for(browser, "#query-error").text
+    assert "404" in error and "no knowledge base 'demo'" in error
+    assert kb_rows(browser) == ["garden"]
+    assert option_values(browser, "kb") == ["", "garden", "demo"]  # demo only because the permalink named it
+    assert "not among this key's kbs" in Select(browser.find_element(By.ID, "kb")).options[2].text
+    assert run_query(browser, "how often are tomatoes watered").get_attribute("id") == "cards"
+    cards = browser.find_elements(By.CSS_SELECTOR, "#cards > .card")
+    assert cards and {c.get_attribute("data-kb") for c in cards} == {"garden"}
+
+
+# -- query view -------------------------------------------------------------------------
+
+
+def test_cards_show_the_services_docs_and_traces(services: tuple[Served, Served], demo_console: WebDriver) -> None:
+    assert run_query(demo_console, QUERY, kb="demo").get_attribute("id") == "cards"
+    expected = services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"])
+    assert card_ids(demo_console) == chunk_ids(expected) and expected["docs"]
+    for card, doc in zip(demo_console.find_elements(By.CSS_SELECTOR, "#cards > .card"), expected["docs"]):
+        m = doc["metadata"]
+        assert card.find_element(By.CSS_SELECTOR, ".level").text == f"L{m['level']}"
+        assert card.find_element(By.CSS_SELECTOR, ".heading").text == m["heading_path"]
+        assert card.find_element(By.CSS_SELECTOR, ".source").text == m["source"]
+        assert card.find_element(By.CSS_SELECTOR, ".score").text == f"score {doc['score']:.4f}"
+        assert card.find_element(By.CSS_SELECTOR, ".text").get_attribute("textContent") == doc["content"]
+        assert card.find_elements(By.CSS_SELECTOR, ".text mark"), "no query term highlighted"
+        card.find_element(By.CSS_SELECTOR, ".trace summary").click()
+        for field, value in m["trace"].items():
+            assert card.find_element(By.CSS_SELECTOR, f'.trace-table tr[data-field="{field}"] td').text == shown(value)
+    screenshot = os.environ.get("STRATA_TEST_CONSOLE_SCREENSHOT")
+    if screenshot:
+        for extra in demo_console.find_elements(By.CSS_SELECTOR, "#cards > .card details[open]")[1:]:
+            demo_console.execute_script("arguments[0].open = false", extra)
+        demo_console.save_screenshot(str(REPO / screenshot))
+
+
+def test_merge_tree_meta_and_timings_come_from_the_meta_record(services: tuple[Served, Served], demo_console: WebDriver) -> None:
+    run_query(demo_console, QUERY, kb="demo")
+    expected = services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"])
+    docs, meta = expected["docs"], expected["meta"]
+    merged = {d["metadata"]["chunk_id"]: d["metadata"]["merged_from"] for d in docs if d["metadata"]["merged_from"]}
+    assert merged, "the query was chosen to return a merged parent"
+    nodes = demo_console.find_elements(By.CSS_SELECTOR, "#merge-tree .merge-node")
+    tree = {n.get_attribute("data-chunk-id"): [c.text for c in n.find_elements(By.CSS_SELECTOR, ".merge-child code")] for n in nodes}
+    assert tree == merged
+    rounds = [r.text for r in demo_console.find_elements(By.CSS_SELECTOR, "#merge-tree .rounds li")]
+    assert rounds == [f"round {r['round']}: {r['parents_merged']} parent(s) merged, {r['children_replaced']} child(ren) replaced"
+                      for r in meta["merge_rounds"]]  # fmt: skip
+
+    assert demo_console.find_element(By.ID, "meta-status").text == f"ok OK: every stage ran as planned." == f"{meta['status']} OK: every stage ran as planned."
+    facts = demo_console.find_element(By.CSS_SELECTOR, "#meta .facts").text
+    assert f"mode\n{meta['mode']}: dense (embedding) and BM25" in facts and f"strategy\n{meta['strategy']}:" in facts
+    assert f"returned\n{meta['returned']} of top_k 5 (candidate_k {meta['candidate_k']})" in facts
+    stages = [s.get_attribute("data-stage") for s in demo_console.find_elements(By.CSS_SELECTOR, "#timing-bar .seg")]
+    assert stages == [name for name in meta["timings_ms"] if name != "total"] and len(stages) > 1
+
+
+def test_a_permalink_reruns_its_query(services: tuple[Served, Served], demo_console: WebDriver) -> None:
+    run_query(demo_console, QUERY, kb="demo")
+    link = demo_console.find_element(By.ID, "permalink").get_attribute("href")
+    assert link == demo_console.current_url == f"{services[0].url}/ui?q={quote(QUERY, safe='')}&kb=demo&k=5"
+    question = "How long is a password reset link valid"
+    demo_console.get(f"{services[0].url}/ui?q={quote(question)}&kb=demo&k=3&strategy=hybrid")
+    wait_for(demo_console, "#cards")  # no click: opening the link ran it (the key is still in the tab's session)
+    expected = services[0].retrieve(DEMO_KEY, query=question, top_k=3, kb_ids=["demo"], strategy="hybrid")
+    assert card_ids(demo_console) == chunk_ids(expected) and expected["meta"]["strategy"] == "hybrid"
+    assert "strategy\nhybrid:" in demo_console.find_element(By.ID, "meta").text
+    assert demo_console.find_element(By.ID, "q").get_attribute("value") == question
+    assert Select(demo_console.find_element(By.ID, "strategy")).first_selected_option.get_attribute("value") == "hybrid"
+
+
+# -- compare and knowledge bases -----------------------------------------------------------
+
+
+def test_compare_shows_two_strategies_and_what_moved(services: tuple[Served, Served], demo_console: WebDriver) -> None:
+    wait_for(demo_console, "#tab-compare").click()
+    type_into(demo_console, "cq", QUERY)
+    Select(demo_console.find_element(By.ID, "ckb")).select_by_value("demo")
+    Select(demo_console.find_element(By.ID, "a-strategy")).select_by_value("hybrid")
+    Select(demo_console.find_element(By.ID, "b-strategy")).select_by_value("auto_merge")
+    demo_console.find_element(By.ID, "compare-run").click()
+    wait_for(demo_console, "#moves")
+    ids_a = chunk_ids(services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"], strategy="hybrid"))
+    ids_b = chunk_ids(services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"], strategy="auto_merge"))
+    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
+    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-b li")] == ids_b
+    assert "strategy hybrid" in demo_console.find_element(By.ID, "side-a").text
+    assert "strategy auto_merge" in demo_console.find_element(By.ID, "side-b").text
+    rows = demo_console.find_elements(By.CSS_SELECTOR, "#moves tbody tr")
+    cells = {r.get_attribute("data-chunk-id"): [c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in rows}
+    assert set(cells) == set(ids_a) | set(ids_b)
+    for chunk_id, (_, in_a, in_b, _) in cells.items():
+        assert in_a == (f"#{ids_a.index(chunk_id) + 1}" if chunk_id in ids_a else "–")
+        assert in_b == (f"#{ids_b.index(chunk_id) + 1}" if chunk_id in ids_b else "–")
+    assert any(change.startswith("inside B's #") for *_, change in cells.values()), "a hybrid leaf merged into a B parent"
+
+
+def test_kbs_view_shows_stats_that_agree(services: tuple[Served, Served], demo_console: WebDriver) -> None:
+    demo_console.find_element(By.ID, "tab-kbs").click()
+    demo_console.find_element(By.CSS_SELECTOR, '#kb-table tr[data-kb="demo"] button').click()
+    wait_for(demo_console, "#kb-stats")
+    stats = services[0].http.get("/kbs/demo/stats", headers={"Authorization": f"Bearer {DEMO_KEY}"}).json()
+    assert demo_console.find_element(By.ID, "stat-documents").text == str(stats["documents"]) == "5"
+    assert demo_console.find_element(By.ID, "stat-leaves").text == str(stats["leaves_in_milvus"])
+    levels = ", ".join(f"L{level} {n}" for level, n in stats["chunks_by_level"].items())
+    assert demo_console.find_element(By.ID, "stat-levels").text == levels
+    assert demo_console.find_element(By.ID, "stat-consistent").text.startswith("consistent") and stats["consistent"]
+    rows = demo_console.find_elements(By.CSS_SELECTOR, "#kb-documents tbody tr")
+    assert sorted(r.get_attribute("data-doc-id") for r in rows) == sorted(p.name for p in EXAMPLES_KB.iterdir())
+
+
+# -- the open service: upload, find, degraded ----------------------------------------------
+
+
 def test_open_service_upload_then_find(services: tuple[Served, Served], browser: WebDriver, tmp_path: Path) -> None:
-    _, open_service = services
+    open_service = services[1]
     browser.get(f"{open_service.url}/ui")
     WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "who").text == "open service (no API keys)")
     assert not browser.find_element(By.ID, "key-view").is_displayed()
@@ -307,9 +349,8 @@ def test_open_service_upload_then_find(services: tuple[Served, Served], browser:
     wait_for(browser, '#kb-documents tr[data-doc-id="lighthouse.md"]')
     stats = open_service.http.get("/kbs/notes/stats").json()
     assert browser.find_element(By.ID, "stat-documents").text == "1" == str(stats["documents"])
-    assert browser.find_element(By.ID, "stat-leaves").text == str(stats["leaves_in_milvus"])
     assert browser.find_element(By.ID, "stat-consistent").text.startswith("consistent") and stats["consistent"]
-    assert option_values(browser, "kb") == ["", "notes"]
+    assert option_values(browser, "kb") == ["", "notes"] and kb_rows(browser) == ["notes"]
 
     run_query(browser, "When is the Fresnel lens polished?", kb="notes")
     first = browser.find_element(By.CSS_SELECTOR, "#cards > .card")
@@ -317,8 +358,11 @@ def test_open_service_upload_then_find(services: tuple[Served, Served], browser:
     assert "Fresnel" in [m.text for m in first.find_elements(By.CSS_SELECTOR, ".text mark")]
     assert '<img src="x" id="injected">' in first.find_element(By.CSS_SELECTOR, ".text").text
     assert not browser.find_elements(By.CSS_SELECTOR, "#injected")
+    check_degraded_then_ok(browser)
 
-    # the reranker is down: said in words, with the engine's error; with rerank off the same query is ok
+
+def check_degraded_then_ok(browser: WebDriver) -> None:
+    """The reranker is down: said in words with the engine's error; with rerank off the same query is ok."""
     assert browser.find_element(By.ID, "meta-status").text.startswith("degraded Degraded:")
     reasons = browser.find_element(By.ID, "meta-degraded").text
     assert "rerank_failed the reranker failed; the fused order was kept" in reasons
