@@ -26,6 +26,7 @@ from backend.errors import EncoderMismatchError, IndexingError, NotFoundError
 from backend.indexing.embedding import embed_texts, search_text
 from backend.indexing.report import NoProgress, Progress
 from backend.resources import Resources
+from backend.stores.catalog import Catalog
 from backend.stores.lease import KbLease
 from backend.stores.milvus import LeafIndex
 from backend.stores.sql import ACTIVE, DocumentVersion
@@ -105,7 +106,12 @@ class Rebuilder:
         if self._target is None:
             return self._res.leaf_index
         encoder = self._res.encoder
-        return LeafIndex(self._target, encoder_name=encoder.name, dim=encoder.dim)
+        # A collection created here gets the BM25 dictionary a collection created by `strata index`
+        # gets (every front-matter module and skill point SQL knows), so the copy tokenizes alike.
+        catalog = Catalog(self._res.documents.engine)
+        return LeafIndex(
+            self._target, encoder_name=encoder.name, dim=encoder.dim, vocabulary=lambda: catalog.vocabulary(None).terms
+        )
 
     def _write(
         self, index: LeafIndex, kb_id: str, versions: Sequence[DocumentVersion], progress: Progress

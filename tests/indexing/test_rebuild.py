@@ -102,6 +102,20 @@ def test_copy_with_a_warm_cache_encodes_nothing_and_matches_sql(indexed: Resourc
     assert set(indexed.leaf_index.leaf_ids("demo")) == expected  # the source is untouched
 
 
+def test_a_new_collection_gets_the_bm25_dictionary_of_the_source(indexed: Resources, tmp_path: Path) -> None:
+    target = _copy_settings(tmp_path)
+    Rebuilder(indexed, target).rebuild("demo")
+
+    index = LeafIndex(target, encoder_name=indexed.encoder.name, dim=indexed.encoder.dim)
+    try:
+        copied = index.dictionary
+    finally:
+        index.close()
+        server_manager_instance.release_server(str(target.uri))
+    assert "两步验证" in indexed.leaf_index.dictionary  # a skill point of examples/kb's front-matter
+    assert copied == indexed.leaf_index.dictionary
+
+
 def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources, tmp_path: Path) -> None:
     contextualize = indexed.settings.chunking.contextualize
     leaves = [
