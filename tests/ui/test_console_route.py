@@ -1,4 +1,4 @@
-"""``GET /ui`` and its two assets: served without a key, with their content types and a policy that loads nothing from elsewhere.
+"""``GET /ui`` and its two assets: served without a key, typed, under a policy that loads nothing from elsewhere.
 
 The app is built without running its lifespan: the console's files need no stores.
 """
@@ -25,7 +25,11 @@ def client(tmp_path) -> TestClient:  # noqa: ANN001
 
 @pytest.mark.parametrize(
     ("path", "content_type", "file"),
-    [("/ui", "text/html", "index.html"), ("/ui/app.js", "text/javascript", "app.js"), ("/ui/app.css", "text/css", "app.css")],
+    [
+        ("/ui", "text/html", "index.html"),
+        ("/ui/app.js", "text/javascript", "app.js"),
+        ("/ui/app.css", "text/css", "app.css"),
+    ],
 )
 def test_console_files_are_served_without_a_key(client: TestClient, path: str, content_type: str, file: str) -> None:
     response = client.get(path)

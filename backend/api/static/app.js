@@ -69,6 +69,11 @@ function fmt(value, digits = 4) {
   return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(digits) : String(value);
 }
 
+const pairs = (object, prefix = "") => Object.entries(object).map(([k, v]) => `${prefix}${k} ${v}`).join(", ");
+const headRow = (names) => el("thead", {}, el("tr", {}, names.map((name) => el("th", {}, name))));
+
+class Unreachable extends Error {}
+
 class ApiError extends Error {
   constructor(status, title, detail, body) {
     super(`${status} ${title}: ${detail}`);
@@ -82,7 +87,12 @@ async function api(method, path, body, { key = state.key } = {}) {
   const init = { method, headers };
   if (body instanceof FormData) init.body = body;
   else if (body !== undefined) { headers["Content-Type"] = "application/json"; init.body = JSON.stringify(body); }
-  const response = await fetch(path, init);
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new Unreachable(error.message);
+  }
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
@@ -94,7 +104,8 @@ async function api(method, path, body, { key = state.key } = {}) {
 }
 
 function explain(error) {
-  if (!(error instanceof ApiError)) return `The service could not be reached: ${error.message}`;
+  if (error instanceof Unreachable) return `The service could not be reached: ${error.message}`;
+  if (!(error instanceof ApiError)) return `The console failed: ${error.message}`;
   if (error.status === 401) return "The service did not accept the API key (401 Unauthorized). Enter a valid key.";
   return `${error.status} ${error.title}: ${error.detail}`;
 }
@@ -194,7 +205,8 @@ function renderWho() {
     state.key = "";
     askForKey("");
   } }, "Forget key");
-  who.replaceChildren(el("span", { class: "muted" }, `key in use (${state.kbs.length} kb${state.kbs.length === 1 ? "" : "s"})`), forget);
+  const count = `${state.kbs.length} kb${state.kbs.length === 1 ? "" : "s"}`;
+  who.replaceChildren(el("span", { class: "muted" }, `key in use (${count})`), forget);
 }
 
 function switchView(view) {
@@ -272,7 +284,9 @@ function permalink(o) {
 function applyParams(params) {
   $("q").value = params.get("q") || "";
   const kb = params.get("kb") || "";
-  if (kb && !state.kbs.some((k) => k.kb_id === kb)) $("kb").append(el("option", { value: kb }, `${kb} (not among this key's kbs)`));
+  if (kb && !state.kbs.some((k) => k.kb_id === kb)) {  // kept, so the answer (a 404) says why
+    $("kb").append(el("option", { value: kb }, `${kb} (not among this key's kbs)`));
+  }
   $("kb").value = kb;
   $("k").value = params.get("k") || "5";
   const strategy = params.get("strategy") || "";
@@ -326,7 +340,8 @@ function renderMeta(meta) {
     ["mode", meta.mode ? `${meta.mode}: ${MODE_WORDS[meta.mode] || meta.mode}` : null],
     ["strategy", meta.strategy ? `${meta.strategy}: ${STRATEGY_WORDS[meta.strategy] || ""}` : null],
     ["knowledge bases", meta.kb_ids ? meta.kb_ids.join(", ") : "all"],
-    ["returned", meta.returned !== undefined ? `${meta.returned} of top_k ${meta.top_k} (candidate_k ${meta.candidate_k})` : null],
+    ["returned", meta.returned !== undefined
+      ? `${meta.returned} of top_k ${meta.top_k} (candidate_k ${meta.candidate_k})` : null],
     ["candidates", meta.fused_candidates !== undefined
       ? `dense ${meta.dense_candidates}, BM25 ${meta.sparse_candidates}, fused ${meta.fused_candidates}` : null],
     ["dropped by min score", meta.dropped_by_min_score || null],
@@ -459,7 +474,8 @@ function renderCard(doc, rank, terms) {
     el("details", { class: "trace" },
       el("summary", {}, "trace"),
       el("table", { class: "table trace-table" }, el("tbody", {},
-        TRACE_FIELDS.map(([key, label]) => el("tr", { "data-field": key }, el("th", {}, label), el("td", {}, fmt(trace[key])))),
+        TRACE_FIELDS.map(([key, label]) =>
+          el("tr", { "data-field": key }, el("th", {}, label), el("td", {}, fmt(trace[key])))),
         (m.merged_from || []).length ? el("tr", { "data-field": "merged_from" }, el("th", {}, "merged from"),
           el("td", {}, `${m.merged_from.length} chunk(s): ${m.merged_from.join(", ")}`)) : null))));
 }
@@ -548,7 +564,7 @@ function renderMoves(ra, rb) {
   });
   return el("section", { class: "panel", id: "moves" },
     el("h2", {}, `What moved (${changed} of ${ids.length} chunks)`),
-    el("table", { class: "table" }, el("thead", {}, el("tr", {}, ["chunk id", "rank in A", "rank in B", "change"].map((h) => el("th", {}, h)))),
+    el("table", { class: "table" }, headRow(["chunk id", "rank in A", "rank in B", "change"]),
       el("tbody", {}, rows)));
 }
 
@@ -595,8 +611,8 @@ function renderStats(stats) {
     el("h2", {}, `${stats.kb}: stats`),
     el("dl", { class: "facts" },
       el("dt", {}, "documents (active)"), el("dd", { id: "stat-documents" }, stats.documents),
-      el("dt", {}, "documents by status"), el("dd", {}, Object.entries(stats.documents_by_status || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "–"),
-      el("dt", {}, "chunks per level"), el("dd", { id: "stat-levels" }, Object.entries(levels).map(([k, v]) => `L${k} ${v}`).join(", ")),
+      el("dt", {}, "documents by status"), el("dd", {}, pairs(stats.documents_by_status || {}) || "–"),
+      el("dt", {}, "chunks per level"), el("dd", { id: "stat-levels" }, pairs(levels, "L")),
       el("dt", {}, "leaves in Milvus"), el("dd", { id: "stat-leaves" }, stats.leaves_in_milvus),
       el("dt", {}, "encoder"), el("dd", {}, stats.encoder ? `${stats.encoder.name} (dim ${stats.encoder.dim})` : "–"),
       el("dt", {}, "generation"), el("dd", {}, stats.generation),
@@ -609,7 +625,7 @@ function renderDocuments(kb, documents) {
   return el("section", { class: "panel", id: "kb-documents" },
     el("h2", {}, `${kb}: documents (${documents.length})`),
     el("table", { class: "table" },
-      el("thead", {}, el("tr", {}, ["document", "source", "version", "leaves", "chunks", "updated"].map((h) => el("th", {}, h)))),
+      headRow(["document", "source", "version", "leaves", "chunks", "updated"]),
       el("tbody", {}, documents.map((d) => el("tr", { "data-doc-id": d.doc_id },
         el("td", {}, d.doc_id), el("td", {}, d.source), el("td", {}, d.version), el("td", {}, d.leaf_count),
         el("td", {}, d.chunk_count), el("td", {}, d.updated_at || "–"))))));
@@ -617,10 +633,14 @@ function renderDocuments(kb, documents) {
 
 async function runUpload() {
   const kb = $("upload-kb").value.trim();
-  const files = $("upload-files").files;
-  if (!kb || !files.length) return;
+  // a folder's files keep their relative path (folder/file.md), as strata index names them
+  const files = [...$("upload-files").files, ...$("upload-folder").files];
+  if (!kb || !files.length) {
+    fail($("upload-error"), "Choose files or a folder to upload.");
+    return;
+  }
   const form = new FormData();
-  for (const file of files) form.append("files", file, file.name);
+  for (const file of files) form.append("files", file, file.webkitRelativePath || file.name);
   const query = $("upload-dry").checked ? "?dry_run=true" : "";
   fail($("upload-error"), "");
   const out = $("upload-out");
@@ -648,8 +668,12 @@ function renderReport(report) {
     el("dl", { class: "facts" }, Object.entries(report)
       .filter(([k, v]) => !counts.includes(k) && k !== "kb" && (typeof v !== "object" || v === null))
       .map(([k, v]) => [el("dt", {}, k), el("dd", {}, fmt(v, 3))])),
-    (report.failures || []).length ? el("ul", { class: "error" }, report.failures.map((f) => el("li", {}, `FAILED ${f.source}: ${f.reason}`))) : null,
-    (report.skipped || []).length ? el("ul", { class: "muted" }, report.skipped.map((f) => el("li", {}, `skipped ${f.source}: ${f.reason || ""}`))) : null);
+    entries("error", "FAILED", report.failures), entries("muted", "skipped", report.skipped));
+}
+
+function entries(cls, word, items) {
+  if (!items || !items.length) return null;
+  return el("ul", { class: cls }, items.map((f) => el("li", {}, `${word} ${f.source}: ${f.reason || ""}`)));
 }
 
 document.addEventListener("DOMContentLoaded", boot);
