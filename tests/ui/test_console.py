@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import EXAMPLES_KB, free_port
-from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
+from tests.strata_support import REPO, STRATA, strata_env, write_files
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
@@ -36,8 +35,9 @@ from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 QUERY = "密码重置链接多久失效？"
-DEMO_KEY = "demo-reader-key"
+DEMO_KEY, ADMIN_KEY = "demo-reader-key", "admin-key"
 KEYS = {
+    ADMIN_KEY: {"kbs": ["*"], "write": True},  # fills the kbs; the page never uses it
     DEMO_KEY: {"kbs": ["demo"], "write": False},
     "garden-key": {"kbs": ["garden"], "write": True},
 }
@@ -94,20 +94,20 @@ class Served:
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Served]]:
-    """(keyed: demo = examples/kb and garden, open: no kb yet), started side by side."""
+    """(keyed: demo = examples/kb and garden, open: no kb yet), started side by side and filled over HTTP."""
     root = tmp_path_factory.mktemp("console")
+    # query cache off: each request computes every stage, so the page and the test see the same stages
+    keyed = Served(root / "keyed-data", STRATA_API__KEYS=json.dumps(KEYS), STRATA_RETRIEVAL__CACHE_SIZE="0")
     # a reranker nobody listens on: every reranked query is degraded (rerank_failed), rerank off is not
     dead_reranker = f"http://127.0.0.1:{free_port()}/v1/rerank"
     open_service = Served(root / "open-data", STRATA_RERANK__URL=dead_reranker, STRATA_RERANK__MAX_RETRIES="0")
-    keyed_env = strata_env(root / "keyed-data")
-    garden = write_files(root / "garden-src", {"handbook.md": GARDEN})
-    for folder, kb in ((EXAMPLES_KB, "demo"), (garden, "garden")):
-        done = run_strata(["index", str(folder), "--kb", kb], keyed_env)
-        assert done.returncode == 0, done.stderr
-    # query cache off: each request computes every stage, so the page and the test see the same stages
-    keyed = Served(root / "keyed-data", STRATA_API__KEYS=json.dumps(KEYS), STRATA_RETRIEVAL__CACHE_SIZE="0")
     try:
-        keyed.wait_ready(DEMO_KEY)
+        keyed.wait_ready(ADMIN_KEY)
+        examples = [(p.name, p.read_bytes()) for p in sorted(EXAMPLES_KB.iterdir())]
+        for kb, files in (("demo", examples), ("garden", [("handbook.md", GARDEN.encode())])):
+            sent = [("files", (name, content, "text/markdown")) for name, content in files]
+            done = keyed.http.post(f"/kbs/{kb}/documents", files=sent, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+            assert done.status_code == 200 and done.json()["failed"] == 0, done.text
         open_service.wait_ready()
         yield keyed, open_service
     finally:
@@ -115,14 +115,14 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served,
         open_service.stop()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in (
         "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1500",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}", "--window-size=1280,1500",
     ):  # fmt: skip
         options.add_argument(argument)
     driver = webdriver.Chrome(options=options, service=ChromeService(executable_path=str(CHROMEDRIVER)))
@@ -130,7 +130,15 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
-        shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+@pytest.fixture
+def browser(chromium: WebDriver, services: tuple[Served, Served]) -> WebDriver:
+    """The browser with nothing kept from an earlier test: each service's session storage empty."""
+    for served in services:
+        chromium.get(f"{served.url}/health")
+        chromium.execute_script("sessionStorage.clear(); localStorage.clear()")
+    return chromium
 
 
 # -- page helpers ---------------------------------------------------------------------
