@@ -260,6 +260,7 @@ def test_cards_show_the_services_docs_and_traces(services: tuple[Served, Served]
     if screenshot:
         for extra in demo_console.find_elements(By.CSS_SELECTOR, "#cards > .card details[open]")[1:]:
             demo_console.execute_script("arguments[0].open = false", extra)
+        demo_console.execute_script("window.scrollTo(0, 0)")
         demo_console.save_screenshot(str(REPO / screenshot))
 
 
