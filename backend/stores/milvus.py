@@ -260,7 +260,11 @@ class LeafIndex:
             where = expr.eq("version_key", version_key(kb_id, doc_id, version))
         else:
             where = expr.all_of(expr.eq("kb_id", kb_id), expr.eq("doc_id", doc_id) if doc_id is not None else None)
-        rows = self._call("query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions)
+        # Strong: the indexer counts right after its flush, and a Bounded read on a server may miss those rows
+        rows = self._call(
+            "query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions,
+            consistency_level="Strong",
+        )  # fmt: skip
         return int(rows[0]["count(*)"]) if rows else 0
 
     def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
@@ -272,7 +276,7 @@ class LeafIndex:
         try:
             iterator = self._client.query_iterator(
                 self._name, batch_size=4096, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id", "doc_id", "version"],
-                partition_names=partitions, timeout=self._timeout,
+                partition_names=partitions, timeout=self._timeout, consistency_level="Strong",
             )  # fmt: skip
             while batch := iterator.next():
                 found.update({r["chunk_id"]: (r["doc_id"], int(r["version"])) for r in batch})

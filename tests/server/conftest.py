@@ -19,8 +19,9 @@ import yaml
 from pymilvus import MilvusClient
 
 from backend.config import MilvusSettings
+from tests.conftest import REPO
 
-COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose.yml"
+COMPOSE = REPO / "deploy" / "compose.yml"
 T = TypeVar("T")
 
 
