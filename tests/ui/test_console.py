@@ -328,6 +328,14 @@ def test_compare_shows_two_strategies_and_what_moved(services: tuple[Served, Ser
         assert in_b == (f"#{ids_b.index(chunk_id) + 1}" if chunk_id in ids_b else "–")
     assert any(change.startswith("inside B's #") for *_, change in cells.values()), "a hybrid leaf merged into a B parent"
 
+    # the comparison's URL re-runs it: B without rerank this time
+    link = demo_console.current_url
+    assert link == f"{services[0].url}/ui?view=compare&q={quote(QUERY, safe='')}&kb=demo&k=5&a=hybrid&b=auto_merge"
+    demo_console.get(f"{link}&b_rerank=off")
+    wait_for(demo_console, "#moves")
+    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
+    assert "rerank off" in demo_console.find_element(By.CSS_SELECTOR, "#side-b h2").text
+
 
 def test_kbs_view_shows_stats_that_agree(services: tuple[Served, Served], demo_console: WebDriver) -> None:
     demo_console.find_element(By.ID, "tab-kbs").click()

@@ -187,8 +187,12 @@ function ready() {
   fillKbSelects();
   renderKbTable();
   const params = new URLSearchParams(location.search);
-  switchView(params.get("view") || "query");
-  if (params.get("q")) {
+  const view = params.get("view") || "query";
+  switchView(view);
+  if (params.get("q") && view === "compare") {
+    applyCompareParams(params);
+    runCompare();
+  } else if (params.get("q")) {
     applyParams(params);
     runQuery();
   }
@@ -281,13 +285,16 @@ function permalink(o) {
   return `/ui?${params}`;
 }
 
+function selectKb(id, kb) {
+  if (kb && !state.kbs.some((k) => k.kb_id === kb)) {  // kept, so the answer (a 404) says why
+    $(id).append(el("option", { value: kb }, `${kb} (not among this key's kbs)`));
+  }
+  $(id).value = kb;
+}
+
 function applyParams(params) {
   $("q").value = params.get("q") || "";
-  const kb = params.get("kb") || "";
-  if (kb && !state.kbs.some((k) => k.kb_id === kb)) {  // kept, so the answer (a 404) says why
-    $("kb").append(el("option", { value: kb }, `${kb} (not among this key's kbs)`));
-  }
-  $("kb").value = kb;
+  selectKb("kb", params.get("kb") || "");
   $("k").value = params.get("k") || "5";
   const strategy = params.get("strategy") || "";
   $("strategy").value = STRATEGIES.includes(strategy) ? strategy : "";
@@ -494,9 +501,33 @@ function sideLabel(o) {
   return `strategy ${o.strategy || "default"}, rerank ${o.rerank || "as configured"}`;
 }
 
+// /ui?view=compare&q=…&kb=…&k=…&a=hybrid&b=auto_merge&a_rerank=on&b_rerank=off
+function comparePermalink(a, b) {
+  const params = new URLSearchParams({ view: "compare", q: a.q });
+  if (a.kb) params.set("kb", a.kb);
+  params.set("k", String(a.k));
+  for (const [name, side] of [["a", a], ["b", b]]) {
+    if (side.strategy) params.set(name, side.strategy);
+    if (side.rerank) params.set(`${name}_rerank`, side.rerank);
+  }
+  return `/ui?${params}`;
+}
+
+function applyCompareParams(params) {
+  $("cq").value = params.get("q") || "";
+  selectKb("ckb", params.get("kb") || "");
+  $("ck").value = params.get("k") || "5";
+  for (const side of ["a", "b"]) {
+    const strategy = params.get(side) || "";
+    $(`${side}-strategy`).value = STRATEGIES.includes(strategy) ? strategy : "";
+    $(`${side}-rerank`).value = ["on", "off"].includes(params.get(`${side}_rerank`)) ? params.get(`${side}_rerank`) : "";
+  }
+}
+
 async function runCompare() {
   const a = sideOptions("a"), b = sideOptions("b");
   if (!a.q) return;
+  history.replaceState(null, "", comparePermalink(a, b));
   fail($("compare-error"), "");
   const out = $("compare-out");
   out.replaceChildren(el("p", { class: "muted" }, "retrieving both…"));
