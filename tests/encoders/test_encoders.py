@@ -279,8 +279,16 @@ def test_openai_retries_server_errors_then_succeeds() -> None:
 def test_openai_persistent_server_error_raises_after_all_attempts() -> None:
     with embeddings_server(lambda attempt, body: (500, {"error": "down"})) as (api_base, received):
         with pytest.raises(EncoderError, match="500"):
-            openai_encoder(api_base, max_retries=2).encode_queries(["a"])
+            openai_encoder(api_base, max_retries=2).encode_passages(["a"])
     assert len(received) == 3
+
+
+def test_a_query_is_not_retried_on_a_server_error() -> None:
+    """The query path retries only what never reached the server: BM25 answers sooner than a retry would."""
+    with embeddings_server(lambda attempt, body: (500, {"error": "down"})) as (api_base, received):
+        with pytest.raises(EncoderError, match="500"):
+            openai_encoder(api_base, max_retries=3, query_max_retries=2).encode_queries(["a"])
+    assert len(received) == 1
 
 
 def test_openai_client_error_is_not_retried() -> None:

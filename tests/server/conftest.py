@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import pytest
