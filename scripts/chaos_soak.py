@@ -131,7 +131,7 @@ class Redis:
 @dataclass(frozen=True)
 class Sample:
     ended: float  # seconds since the soak started
-    ok: bool  # answered and not "failed"
+    ok: bool  # answered with evidence, not "failed"
     ms: float
     status: str  # ok / degraded / failed / error
     reasons: tuple[str, ...] = ()
@@ -167,8 +167,9 @@ def retrieval_client(url: str, soak: Soak, stop: threading.Event, offset: int) -
             query, n = QUERIES[n % len(QUERIES)], n + 1
             began = time.monotonic()
             try:
-                meta = client.retrieve_documents(query, 5, kb_ids=["demo"]).meta
-                sample = (meta.status != "failed", meta.status, tuple(meta.degraded))
+                result = client.retrieve_documents(query, 5, kb_ids=["demo"])
+                meta = result.meta
+                sample = (meta.status != "failed" and bool(result.docs), meta.status, tuple(meta.degraded))
             except Exception as exc:  # a refused or timed-out request is a failure of the soak, not of the script
                 sample = (False, "error", (type(exc).__name__,))
             soak.add(Sample(soak.now(), sample[0], (time.monotonic() - began) * 1000, sample[1], sample[2]))
@@ -266,9 +267,11 @@ def chaos(soak: Soak, plan: list, seconds: float, every_s: float, fault_s: float
 
 
 def ratio(samples: list[Sample]) -> str:
+    """Answered share / share answered with status ok (no degradation), and the count."""
     if not samples:
         return "– (0)"
-    return f"{sum(s.ok for s in samples) / len(samples):.3f} ({len(samples)})"
+    answered, clean = sum(s.ok for s in samples), sum(s.ok and s.status == "ok" for s in samples)
+    return f"{answered / len(samples):.3f} / {clean / len(samples):.2f} ({len(samples)})"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -276,7 +279,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def fault_table(soak: Soak) -> list[str]:
-    lines = ["| fault | at s | lasted s | before | during | after | reasons during |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| fault | at s | lasted s | before: answered / ok (n) | during | after | reasons during |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for f in soak.faults:
         before = [s for s in soak.samples if f.start - WINDOW_S <= s.ended < f.start]
         during = [s for s in soak.samples if f.start <= s.ended <= f.end]
@@ -293,7 +299,8 @@ def summary(soak: Soak, seconds: float) -> list[str]:
     by_status = {k: sum(s.status == k for s in soak.samples) for k in ("ok", "degraded", "failed", "error")}
     runs_ok = sum(ok for _, ok, _ in soak.index_runs)
     return [
-        f"requests {len(soak.samples)} in {seconds:.0f} s: success {ratio(soak.samples)}; outside fault windows {ratio(clean)}",
+        f"requests {len(soak.samples)} in {seconds:.0f} s: answered / ok {ratio(soak.samples)}; "
+        f"outside fault windows {ratio(clean)}",
         f"by status: {by_status}",
         f"latency of answered requests: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, max {max(ms, default=0):.0f} ms",
         f"indexing runs: {runs_ok} ok of {len(soak.index_runs)} "
@@ -401,10 +408,10 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         differences = {kb: reconcile(env, kb) for kb in ("demo", "soak")}
         print(
             f"documents written {len(indexer.written)}, confirmed indexed during the soak {len(indexer.confirmed)}, "
-            f"confirmed but not served {len(lost_confirmed)} {lost_confirmed or ''}"
+            f"confirmed but not served {len(lost_confirmed)}" + (f" {lost_confirmed}" if lost_confirmed else "")
         )
         print(f"catch-up run: added {caught.get('added', '?')} (the SIGKILLed upload: {indexer.killed_doc or 'none'}), "
-              f"failed {caught.get('failed', '?')}; not retrievable by their own words: {len(not_found)} {not_found or ''}")  # fmt: skip
+              f"failed {caught.get('failed', '?')}; not retrievable by their own words: {len(not_found)}" + (f" {not_found}" if not_found else ""))  # fmt: skip
         print("strata reconcile: " + ", ".join(f"{kb} {r['differences']} differences" for kb, r in differences.items()))
         print(f"strata serve exit status after SIGTERM: {serve.returncode}")
         clean = not lost_confirmed and not not_found and all(r["differences"] == 0 for r in differences.values())
