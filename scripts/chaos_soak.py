@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -210,9 +211,9 @@ class Indexer:
         process = subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if kill:
             self.kill_next.clear()
-            time.sleep(1.5)  # the upload is in and the service is encoding it
+            uploading = self.wait_for_upload(process)
             process.kill()
-            self.killed_doc = name
+            self.killed_doc = name + ("" if uploading else " (killed before its upload reached the service)")
             self.soak.index_runs.append((self.soak.now(), False, "SIGKILL"))
             process.communicate()
             return
@@ -221,6 +222,20 @@ class Indexer:
         if ok:
             self.confirmed.update(f"note-{i:04d}.md" for i in range(1, n + 1) if (self.folder / f"note-{i:04d}.md").exists())
         self.soak.index_runs.append((self.soak.now(), ok, "" if ok else (err.strip().splitlines() or ["?"])[-1][:120]))
+
+    def wait_for_upload(self, process: subprocess.Popen[str], limit_s: float = 60.0) -> bool:
+        """True once the service is serving this process's upload (it is indexing the files)."""
+        ends = time.monotonic() + limit_s
+        while time.monotonic() < ends and process.poll() is None:
+            try:
+                metrics = httpx.get(f"{self.url}/metrics", timeout=5).text
+            except httpx.HTTPError:
+                metrics = ""
+            found = re.search(r'strata_http_requests_in_progress\{route="/kbs/\{kb\}/documents"\} ([0-9.]+)', metrics)
+            if found and float(found.group(1)) >= 1:
+                return True
+            time.sleep(0.1)
+        return False
 
 
 # -- the fault schedule ------------------------------------------------------------------------
