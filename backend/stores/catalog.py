@@ -16,10 +16,10 @@ from sqlalchemy import Engine, and_, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from backend.errors import StoreError
+from backend.stores.sql import chunk_from_row
 from backend.stores.sql_schema import chunks, documents
-from backend.types import Chunk
+from backend.types import ACTIVE, Chunk
 
-ACTIVE = "active"
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Catalog:
             tuple_(chunks.c.kb_id, chunks.c.doc_id, chunks.c.version).in_(list(versions)), chunks.c.level == level
         )
         rows = sorted(self._rows(query), key=lambda r: (order[(r.kb_id, r.doc_id, r.version)], r.ordinal))
-        return [_chunk(r) for r in rows[:limit]]
+        return [chunk_from_row(r) for r in rows[:limit]]
 
     def _module_versions(self, kb_ids: Sequence[str] | None, module: str) -> list[tuple[str, str, int]]:
         query = select(documents.c.kb_id, documents.c.doc_id, documents.c.version, documents.c.metadata).where(
@@ -114,11 +114,3 @@ def _active(kb_ids: Sequence[str] | None) -> list[Any]:
         clauses.append(documents.c.kb_id.in_(list(kb_ids)))
     return [and_(*clauses)]
 
-
-def _chunk(row: Any) -> Chunk:
-    return Chunk(
-        chunk_id=row.chunk_id, kb_id=row.kb_id, doc_id=row.doc_id, version=row.version,
-        level=row.level, parent_id=row.parent_id, root_id=row.root_id, ordinal=row.ordinal,
-        text=row.text, heading_path=row.heading_path, char_start=row.char_start,
-        char_end=row.char_end, child_count=row.child_count, metadata=row.metadata or {},
-    )  # fmt: skip

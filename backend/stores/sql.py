@@ -178,7 +178,7 @@ class DocumentStore:
             for start in range(0, len(ids), _IN_BATCH):
                 batch = ids[start : start + _IN_BATCH]
                 for row in conn.execute(select(chunks).where(chunks.c.chunk_id.in_(batch))):
-                    found[row.chunk_id] = _chunk(row)
+                    found[row.chunk_id] = chunk_from_row(row)
         return found
 
     def version_chunks(self, kb_id: str, doc_id: str, version: int, *, levels: Sequence[int] = (1, 2, 3)) -> list[Chunk]:
@@ -186,7 +186,7 @@ class DocumentStore:
             chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.level.in_(levels)
         )
         with self._connect() as conn:
-            return [_chunk(r) for r in conn.execute(query.order_by(chunks.c.level, chunks.c.ordinal))]
+            return [chunk_from_row(r) for r in conn.execute(query.order_by(chunks.c.level, chunks.c.ordinal))]
 
     # -- what queries need -----------------------------------------------------
 
@@ -371,7 +371,8 @@ def _chunk_row(c: Chunk) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _chunk(row: Any) -> Chunk:
+def chunk_from_row(row: Any) -> Chunk:
+    """A chunk row of ``strata_chunks`` as a ``Chunk``."""
     return Chunk(
         chunk_id=row.chunk_id, kb_id=row.kb_id, doc_id=row.doc_id, version=row.version,
         level=row.level, parent_id=row.parent_id, root_id=row.root_id, ordinal=row.ordinal,
