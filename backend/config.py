@@ -110,6 +110,7 @@ class RedisSettings(_Section):
     connect_timeout_s: float = Field(0.5, gt=0)
     socket_timeout_s: float = Field(0.5, gt=0)
     local_cache_size: int = Field(20000, ge=0, description="entries of the in-process parent cache")
+    retry_after_s: float = Field(5.0, gt=0, description="after a Redis error the parent store reads SQL only this long")
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 

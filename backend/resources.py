@@ -57,7 +57,8 @@ class Resources:
     @functools.cached_property
     def parents(self) -> ParentStore:
         with self._lock:
-            return ParentStore(create_parent_cache(self.settings.redis), self.documents)
+            redis = self.settings.redis
+            return ParentStore(create_parent_cache(redis), self.documents, retry_after_s=redis.retry_after_s)
 
     def close(self) -> None:
         """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.
