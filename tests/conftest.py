@@ -16,6 +16,7 @@ import socket
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -42,16 +43,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session (SQLAlchemy URL)."""
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new PostgreSQL database (SQLAlchemy URL), dropped afterwards."""
     name = f"strata_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session (SQLAlchemy URL); tests that index a kb id
+    other tests use too take ``module_pg_url`` instead."""
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_pg_url() -> Iterator[str]:
+    """A PostgreSQL database of the test module's own: its kbs never meet another module's SQL rows."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -59,13 +59,13 @@ def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL,
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory, pg_url: str, memo_encoder) -> Settings:
-    """examples/kb as kb 'demo' and a garden handbook as kb 'garden'."""
+def indexed(tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_encoder) -> Settings:
+    """examples/kb as kb 'demo' and a garden handbook as kb 'garden' (a database of this module's own)."""
     root = tmp_path_factory.mktemp("retrieve")
     garden = root / "garden"
     garden.mkdir()
     (garden / "handbook.md").write_text(OTHER_KB_DOC, encoding="utf-8")
-    settings = make_settings(root, pg_url)
+    settings = make_settings(root, module_pg_url)
     indexer = Indexer(Resources(settings, encoder=memo_encoder))
     assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     assert indexer.index_paths([garden], kb_id="garden").failed == 0
