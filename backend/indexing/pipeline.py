@@ -36,7 +36,8 @@ from backend.indexing.report import IndexReport, NoProgress, Progress, record_fa
 from backend.indexing.scan import scan_paths
 from backend.resources import Resources
 from backend.stores.lease import KbLease
-from backend.stores.milvus import LIMITS, LeafIndex, dictionary_terms, leaf_limit_violation
+from backend.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
+from backend.stores.milvus import LeafIndex
 from backend.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
 
 logger = logging.getLogger(__name__)

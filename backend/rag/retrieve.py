@@ -190,7 +190,7 @@ class Retriever:
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
 
-    def _search_variants(self, run: Recorder, where: str, expansion: Expansion, routes: str) -> list:
+    def _search_variants(self, run: Recorder, where: str, expansion: Expansion, routes: str) -> list[Candidate]:
         """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF."""
         vectors = self._routes.encode(run, run.variants, routes)
         lists = []

@@ -16,7 +16,6 @@ analyzed ``text`` field. Knowledge bases are kept apart by layout:
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -31,6 +30,7 @@ from backend.config import MilvusSettings
 from backend.errors import EncoderMismatchError, IndexLockedError, StoreError
 from backend.stores import filters as expr
 from backend.stores.keys import partition_name, version_key
+from backend.stores.leaf_schema import analyzer_with_dictionary, dictionary_of
 from backend.types import LEAF_LEVEL, Chunk, LeafHit
 
 logger = logging.getLogger(__name__)
@@ -42,70 +42,6 @@ _SCALAR_FIELDS = [
     "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
     "heading_path", "source", "char_start", "char_end", "metadata",
 ]  # fmt: skip
-
-
-# The schema's size limits, checked before a write so one oversized value fails one document, not the
-# whole write group. Lengths are UTF-8 bytes: Milvus Lite counts characters, a Milvus server bytes, and
-# a knowledge base must move from one to the other.
-LIMITS = {
-    "kb_id": 256, "doc_id": 2048, "heading_path": 4096, "module": 512, "source": 2048,
-    "skill_point": 512, "skill_points": 256, "content": 65535, "text": 65535,
-}  # fmt: skip
-
-
-def analyzer_with_dictionary(analyzer: dict[str, Any], terms: Iterable[str]) -> dict[str, Any]:
-    """The jieba analyzer with ``terms`` added to its user dictionary, so "两步验证" is a token of its own.
-
-    ``{"tokenizer": "jieba"}`` becomes jieba in ``search`` mode (a whole term and its parts are both
-    tokens); a jieba tokenizer given as a dict keeps its own mode. Other analyzers, or no terms, are
-    returned as configured.
-    """
-    words = sorted(dictionary_terms(terms))
-    tokenizer = analyzer.get("tokenizer")
-    if not words:
-        return analyzer
-    if tokenizer == "jieba":
-        tokenizer = {"type": "jieba", "mode": "search", "hmm": True}
-    if not isinstance(tokenizer, dict) or tokenizer.get("type") != "jieba":
-        return analyzer
-    known = [w for w in tokenizer.get("dict", ["_default_"]) if w not in words]
-    return {**analyzer, "tokenizer": {**tokenizer, "dict": [*known, *words]}}
-
-
-def dictionary_terms(terms: Iterable[str]) -> set[str]:
-    """The terms fit for the analyzer's dictionary (non-blank, at most 64 characters)."""
-    return {t.strip() for t in terms if t and t.strip() and len(t.strip()) <= 64}
-
-
-def _dictionary_of(described: dict[str, Any]) -> frozenset[str]:
-    for f in described.get("fields", []):
-        if f.get("name") == "text":
-            params = f.get("params", {}).get("analyzer_params") or "{}"
-            tokenizer = (json.loads(params) if isinstance(params, str) else params).get("tokenizer")
-            if isinstance(tokenizer, dict):
-                return frozenset(w for w in tokenizer.get("dict", ()) if w != "_default_")
-    return frozenset()
-
-
-def leaf_limit_violation(leaf: Chunk, search_text: str) -> str | None:
-    """Why ``leaf`` cannot be written to the collection, or None when it fits."""
-    meta = leaf.metadata
-    skill_points = [str(s) for s in meta.get("skill_points") or []]
-    values = {
-        "kb_id": leaf.kb_id, "doc_id": leaf.doc_id, "heading_path": leaf.heading_path,
-        "module": str(meta.get("module") or ""), "source": str(meta.get("source") or ""),
-        "content": leaf.text, "text": search_text,
-    }  # fmt: skip
-    for name, value in values.items():
-        size = len(value.encode("utf-8"))
-        if size > LIMITS[name]:
-            return f"{name} is {size} bytes, over the index limit of {LIMITS[name]}"
-    if len(skill_points) > LIMITS["skill_points"]:
-        return f"{len(skill_points)} skill points, over the index limit of {LIMITS['skill_points']}"
-    for point in skill_points:
-        if len(point.encode("utf-8")) > LIMITS["skill_point"]:
-            return f"skill point {point[:40]!r}... is over the index limit of {LIMITS['skill_point']} bytes"
-    return None
 
 
 class LeafIndex:
@@ -141,7 +77,7 @@ class LeafIndex:
                 self._create_collection()
             described = self._client.describe_collection(self._name, timeout=self._timeout)
             self._check_identity(described)
-            self.dictionary = _dictionary_of(described)
+            self.dictionary = dictionary_of(described)
             self._client.load_collection(self._name, timeout=self._timeout)
             if self._use_partitions:
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
