@@ -7,7 +7,6 @@ worker thread (retrieval keeps answering) and never twice at once on one kb.
 
 from __future__ import annotations
 
-import inspect
 import os
 import logging
 import threading
@@ -47,7 +46,6 @@ class Service:
         self.synonyms: SynonymDictionary = load_synonyms(settings.retrieval.synonyms)
         self.retriever = Retriever(resources)
         self.indexer = Indexer(resources)
-        self._options = set(inspect.signature(self.retriever.retrieve).parameters)
         self._kb_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._kb_locks_guard = threading.Lock()
 
@@ -71,9 +69,9 @@ class Service:
         rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
         queries: Sequence[str] | None = None,
     ) -> RetrievalResult:  # fmt: skip
-        """``Retriever.retrieve`` with the per-request switches the engine supports."""
+        """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults)."""
         switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries}
-        options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None and k in self._options}
+        options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
         kbs = list(kb_ids) if kb_ids is not None else None
         try:
             result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)

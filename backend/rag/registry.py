@@ -16,7 +16,6 @@ Results of different retrievers are fused by ``reciprocal_rank_fusion``
 
 from __future__ import annotations
 
-import inspect
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -149,13 +148,7 @@ class StrategyRetriever:
             "filters": kw.pop("filters", self.filters),
             **kw,
         }
-        if _accepts(call, "strategy"):
-            args["strategy"] = self.strategy
-        elif self.strategy != DEFAULT_STRATEGY:
-            raise ConfigError(
-                f"strategy {self.strategy!r} is not available: this build's retrieve_documents runs {DEFAULT_STRATEGY} only"
-            )
-        return call(query, top_k, **args)
+        return call(query, top_k, strategy=self.strategy, **args)
 
     def _call(self) -> Callable[..., RetrievalResult]:
         if self.engine is not None:
@@ -163,11 +156,6 @@ class StrategyRetriever:
         from backend.rag.retrieve import retrieve_documents  # late: retrieve may one day resolve names here
 
         return partial(retrieve_documents, settings=self.settings)
-
-
-def _accepts(call: Callable[..., Any], parameter: str) -> bool:
-    target = call.func if isinstance(call, partial) else call
-    return parameter in inspect.signature(target).parameters
 
 
 for _strategy in STRATEGIES:

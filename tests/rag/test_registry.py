@@ -101,17 +101,15 @@ class RecordingEngine:
         return RetrievalResult((), RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k))
 
 
-def test_the_strategy_is_passed_only_where_the_engine_takes_it() -> None:
-    new = RecordingEngine(takes_strategy=True)
+def test_the_strategy_kbs_and_filters_reach_the_engine() -> None:
+    engine_ = RecordingEngine(takes_strategy=True)
     auth = Filters(modules=("auth",))
-    get_retriever("adjacent", engine=new, kb_ids=["demo"]).retrieve("q", 3, filters=auth)
-    assert new.calls == [{"query": "q", "top_k": 3, "kb_ids": ["demo"], "filters": auth, "strategy": "adjacent"}]
-
-    old = RecordingEngine(takes_strategy=False)
-    get_retriever("auto_merge", engine=old).retrieve("q", 2, kb_ids=["garden"])
-    assert old.calls == [{"query": "q", "top_k": 2, "kb_ids": ["garden"], "filters": None}]
-    with pytest.raises(ConfigError, match="strategy 'fusion' is not available"):
-        get_retriever("fusion", engine=old).retrieve("q")
+    get_retriever("adjacent", engine=engine_, kb_ids=["demo"]).retrieve("q", 3, filters=auth)
+    get_retriever("auto_merge", engine=engine_).retrieve("q", 2, kb_ids=["garden"])
+    assert engine_.calls == [
+        {"query": "q", "top_k": 3, "kb_ids": ["demo"], "filters": auth, "strategy": "adjacent"},
+        {"query": "q", "top_k": 2, "kb_ids": ["garden"], "filters": None, "strategy": "auto_merge"},
+    ]
 
 
 def test_a_custom_retrievers_results_fuse_with_strata_by_rrf(indexed: Settings, memo_encoder, wiki: str) -> None:  # noqa: ANN001
