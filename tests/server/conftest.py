@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
 import pytest
@@ -60,17 +61,26 @@ def milvus_server_uri() -> Iterator[str]:
         yield container.get_connection_url()
 
 
+@contextmanager
+def fresh_collection(uri: str, prefix: str) -> Iterator[MilvusSettings]:
+    """Settings of a new collection on the server (kb_layout auto: the kb id is the partition key), dropped after."""
+    settings = MilvusSettings(uri=uri, collection=f"{prefix}_{uuid.uuid4().hex[:12]}")
+    try:
+        yield settings
+    finally:
+        client = MilvusClient(uri=uri)
+        try:
+            if client.has_collection(settings.collection):
+                client.drop_collection(settings.collection)
+        finally:
+            client.close()
+
+
 @pytest.fixture
 def server_milvus(milvus_server_uri: str) -> Iterator[MilvusSettings]:
-    """Settings of a fresh collection on the server (kb_layout auto: the kb id is the partition key)."""
-    settings = MilvusSettings(uri=milvus_server_uri, collection=f"strata_test_{uuid.uuid4().hex[:12]}")
-    yield settings
-    client = MilvusClient(uri=milvus_server_uri)
-    try:
-        if client.has_collection(settings.collection):
-            client.drop_collection(settings.collection)
-    finally:
-        client.close()
+    """A fresh collection on the server for one test."""
+    with fresh_collection(milvus_server_uri, "strata_test") as settings:
+        yield settings
 
 
 def settled(read: Callable[[], T], done: Callable[[T], bool], *, within_s: float = 30.0) -> T:

@@ -33,7 +33,7 @@ from tests.rag.test_retrieve import (  # noqa: F401 - collected here, against th
     test_rerank_success_reorders_and_applies_min_score,
     test_unknown_kb_is_an_error_not_an_empty_kb,
 )
-from tests.server.conftest import settled
+from tests.server.conftest import fresh_collection, settled
 from tests.stores import test_milvus as store_suite
 from tests.stores.test_milvus import (  # noqa: F401 - collected here, against the server
     index,
@@ -50,14 +50,8 @@ pytestmark = pytest.mark.milvus_server
 @pytest.fixture(scope="module")
 def server_collection(milvus_server_uri: str) -> Iterator[MilvusSettings]:
     """One collection on the server for this module's suites, dropped afterwards."""
-    settings = MilvusSettings(uri=milvus_server_uri, collection=f"strata_suite_{uuid.uuid4().hex[:12]}")
-    yield settings
-    client = MilvusClient(uri=milvus_server_uri)
-    try:
-        if client.has_collection(settings.collection):
-            client.drop_collection(settings.collection)
-    finally:
-        client.close()
+    with fresh_collection(milvus_server_uri, "strata_suite") as settings:
+        yield settings
 
 
 @pytest.fixture(scope="module")
