@@ -17,9 +17,9 @@ from backend.config import MilvusSettings
 from backend.errors import EncoderMismatchError
 from backend.stores import filters as F
 from backend.stores.milvus import LeafIndex
-from backend.types import Chunk
 from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
+from tests.stores.test_milvus import _leaf  # the store suite's leaf shape, on the server
 
 pytestmark = pytest.mark.milvus_server
 
@@ -30,14 +30,6 @@ def _corpus() -> dict[str, list[str]]:
     pieces = list(dict.fromkeys(flat[i : i + 40] for i in range(0, len(flat) - 40, 40)))
     half = len(pieces) // 2
     return {"alpha": pieces[:half], "beta": pieces[half:]}
-
-
-def _leaf(kb_id: str, i: int, text: str) -> Chunk:
-    return Chunk(
-        chunk_id=f"{kb_id}-{i:04d}", kb_id=kb_id, doc_id=f"{kb_id}/doc{i // 10}.md", version=1, level=3,
-        parent_id=f"{kb_id}-p{i // 3}", root_id=f"{kb_id}-r{i // 10}", ordinal=i, text=text, heading_path="标题 > 段落",
-        char_start=0, char_end=len(text), metadata={"module": "wiki", "skill_points": [f"s{i % 7}"], "source": f"{kb_id}/doc{i // 10}.md"},
-    )  # fmt: skip
 
 
 @pytest.fixture
