@@ -187,6 +187,12 @@ class RetrievalSettings(_Section):
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
     max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
     synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
+    bm25_max_df: float = Field(
+        0.5, gt=0, le=1,
+        description="BM25 query hygiene: leave out of the BM25 query punctuation and terms found in more than this share "
+        "of the searched kbs' leaves; 1.0 = off (provisional default, to be set by measurement)",
+    )  # fmt: skip
+    bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
 
 

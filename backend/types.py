@@ -202,6 +202,8 @@ class RetrievalMeta:
     strategy: str = "auto_merge"
     query_variants: tuple[str, ...] = ()
     expansion: Mapping[str, Any] = field(default_factory=dict)  # terms synonyms added to the BM25 query
+    # what BM25 query hygiene left out: {"dropped": [...], "text": searched, "max_df": x}, {"skipped": why}, or {}
+    bm25_query: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the whole record."""

@@ -120,7 +120,8 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"kb {args.kb}: {report['leftover_versions']} unfinished or retired versions, "
             f"{report['missing_in_milvus']} leaves missing in Milvus, {report['orphans_in_milvus']} orphan leaves "
-            f"in Milvus, {cache} stale cache entries" + (" - repaired" if report["repaired"] else "")
+            f"in Milvus, {cache} stale cache entries, {report['versions_without_term_stats']} versions without "
+            "term statistics" + (" - repaired" if report["repaired"] else "")
         )
         for note in report["notes"]:
             print(f"  note: {note}")

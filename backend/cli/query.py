@@ -39,6 +39,7 @@ def explain(result: RetrievalResult) -> str:
         f"status {meta.status}, strategy {meta.strategy}, mode {meta.mode}, top_k {meta.top_k}, "
         f"candidate_k {meta.candidate_k}, cache {meta.cache}",
         *([f"query variants: {' | '.join(meta.query_variants)}"] if meta.query_variants else []),
+        *([f"bm25 left out: {' '.join(meta.bm25_query['dropped'])}"] if meta.bm25_query.get("dropped") else []),
         f"candidates: dense {meta.dense_candidates}, bm25 {meta.sparse_candidates}, fused {meta.fused_candidates}",
         "",
         "stage            ms",

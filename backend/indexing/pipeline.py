@@ -34,6 +34,7 @@ from backend.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, pla
 from backend.indexing.reconcile import ReconcileReport, check_stores, repair_stores
 from backend.indexing.report import IndexReport, NoProgress, Progress, record_failure
 from backend.indexing.scan import scan_paths
+from backend.indexing.terms import backfill_term_stats, leaf_term_counts, term_tokenizer
 from backend.resources import Resources
 from backend.stores.lease import KbLease
 from backend.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
@@ -62,6 +63,7 @@ class Indexer:
         self._lease_ttl_s = lease_ttl_s
         self._leases: dict[str, KbLease] = {}
         self._kill_at = os.environ.get(KILL_ENV, "")
+        self._tokenize = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
 
     def lease(self, kb_id: str) -> KbLease:
         """The kb's indexing lease (re-entrant): a second writer of the kb fails at once, naming the holder."""
@@ -118,6 +120,8 @@ class Indexer:
         if dry_run:
             _count_planned(plan, report)
             return
+        if self._tokenize is not None and (counted := backfill_term_stats(self._res, kb_id, self._tokenize)):
+            report.notes.append(f"term statistics counted for {counted} version(s) indexed before strata kept them")
         if plan.moved:
             self._res.documents.set_roots(kb_id, plan.moved)
         if recreate:
@@ -223,7 +227,7 @@ class Indexer:
         report.encode_seconds += embedded.seconds
         documents = self._res.documents
         for item, chunks in group:
-            documents.write_pending(_version_row(kb_id, item, chunks, self._signature), chunks)
+            documents.write_pending(_version_row(kb_id, item, chunks, self._signature), chunks, self._term_counts(chunks))
         self._checkpoint("sql_pending")
         self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
         self._checkpoint("milvus_upsert")
@@ -238,6 +242,11 @@ class Indexer:
             self._served(item, chunks, report, progress)
         self._retire_previous(kb_id, [item for item, _ in group])
         return verified
+
+    def _term_counts(self, chunks: list[Chunk]) -> dict[str, int] | None:
+        if self._tokenize is None:
+            return None
+        return leaf_term_counts(chunks, self._tokenize, contextualize=self._chunking.contextualize)
 
     def _verified(self, kb_id: str, item: DocumentPlan, chunks: list[Chunk], report: IndexReport) -> bool:
         expected = sum(c.is_leaf for c in chunks)

@@ -1,9 +1,11 @@
 """``strata reconcile``: compare the three stores of a kb with SQL, and repair them on request.
 
 SQL is the source of truth. Milvus must hold exactly the leaves of the active
-versions; the parent cache may hold only parents of active versions. Repair
-deletes orphan leaves, writes missing ones again (vectors from the embedding
-cache, encoding only what is not cached) and drops stale cache entries.
+versions; the parent cache may hold only parents of active versions; every
+active version has its term statistics (BM25 query hygiene). Repair deletes
+orphan leaves, writes missing ones again (vectors from the embedding cache,
+encoding only what is not cached), drops stale cache entries and counts the
+terms of versions that lack them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 from backend.errors import CacheError
 from backend.indexing.embedding import embed_texts, search_text
 from backend.indexing.report import NoProgress
+from backend.indexing.terms import backfill_term_stats
 from backend.resources import Resources
+from backend.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
 from backend.types import ACTIVE
 
 logger = logging.getLogger(__name__)
@@ -32,13 +36,15 @@ class ReconcileReport:
     missing_in_milvus: int = 0
     orphans_in_milvus: int = 0
     stale_cache: int | None = 0  # None: the cache could not be read
+    versions_without_term_stats: int = 0
     repaired: bool = False
     examples: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
     def differences(self) -> int:
-        return self.leftover_versions + self.missing_in_milvus + self.orphans_in_milvus + (self.stale_cache or 0)
+        found = self.leftover_versions + self.missing_in_milvus + self.orphans_in_milvus + (self.stale_cache or 0)
+        return found + self.versions_without_term_stats
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "differences": self.differences}
@@ -56,6 +62,8 @@ def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
     report = ReconcileReport(kb=kb_id)
     report.leftover_versions = sum(v.status != ACTIVE for v in resources.documents.versions(kb_id))
     _fill(report, _diff(resources, kb_id, report))
+    if _tokenizer(resources, report) is not None:
+        report.versions_without_term_stats = len(resources.documents.uncounted_versions(kb_id))
     return report
 
 
@@ -74,7 +82,18 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
         error = resources.parents.invalidate([(kb_id, cid) for cid in sorted(diff.stale)])
         if error:
             report.notes.append(f"stale cache entries not removed: {error}")
+    tokenize = _tokenizer(resources, report)
+    if tokenize is not None:
+        report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
     return report
+
+
+def _tokenizer(resources: Resources, report: ReconcileReport) -> Tokenize | None:
+    try:
+        return analyzer_tokenizer(resources.settings.milvus.analyzer)
+    except UnsupportedAnalyzer as exc:
+        report.notes.append(f"term statistics are not kept: {exc}")
+        return None
 
 
 def _diff(resources: Resources, kb_id: str, report: ReconcileReport) -> _Diff:

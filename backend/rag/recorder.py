@@ -42,6 +42,7 @@ class Recorder:
         self.mode: Mode = "hybrid"
         self.strategy = "auto_merge"
         self.variants: tuple[str, ...] = ()
+        self.bm25_query: dict[str, Any] = {}  # what BM25 query hygiene left out, or why it did not run
         self.dense = self.sparse = self.fused = 0
         self.merge_rounds: list[MergeRound] = []
         self.rerank = RerankOutcome()
@@ -105,7 +106,7 @@ class Recorder:
             rerank=self.rerank, returned=len(docs), dropped_by_min_score=dropped,
             timings_ms={k: round(v, 3) for k, v in self._timings.items()}, cache="miss",
             parent_cache=dict(self._parent_cache), errors=tuple(self._errors), degraded=tuple(self._degraded),
-            strategy=self.strategy, query_variants=self.variants,
+            strategy=self.strategy, query_variants=self.variants, bm25_query=dict(self.bm25_query),
         )  # fmt: skip
         if status == "failed":
             logger.error("retrieval failed for %r: %s", self.query[:80], "; ".join(f"{e.stage}: {e.message}" for e in self._errors))

@@ -19,6 +19,7 @@ from backend.rag.deadline import Deadline, DeadlineExceeded
 from backend.rag.expansion import Expansion, load_synonyms
 from backend.rag.finalize import finalize
 from backend.rag.adjacent import merge_adjacent_chunks
+from backend.rag.bm25_hygiene import BM25QueryHygiene
 from backend.rag.rank_fusion import fuse_candidates
 from backend.rag.merge import apply_merge, parents_to_fetch
 from backend.rag.fingerprint import config_fingerprint, settings_fingerprint
@@ -50,6 +51,7 @@ class Retriever:
         self._config_key = config_fingerprint(resources.settings)
         self._synonyms = load_synonyms(self._cfg.synonyms)
         self._routes = RouteSearch(resources, self._cfg)
+        self._bm25_hygiene = BM25QueryHygiene(resources, self._cfg)
         self._warm = False
         self._warm_lock = threading.Lock()
 
@@ -176,11 +178,12 @@ class Retriever:
             run.mode = "failed"
             return _expanded(run.result([], dropped=0), expansion)
         where = self._where(run, state)
+        searched = self._bm25_hygiene.apply(run, state, expansion, plan.routes)  # the BM25 text, pruned
         if plan.multi_query:
-            candidates = self._search_variants(run, where, expansion, plan.routes)
+            candidates = self._search_variants(run, where, searched, plan.routes)
         else:
             vectors = self._routes.encode(run, [run.query], plan.routes)
-            candidates = self._routes.search(run, vectors[0] if vectors else None, where, expansion.bm25_text, plan.routes)
+            candidates = self._routes.search(run, vectors[0] if vectors else None, where, searched.bm25_text, plan.routes)
         if plan.merge == "parents" and candidates:
             candidates = self._merge(run, candidates)
         elif plan.merge == "adjacent" and candidates:

@@ -22,7 +22,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from backend.config import DatabaseSettings
 from backend.errors import EncoderMismatchError, StoreError
 from backend.stores.keys import version_key
-from backend.stores.sql_schema import ADDED_COLUMNS, chunks, documents, embedding_cache, knowledge_bases, metadata
+from backend.stores.sql_schema import (
+    ADDED_COLUMNS, chunks, documents, embedding_cache, knowledge_bases, metadata, version_terms,
+)  # fmt: skip
+from backend.stores.term_stats import TermFrequencies, insert_version_terms, read_term_frequencies, uncounted_versions
 from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
 logger = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ class DocumentStore:
 
     def drop_kb(self, kb_id: str) -> None:
         with self._begin() as conn:
-            for table in (chunks, documents, knowledge_bases):
+            for table in (version_terms, chunks, documents, knowledge_bases):
                 conn.execute(delete(table).where(table.c.kb_id == kb_id))
 
     # -- document versions -----------------------------------------------------
@@ -98,8 +101,11 @@ class DocumentStore:
             rows = conn.execute(query.order_by(documents.c.doc_id, documents.c.version)).all()
         return [_version(r) for r in rows]
 
-    def write_pending(self, version: DocumentVersion, doc_chunks: Sequence[Chunk]) -> None:
-        """The document version as ``pending`` plus all its chunks, in one transaction (idempotent)."""
+    def write_pending(
+        self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None
+    ) -> None:
+        """The document version as ``pending`` plus all its chunks, in one transaction (idempotent);
+        with ``term_counts`` (term -> leaves holding it, ``term_stats.count_terms``) its term statistics too."""
         row = {
             "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
             "source": version.source, "content_hash": version.content_hash, "status": PENDING,
@@ -111,6 +117,8 @@ class DocumentStore:
             conn.execute(documents.insert().values(**row))
             for start in range(0, len(doc_chunks), 500):
                 conn.execute(chunks.insert(), [_chunk_row(c) for c in doc_chunks[start : start + 500]])
+            if term_counts is not None:
+                insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
@@ -154,7 +162,7 @@ class DocumentStore:
 
     @staticmethod
     def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
-        for table in (chunks, documents):
+        for table in (version_terms, chunks, documents):
             conn.execute(
                 delete(table).where(table.c.kb_id == kb_id, table.c.doc_id == doc_id, table.c.version == version)
             )
@@ -166,6 +174,32 @@ class DocumentStore:
             .where(knowledge_bases.c.kb_id == kb_id)
             .values(generation=knowledge_bases.c.generation + 1)
         )
+
+    # -- term statistics (BM25 query hygiene, see term_stats) ---------------------
+
+    def write_terms(self, kb_id: str, doc_id: str, version: int, term_counts: Mapping[str, int]) -> None:
+        """Replaces a version's term statistics (a backfill of a version written before they were kept)."""
+        with self._begin() as conn:
+            conn.execute(
+                delete(version_terms).where(
+                    version_terms.c.kb_id == kb_id, version_terms.c.doc_id == doc_id, version_terms.c.version == version
+                )
+            )
+            insert_version_terms(conn, kb_id, doc_id, version, term_counts)
+
+    def uncounted_versions(self, kb_id: str) -> list[tuple[str, int]]:
+        """(doc id, version) of the kb's active versions whose term statistics are missing."""
+        with self._connect() as conn:
+            return uncounted_versions(conn, kb_id)
+
+    def term_frequencies(
+        self, kb_ids: Sequence[str], terms: Sequence[str], *, timeout_s: float | None = None
+    ) -> TermFrequencies:
+        """The df of ``terms`` over the active versions of ``kb_ids`` and their number of leaves
+        (one query-path read, under the query timeout)."""
+        with self._connect() as conn:
+            self._limit_statement_time(conn, timeout_s)
+            return read_term_frequencies(conn, kb_ids, terms)
 
     # -- chunks ----------------------------------------------------------------
 

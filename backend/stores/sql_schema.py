@@ -80,6 +80,17 @@ chunks = Table(
 )
 Index("ix_strata_chunks_doc", chunks.c.kb_id, chunks.c.doc_id, chunks.c.version)
 
+version_terms = Table(
+    "strata_version_terms",
+    metadata,
+    Column("kb_id", String(256), primary_key=True),
+    Column("doc_id", String(2048), primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("term", String(64), primary_key=True, comment='a BM25 analyzer token; "" marks the version as counted'),
+    Column("leaf_df", Integer, nullable=False, comment="leaves of the version whose search text holds the term"),
+)
+Index("ix_strata_version_terms_term", version_terms.c.kb_id, version_terms.c.term)
+
 embedding_cache = Table(
     "strata_embedding_cache",
     metadata,

@@ -1,0 +1,90 @@
+"""Term statistics in the SQL store (BM25 query hygiene), on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect, select
+
+from backend.stores.sql import DocumentStore, DocumentVersion
+from backend.stores.sql_schema import version_terms
+from backend.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
+from tests.stores.test_sql import make_chunks
+
+
+@pytest.fixture
+def store(database_settings) -> DocumentStore:  # noqa: ANN001
+    store = DocumentStore(database_settings)
+    yield store
+    store.dispose()
+
+
+def _write(store: DocumentStore, kb: str, doc: str, version: int, counts: dict[str, int] | None, leaves: int = 6) -> None:
+    chunks = make_chunks(kb, doc, version)
+    store.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", "h", leaf_count=leaves), chunks, counts)
+
+
+def _rows(store: DocumentStore, kb: str) -> int:
+    with store.engine.connect() as conn:
+        return len(conn.execute(select(version_terms).where(version_terms.c.kb_id == kb)).all())
+
+
+def test_count_terms_counts_leaves_not_occurrences() -> None:
+    counts = count_terms(["a b a", "b c", "x" * (MAX_TERM_CHARS + 1)], str.split)
+    assert counts == {"a": 1, "b": 2, "c": 1}
+
+
+def test_df_sums_over_the_active_versions_of_the_kbs(store: DocumentStore) -> None:
+    for kb in ("kb1", "kb2"):
+        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+    _write(store, "kb1", "a.md", 1, {"the": 6, "warranty": 2})
+    _write(store, "kb1", "b.md", 1, {"the": 5, "shipping": 3}, leaves=5)
+    _write(store, "kb2", "c.md", 1, {"the": 4, "warranty": 1}, leaves=4)
+    assert store.term_frequencies(["kb1"], ["the"]) == TermFrequencies(0, {"the": 0})  # pending: not served
+    for kb, doc in (("kb1", "a.md"), ("kb1", "b.md"), ("kb2", "c.md")):
+        store.activate(kb, doc, 1)
+    assert store.term_frequencies(["kb1"], ["the", "warranty", "nowhere", "x" * 80]) == TermFrequencies(
+        11, {"the": 11, "warranty": 2, "nowhere": 0, "x" * 80: 0}
+    )
+    assert store.term_frequencies(["kb1", "kb2"], ["the", "warranty"], timeout_s=2) == TermFrequencies(
+        15, {"the": 15, "warranty": 3}
+    )
+    assert store.term_frequencies([], ["the"]) == TermFrequencies(0, {"the": 0})
+
+
+def test_a_new_version_replaces_the_old_ones_terms_and_deletion_removes_them(store: DocumentStore) -> None:
+    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    _write(store, "kb", "a.md", 1, {"old": 6, "both": 6})
+    store.activate("kb", "a.md", 1)
+    _write(store, "kb", "a.md", 2, {"new": 2, "both": 3}, leaves=3)
+    assert store.term_frequencies(["kb"], ["old", "new", "both"]).df == {"old": 6, "new": 0, "both": 6}
+    store.activate("kb", "a.md", 2)
+    assert store.term_frequencies(["kb"], ["old", "new", "both"]) == TermFrequencies(3, {"old": 0, "new": 2, "both": 3})
+    store.delete_version("kb", "a.md", 1)
+    assert _rows(store, "kb") == 3  # version 2: two terms and its marker
+    _write(store, "kb", "a.md", 2, {"again": 3}, leaves=3)  # a rerun of the same version rewrites its rows
+    assert _rows(store, "kb") == 2
+    store.drop_kb("kb")
+    assert _rows(store, "kb") == 0
+
+
+def test_versions_written_without_term_counts_are_found_and_backfilled(store: DocumentStore) -> None:
+    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    _write(store, "kb", "legacy.md", 1, None)
+    _write(store, "kb", "empty.md", 1, None, leaves=0)  # no leaves: nothing to count
+    _write(store, "kb", "blank.md", 1, {})  # counted, and no term at all
+    _write(store, "kb", "pending.md", 1, None)
+    for doc in ("legacy.md", "empty.md", "blank.md"):
+        store.activate("kb", doc, 1)
+    assert store.uncounted_versions("kb") == [("legacy.md", 1)]
+    store.write_terms("kb", "legacy.md", 1, {"the": 6})
+    store.write_terms("kb", "legacy.md", 1, {"the": 5})  # idempotent: replaces
+    assert store.uncounted_versions("kb") == []
+    assert store.term_frequencies(["kb"], ["the"]) == TermFrequencies(12, {"the": 5})
+
+
+def test_the_df_lookup_is_indexed_by_kb_and_term(store: DocumentStore) -> None:
+    indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("strata_version_terms")}
+    assert indexes["ix_strata_version_terms_term"] == ["kb_id", "term"]
+    assert inspect(store.engine).get_pk_constraint("strata_version_terms")["constrained_columns"] == [
+        "kb_id", "doc_id", "version", "term"
+    ]
