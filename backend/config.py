@@ -164,7 +164,7 @@ class RetrievalSettings(_Section):
     fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
     routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
-    route_multiplier: int = Field(2, ge=1, description="each route fetches route_multiplier x candidate_k")
+    route_multiplier: float = Field(2.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up)")
     fusion: Literal["rrf", "weighted_rrf"] = "rrf"
     rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
     vector_weight: float = Field(0.6, ge=0)
@@ -185,6 +185,11 @@ class RetrievalSettings(_Section):
     cache_retry_after_s: float = Field(30.0, gt=0, description="after a Redis error the query cache skips Redis this long")
     deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
+    batch_window_ms: float = Field(
+        2.0, ge=0, le=1000,
+        description="concurrent queries share encoder calls and searches; with others waiting, gather this long more (0: only what queued meanwhile)",
+    )  # fmt: skip
+    batch_max: int = Field(32, ge=1, description="most queries per shared encoder call or search; 1 = no micro-batching")
     max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
     synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
     bm25_max_df: float = Field(

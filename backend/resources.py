@@ -14,6 +14,7 @@ from typing import Iterable
 from backend.config import Settings
 from backend.encoders import Encoder, create_encoder
 from backend.stores.cache import create_parent_cache
+from backend.stores.keys import database_namespace
 from backend.stores.catalog import Catalog
 from backend.stores.milvus import LeafIndex
 from backend.stores.parents import ParentStore
@@ -58,7 +59,8 @@ class Resources:
     def parents(self) -> ParentStore:
         with self._lock:
             redis = self.settings.redis
-            return ParentStore(create_parent_cache(redis), self.documents, retry_after_s=redis.retry_after_s)
+            cache = create_parent_cache(redis, namespace=database_namespace(self.settings.database.url))
+            return ParentStore(cache, self.documents, retry_after_s=redis.retry_after_s)
 
     def close(self) -> None:
         """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.

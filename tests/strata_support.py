@@ -23,6 +23,7 @@ from pymilvus import MilvusClient
 
 from backend.config import Settings, load_settings
 from backend.resources import Resources
+from backend.stores.keys import database_namespace
 from backend.stores.sql import ACTIVE
 from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
 
@@ -146,11 +147,11 @@ def milvus_leaves(resources: Resources, kb_id: str) -> list[tuple[str, str, int]
 
 
 def redis_chunk_ids(settings: Settings, kb_id: str) -> frozenset[str] | None:
-    """Chunk ids cached under ``{prefix}:{kb}:chunk:*``, or None when Redis is not configured."""
+    """Chunk ids cached under ``{prefix}:{namespace}:{kb}:chunk:*``, or None when Redis is not configured."""
     if not settings.redis.url:
         return None
     client = redis.Redis.from_url(str(settings.redis.url))
-    prefix = f"{settings.redis.key_prefix}:{kb_id}:chunk:"
+    prefix = f"{settings.redis.key_prefix}:{database_namespace(settings.database.url)}:{kb_id}:chunk:"
     try:
         return frozenset(k.decode()[len(prefix) :] for k in client.scan_iter(match=f"{prefix}*", count=1000))
     finally:

@@ -281,8 +281,9 @@ class Indexer:
         self._checkpoint("retire_milvus")
         documents = self._res.documents
         for v in versions:
-            parents = documents.version_chunks(v.kb_id, v.doc_id, v.version, levels=(1, 2))
-            self._res.parents.invalidate([(v.kb_id, c.chunk_id) for c in parents])
+            # leaves too: retrieval caches the leaves it reads
+            cached = documents.version_chunks(v.kb_id, v.doc_id, v.version)
+            self._res.parents.invalidate([(v.kb_id, c.chunk_id) for c in cached])
             documents.delete_version(v.kb_id, v.doc_id, v.version)
         self._checkpoint("retire_sql")
 

@@ -102,7 +102,7 @@ def _diff(resources: Resources, kb_id: str, report: ReconcileReport) -> _Diff:
     in_milvus = set(resources.leaf_index.leaf_ids(kb_id))
     try:
         cached = set(resources.parents.cache.keys(kb_id))
-        stale: set[str] | None = cached - documents.active_chunk_ids(kb_id, levels=(1, 2)) if cached else set()
+        stale: set[str] | None = cached - documents.active_chunk_ids(kb_id, levels=(1, 2, 3)) if cached else set()
     except CacheError as exc:
         report.notes.append(f"parent cache not checked: {exc}")
         stale = None

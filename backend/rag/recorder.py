@@ -50,7 +50,7 @@ class Recorder:
         self._timings: dict[str, float] = {}
         self._errors: list[StageError] = []
         self._degraded: list[str] = []
-        self._parent_cache = {"hits": 0, "misses": 0}
+        self._parent_cache = {"hits": 0, "misses": 0, "leaf_hits": 0, "leaf_misses": 0}
 
     @property
     def filters_dict(self) -> dict[str, Any]:
@@ -95,6 +95,19 @@ class Recorder:
         if fetch.missing:
             shown = ", ".join(fetch.missing[:5])
             self.error_message("parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing")
+
+    def leaf_fetch(self, fetch: ParentFetch) -> None:
+        """The candidates' leaves were read (cache, then SQL); a leaf SQL no longer holds is reported."""
+        self._parent_cache["leaf_hits"] += fetch.cache_hits
+        self._parent_cache["leaf_misses"] += fetch.cache_misses
+        if fetch.cache_error:
+            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
+        if fetch.missing:
+            shown = ", ".join(fetch.missing[:5])
+            self.error_message(
+                "leaf_fetch", "MissingLeaf", f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
+                f"(removed since, or orphans for `strata reconcile`), left out: {shown}",
+            )  # fmt: skip
 
     def result(self, docs: Sequence[RetrievedDocument], *, dropped: int) -> RetrievalResult:
         self._timings["total"] = (time.perf_counter() - self._started) * 1000

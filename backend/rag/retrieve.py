@@ -150,13 +150,23 @@ class Retriever:
         """SQL's serving state; during an outage the last one this process saw (fail closed)."""
         with run.timed("state"):
             try:
-                state = self._res.documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
+                state = self._current_state(run)
             except Exception as exc:
                 return self._last_state(run, exc)
-        self._states.remember(run.kb_ids, state)
         unknown = [k for k in run.kb_ids or () if k not in state.generations]
         if unknown:
             run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_kb")
+        return state
+
+    def _current_state(self, run: Recorder) -> ServingState:
+        """The kbs' generations (one small query); the full state only when a generation moved since
+        this process last read it: every change to what may be served bumps the generation."""
+        documents, timeout = self._res.documents, run.deadline.remaining()
+        last = self._states.get(run.kb_ids)
+        if last is not None and documents.generations(run.kb_ids, timeout_s=timeout) == last.generations:
+            return last
+        state = documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
+        self._states.remember(run.kb_ids, state)
         return state
 
     def _last_state(self, run: Recorder, exc: Exception) -> ServingState | None:

@@ -8,8 +8,10 @@ route. Every outcome is reported to the run's ``Recorder``.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import math
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,15 +19,30 @@ import numpy as np
 from backend.config import RetrievalSettings
 from backend.rag.candidates import Candidate
 from backend.rag.deadline import DeadlineExceeded
-from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
+from backend.rag.fusion import FusionWeights, as_candidate, rrf_rank, single_rank
+from backend.rag.microbatch import MicroBatcher
+from backend.rag.rank_fusion import Fused
 from backend.rag.recorder import Recorder
 from backend.resources import Resources
 from backend.stores import filters as expr
-from backend.types import LeafHit
+from backend.types import Chunk, RouteHit
+
+Ranked = Fused[RouteHit]
 
 
 # Share of the deadline the encoder leaves for the searches after it (BM25 alone, if it timed out).
 ENCODE_KEEPS = 0.4
+
+
+@dataclass(frozen=True)
+class _RouteKey:
+    """What searches must share to run as one Milvus search."""
+
+    route: str
+    kb_ids: tuple[str, ...] | None
+    where: str
+    limit: int
+    exact_prefix: str  # a source prefix checked after the search ("" for none)
 
 
 class RouteSearch:
@@ -34,11 +51,18 @@ class RouteSearch:
     def __init__(self, resources: Resources, settings: RetrievalSettings) -> None:
         self._res = resources
         self._cfg = settings
-        # The encoder runs in a worker so a hung one costs a query its share of the deadline, not forever.
-        self._encoding = ThreadPoolExecutor(max_workers=4, thread_name_prefix="strata-encode")
+        # The encoder and the searches run in workers, so a hung one costs a query its share of the
+        # deadline, not forever; queries that arrive together share an encoder call and a search.
+        window_s, most = settings.batch_window_ms / 1000, settings.batch_max
+        self._encodings: MicroBatcher[str, np.ndarray] = MicroBatcher(
+            lambda _, texts: resources.encoder.encode_queries(texts), window_s=window_s, max_batch=most, name="strata-encode",
+        )  # fmt: skip
+        self._searches: MicroBatcher[tuple[Any, float], list[RouteHit]] = MicroBatcher(
+            self._search_batch, window_s=window_s, max_batch=most, name="strata-search", inline_when_idle=True
+        )  # a Milvus search is bounded by its own timeout: one caller runs it in its own thread
 
     def encode(self, run: Recorder, queries: Sequence[str], routes: str) -> list[np.ndarray] | None:
-        """Query vectors (one encoder call for every query), or None for BM25-only or when the encoder failed."""
+        """Query vectors (one encoder call for every query, shared with concurrent queries), or None for BM25-only or when the encoder failed."""
         if routes == "sparse":
             return None
         wait = run.deadline.within(float("inf"), keep_s=ENCODE_KEEPS * run.deadline.budget_s)
@@ -46,8 +70,7 @@ class RouteSearch:
             try:
                 if wait <= 0:
                     raise DeadlineExceeded("encode")
-                job = self._encoding.submit(self._res.encoder.encode_queries, list(queries))
-                return list(job.result(timeout=wait))
+                return list(self._encodings.submit(None, queries).result(timeout=wait))
             except FutureTimeout:
                 run.error("encode", DeadlineExceeded("encode"), degraded="query_encoder_failed")
                 return None
@@ -56,62 +79,72 @@ class RouteSearch:
                 return None
 
     def close(self) -> None:
-        self._encoding.shutdown(wait=False, cancel_futures=True)
+        self._encodings.close()
+        self._searches.close()
 
     def search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Candidate]:
         """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
         BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
-        (the query plus its synonyms); the dense route embedded the query as given."""
+        (the query plus its synonyms); the dense route embedded the query as given. The routes
+        return ids; the fused candidates' leaves are read in one batch afterwards."""
         with run.timed("search"):
-            if routes != "hybrid":
-                return self._single(run, routes, vector, where, bm25_text)
-            if vector is not None:
-                fused = self._hybrid(run, vector, where, bm25_text)
-                if fused is not None:
-                    return fused
-                if self._cfg.dense_fallback:
-                    dense = self._route(run, "dense", vector, where)
-                    if dense is not None:
-                        run.mode = "dense_fallback"
-                        return single_route(dense, route="dense", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
-            if not self._cfg.sparse_fallback:
-                return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
-            sparse = self._route(run, "sparse", bm25_text, where)
-            if sparse is None:
-                return run.failed()
-            run.mode = "sparse_fallback"
-            return single_route(sparse, route="sparse", k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+            ranked = self._ranked(run, vector, where, bm25_text, routes)
+            return self._with_leaves(run, ranked) if ranked else []
 
     def weights(self) -> FusionWeights:
         if self._cfg.fusion == "weighted_rrf":
             return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
         return FusionWeights()
 
-    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Candidate]:
+    def _ranked(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Ranked]:
+        if routes != "hybrid":
+            return self._single(run, routes, vector, where, bm25_text)
+        if vector is not None:
+            fused = self._hybrid(run, vector, where, bm25_text)
+            if fused is not None:
+                return fused
+            if self._cfg.dense_fallback:
+                dense = self._route(run, "dense", vector, where)
+                if dense is not None:
+                    run.mode = "dense_fallback"
+                    return self._one_route(run, dense, "dense")
+        if not self._cfg.sparse_fallback:
+            return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
+        sparse = self._route(run, "sparse", bm25_text, where)
+        if sparse is None:
+            return run.failed()
+        run.mode = "sparse_fallback"
+        return self._one_route(run, sparse, "sparse")
+
+    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Ranked]:
         """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
         query = vector if route == "dense" else bm25_text
         hits = self._route(run, route, query, where, stage="search") if query is not None else None
         if hits is None:
             return run.failed()
         run.mode = route  # type: ignore[assignment]
-        return single_route(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+        return self._one_route(run, hits, route)
 
-    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Candidate] | None:
+    def _one_route(self, run: Recorder, hits: list[RouteHit], route: str) -> list[Ranked]:
+        return single_rank(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+
+    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Ranked] | None:
         try:
-            dense = self._hits("dense", run, vector, where)
-            sparse = self._hits("sparse", run, bm25_text, where)
+            dense = self._submit("dense", run, vector, where)
+            sparse = self._submit("sparse", run, bm25_text, where)
+            dense_hits, sparse_hits = self._wait("dense", run, dense), self._wait("sparse", run, sparse)
         except Exception as exc:
             run.error("search", exc, degraded="hybrid_search_failed")
             return None
         run.mode = "hybrid"
-        run.route_counts(dense=len(dense), sparse=len(sparse))
-        fused = rrf_fuse(dense, sparse, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+        run.route_counts(dense=len(dense_hits), sparse=len(sparse_hits))
+        fused = rrf_rank(dense_hits, sparse_hits, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
         run.fused = len(fused)
         return fused
 
-    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[LeafHit] | None:
+    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[RouteHit] | None:
         try:
-            hits = self._hits(route, run, query, where)
+            hits = self._wait(route, run, self._submit(route, run, query, where))
         except Exception as exc:
             run.error(stage or f"{route}_fallback", exc)
             return None
@@ -119,15 +152,58 @@ class RouteSearch:
         run.fused = min(len(hits), run.candidate_k)
         return hits
 
-    def _hits(self, route: str, run: Recorder, query: Any, where: str) -> list[LeafHit]:
-        index = self._res.leaf_index
-        search = index.search_dense if route == "dense" else index.search_sparse
+    def _submit(self, route: str, run: Recorder, query: Any, where: str) -> Future:
+        """The route's search, queued to share a Milvus search with concurrent queries like it."""
         if run.deadline.expired():
             raise DeadlineExceeded(f"the {route} route")
-        limit = self._cfg.route_multiplier * run.candidate_k
-        hits = search(query, limit=limit, kb_ids=run.kb_ids, where=where, timeout=run.deadline.remaining())
-        prefix = run.filters.source_prefix if run.filters else None
-        if prefix and expr.needs_exact_check(prefix):  # LIKE wildcards in the prefix over-match
-            hits = [h for h in hits if str(h.chunk.metadata.get("source", "")).startswith(prefix)]
-        return hits
+        prefix = run.filters.source_prefix if run.filters else ""
+        exact = bool(prefix) and expr.needs_exact_check(prefix)  # LIKE wildcards in the prefix over-match
+        key = _RouteKey(route, tuple(run.kb_ids) if run.kb_ids is not None else None, where,
+                        self.route_limit(run.candidate_k), prefix if exact else "")  # fmt: skip
+        return self._searches.submit(key, [(query, run.deadline.remaining())])
 
+    def _wait(self, route: str, run: Recorder, search: Future) -> list[RouteHit]:
+        remaining = run.deadline.remaining()
+        try:
+            hits: list[RouteHit] = search.result(timeout=None if math.isinf(remaining) else remaining)[0]
+        except FutureTimeout:
+            raise DeadlineExceeded(f"the {route} route") from None
+        prefix = run.filters.source_prefix if run.filters else ""
+        return [h for h in hits if h.source.startswith(prefix)] if prefix and expr.needs_exact_check(prefix) else hits
+
+    def _search_batch(self, key: _RouteKey, items: list[tuple[Any, float]]) -> list[list[RouteHit]]:
+        """One Milvus search for the queries of concurrent requests with the same key (the longest
+        time any of them has left bounds it)."""
+        index = self._res.leaf_index
+        search = index.search_dense_many if key.route == "dense" else index.search_sparse_many
+        return search(
+            [query for query, _ in items], limit=key.limit, kb_ids=key.kb_ids, where=key.where,
+            timeout=max(left for _, left in items), with_source=bool(key.exact_prefix),
+        )  # fmt: skip
+
+    def route_limit(self, candidate_k: int) -> int:
+        """Hits each route returns for ``candidate_k`` fused candidates."""
+        return max(candidate_k, math.ceil(self._cfg.route_multiplier * candidate_k))
+
+    def _with_leaves(self, run: Recorder, ranked: list[Ranked]) -> list[Candidate]:
+        """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
+        batch, or from the index itself when that fails. A leaf SQL no longer holds (its version was
+        removed after the search) is left out and reported."""
+        refs = [(f.item.kb_id, f.key) for f in ranked]
+        with run.timed("leaf_fetch"):
+            try:
+                fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
+                leaves = dict(fetch.chunks)
+                run.leaf_fetch(fetch)
+            except Exception as exc:
+                run.error("leaf_fetch", exc, note="leaf texts read from the leaf index")
+                leaves = self._from_index(run, refs)
+        return [as_candidate(f, leaves[f.key]) for f in ranked if f.key in leaves]
+
+    def _from_index(self, run: Recorder, refs: list[tuple[str, str]]) -> dict[str, Chunk]:
+        try:
+            return self._res.leaf_index.fetch_leaves(refs, timeout=run.deadline.remaining())
+        except Exception as exc:
+            run.error("leaf_fetch", exc, degraded="leaf_fetch_failed")
+            run.mode = "failed"
+            return {}

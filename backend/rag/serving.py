@@ -1,4 +1,9 @@
-"""The last serving state a process saw, so an SQL outage fails closed.
+"""The last serving state a process saw: reused while the kbs' generations stand, and so an SQL
+outage fails closed.
+
+A query first reads the kbs' generations (one small query); the serving state
+(the versions not to serve, a join over every document) is read again only
+when a generation moved, since every change to what may be served bumps it.
 
 Without SQL a query cannot know which document versions are pending or
 retired. Rather than serve them, retrieval uses the last state it read for

@@ -105,8 +105,10 @@ class RedisParentCache:
 
     name = "redis"
 
-    def __init__(self, settings: RedisSettings, *, client: redis.Redis | None = None) -> None:
-        self._prefix = settings.key_prefix
+    def __init__(self, settings: RedisSettings, *, namespace: str = "", client: redis.Redis | None = None) -> None:
+        """``namespace`` keeps apart deployments that share a Redis and a key prefix but not a
+        database: chunk ids are the same wherever the same document is indexed."""
+        self._prefix = f"{settings.key_prefix}:{namespace}" if namespace else settings.key_prefix
         self._ttl = settings.ttl_s
         self._client = client or redis.Redis.from_url(
             str(settings.url),
@@ -186,8 +188,8 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def create_parent_cache(settings: RedisSettings) -> ParentCache:
-    """Redis when ``STRATA_REDIS__URL`` is set, else the in-process LRU."""
+def create_parent_cache(settings: RedisSettings, *, namespace: str = "") -> ParentCache:
+    """Redis when ``STRATA_REDIS__URL`` is set (keys under ``{prefix}:{namespace}``), else the in-process LRU."""
     if settings.url:
-        return RedisParentCache(settings)
+        return RedisParentCache(settings, namespace=namespace)
     return LocalParentCache(settings.local_cache_size)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from sqlalchemy.engine import make_url
+
 
 def version_key(kb_id: str, doc_id: str, version: int) -> str:
     """A short key naming one document version (used to hide non-active versions)."""
@@ -13,3 +15,10 @@ def version_key(kb_id: str, doc_id: str, version: int) -> str:
 def partition_name(kb_id: str) -> str:
     """A valid Milvus partition name for any kb id."""
     return "kb_" + hashlib.sha1(kb_id.encode()).hexdigest()[:20]
+
+
+def database_namespace(url: str) -> str:
+    """A short tag of a SQL database's identity (its URL without the password): the parent
+    cache's key namespace, so deployments sharing a Redis never read each other's chunks."""
+    rendered = make_url(str(url)).render_as_string(hide_password=True)
+    return "db" + hashlib.sha1(rendered.encode("utf-8")).hexdigest()[:10]

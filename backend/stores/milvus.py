@@ -19,11 +19,10 @@ import fcntl
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
-from pymilvus import AnnSearchRequest, DataType, Function, FunctionType, MilvusClient, RRFRanker
+from pymilvus import DataType, Function, FunctionType, MilvusClient
 from pymilvus.exceptions import MilvusException
 
 from backend.config import MilvusSettings
@@ -31,21 +30,19 @@ from backend.errors import EncoderMismatchError, IndexLockedError, StoreError
 from backend.stores import filters as expr
 from backend.stores.keys import partition_name, version_key
 from backend.stores.leaf_schema import analyzer_with_dictionary, dictionary_of
-from backend.types import LEAF_LEVEL, Chunk, LeafHit
+from backend.stores.leaf_rows import leaf_row
+from backend.stores.milvus_search import LeafSearch
+from backend.types import Chunk
 
 logger = logging.getLogger(__name__)
 
 ENCODER_PROPERTY = "strata.encoder"
 DIM_PROPERTY = "strata.dim"
 _UPSERT_BATCH = 500
-_SCALAR_FIELDS = [
-    "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
-    "heading_path", "source", "char_start", "char_end", "metadata",
-]  # fmt: skip
 
 
-class LeafIndex:
-    """Upserts, deletes and searches L3 leaves of one encoder's collection."""
+class LeafIndex(LeafSearch):
+    """Upserts, deletes and searches L3 leaves of one encoder's collection (the searches: ``LeafSearch``)."""
 
     def __init__(
         self, settings: MilvusSettings, *, encoder_name: str, dim: int,
@@ -162,7 +159,7 @@ class LeafIndex:
         if len(kb_ids) != 1:
             raise ValueError("upsert takes leaves of one knowledge base at a time")
         partition = self._partition_for_write(kb_ids.pop())
-        rows = [_row(leaf, vec, text) for leaf, vec, text in zip(leaves, vectors, search_texts)]
+        rows = [leaf_row(leaf, vec, text) for leaf, vec, text in zip(leaves, vectors, search_texts)]
         for start in range(0, len(rows), _UPSERT_BATCH):
             self._call("upsert", self._name, rows[start : start + _UPSERT_BATCH], partition_name=partition)
 
@@ -227,56 +224,6 @@ class LeafIndex:
         for start in range(0, len(ids), _UPSERT_BATCH):
             self._delete(kb_id, expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
 
-    def search_dense(
-        self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "", timeout: float | None = None
-    ) -> list[LeafHit]:
-        """Top leaves by inner product with ``vector`` (ef raised to ``limit``); ``timeout`` cuts the search timeout."""
-        partitions = self._partitions_for(kb_ids)
-        if partitions == []:
-            return []
-        ef = max(self._settings.search_ef, limit)
-        result = self._call(
-            "search", self._name, data=[np.asarray(vector, dtype=np.float32).tolist()], anns_field="dense",
-            limit=limit, filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
-            search_params={"metric_type": "IP", "params": {"ef": ef}}, partition_names=partitions,
-            timeout=self._cut(timeout),
-        )  # fmt: skip
-        return [_hit(h, h["distance"]) for h in result[0]]
-
-    def search_sparse(
-        self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "", timeout: float | None = None
-    ) -> list[LeafHit]:
-        """Top leaves by BM25 against ``text`` (Lite reports negated BM25; scores here are positive)."""
-        partitions = self._partitions_for(kb_ids)
-        if partitions == [] or not text.strip():
-            return []
-        result = self._call(
-            "search", self._name, data=[text], anns_field="sparse", limit=limit,
-            filter=self._where(kb_ids, where), output_fields=_SCALAR_FIELDS,
-            search_params={"metric_type": "BM25"}, partition_names=partitions, timeout=self._cut(timeout),
-        )  # fmt: skip
-        return [_hit(h, abs(h["distance"])) for h in result[0]]
-
-    def hybrid_search_raw(
-        self, vector: np.ndarray, text: str, *, limit: int, route_limit: int, kb_ids: Sequence[str] | None,
-        where: str = "", rrf_k: int = 60,
-    ) -> list[LeafHit]:  # fmt: skip
-        """Milvus's own ``hybrid_search`` with ``RRFRanker``: the benchmark baseline."""
-        partitions = self._partitions_for(kb_ids)
-        if partitions == []:
-            return []
-        ef = max(self._settings.search_ef, route_limit)
-        full_where = self._where(kb_ids, where)
-        requests = [
-            AnnSearchRequest([np.asarray(vector, dtype=np.float32).tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=full_where),
-            AnnSearchRequest([text], "sparse", {}, route_limit, expr=full_where),
-        ]  # fmt: skip
-        result = self._call(
-            "hybrid_search", self._name, requests, RRFRanker(rrf_k), limit=limit,
-            output_fields=_SCALAR_FIELDS, partition_names=partitions, timeout=self._search_timeout,
-        )  # fmt: skip
-        return [_hit(h, h["distance"]) for h in result[0]]
-
     # -- helpers --------------------------------------------------------------
 
     def _where(self, kb_ids: Sequence[str] | None, where: str) -> str:
@@ -325,51 +272,6 @@ class LeafIndex:
 
     def close(self) -> None:
         self._client.close()
-
-
-def _row(leaf: Chunk, vector: np.ndarray, search_text: str) -> dict[str, Any]:
-    meta = dict(leaf.metadata)
-    return {
-        "chunk_id": leaf.chunk_id,
-        "kb_id": leaf.kb_id,
-        "doc_id": leaf.doc_id,
-        "version": leaf.version,
-        "version_key": version_key(leaf.kb_id, leaf.doc_id, leaf.version),
-        "parent_id": leaf.parent_id or "",
-        "root_id": leaf.root_id,
-        "level": leaf.level,
-        "ordinal": leaf.ordinal,
-        "heading_path": leaf.heading_path,
-        "module": str(meta.get("module") or ""),
-        "skill_points": [str(s) for s in meta.get("skill_points") or []],
-        "source": str(meta.get("source") or ""),
-        "char_start": leaf.char_start,
-        "char_end": leaf.char_end,
-        "metadata": meta,
-        "content": leaf.text,
-        "text": search_text,
-        "dense": np.asarray(vector, dtype=np.float32).tolist(),
-    }
-
-
-def _hit(hit: dict[str, Any], score: float) -> LeafHit:
-    e = hit["entity"]
-    chunk = Chunk(
-        chunk_id=str(hit["chunk_id"]),
-        kb_id=e["kb_id"],
-        doc_id=e["doc_id"],
-        version=int(e["version"]),
-        level=LEAF_LEVEL,
-        parent_id=e["parent_id"] or None,
-        root_id=e["root_id"],
-        ordinal=int(e["ordinal"]),
-        text=e["content"],
-        heading_path=e["heading_path"],
-        char_start=int(e["char_start"]),
-        char_end=int(e["char_end"]),
-        metadata=e.get("metadata") or {},
-    )
-    return LeafHit(chunk=chunk, score=float(score))
 
 
 def _connect(settings: MilvusSettings) -> MilvusClient:

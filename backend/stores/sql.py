@@ -119,6 +119,7 @@ class DocumentStore:
                 conn.execute(chunks.insert(), [_chunk_row(c) for c in doc_chunks[start : start + 500]])
             if term_counts is not None:
                 insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
+            self._bump(conn, version.kb_id)  # the serving state changed: a version to hide
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
@@ -231,6 +232,16 @@ class DocumentStore:
         query = select(chunks.c.chunk_id).join(documents, active).where(chunks.c.kb_id == kb_id, chunks.c.level.in_(levels))
         with self._connect() as conn:
             return set(conn.execute(query).scalars())
+
+    def generations(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> dict[str, str]:
+        """Each kb's "epoch#generation": what changes whenever its serving state does (one small query)."""
+        kb = knowledge_bases
+        query = select(kb.c.kb_id, kb.c.generation, kb.c.created_at)
+        if kb_ids is not None:
+            query = query.where(kb.c.kb_id.in_(list(kb_ids)))
+        with self._connect() as conn:
+            self._limit_statement_time(conn, timeout_s)
+            return {r.kb_id: f"{_epoch(r.created_at)}#{r.generation}" for r in conn.execute(query)}
 
     def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState:
         """Each kb's (epoch, generation) and the versions not to serve, in one query.

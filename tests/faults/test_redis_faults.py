@@ -55,7 +55,9 @@ def test_redis_killed_then_restarted(demo_kb: Settings, memo_encoder: Any, priva
     down = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert texts(down) == texts(warm), "parents from SQL give the same answer"
     assert (down.meta.status, down.meta.mode, down.meta.degraded) == ("degraded", "hybrid", ("parent_cache_unavailable",))
-    assert down.meta.parent_cache == {"hits": 0, "misses": warm.meta.parent_cache["hits"]}
+    assert down.meta.parent_cache == {
+        "hits": 0, "misses": warm.meta.parent_cache["hits"], "leaf_hits": 0, "leaf_misses": warm.meta.parent_cache["leaf_hits"],
+    }  # fmt: skip
     assert any("Connection refused" in m or "Error 111" in m for m in cache_errors(down, "parent_cache"))
     assert parents.cache_errors == 1
 
@@ -66,7 +68,9 @@ def test_redis_killed_then_restarted(demo_kb: Settings, memo_encoder: Any, priva
     assert refilled.meta.parent_cache["misses"] > 0  # the restarted Redis was empty: SQL, then backfill
     cached = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(cached)
-    assert cached.meta.parent_cache == {"hits": warm.meta.parent_cache["hits"], "misses": 0}
+    assert cached.meta.parent_cache == {
+        "hits": warm.meta.parent_cache["hits"], "misses": 0, "leaf_hits": warm.meta.parent_cache["leaf_hits"], "leaf_misses": 0,
+    }  # fmt: skip
     assert texts(cached) == texts(warm) and parents.cache_errors == 1
 
 

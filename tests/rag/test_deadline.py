@@ -72,10 +72,10 @@ class HangingIndex:
         time.sleep(min(timeout if timeout is not None else HANG_S, HANG_S))
         raise StoreError("Milvus search failed: DEADLINE_EXCEEDED")
 
-    def search_dense(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def search_dense_many(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         self._stall(timeout)
 
-    def search_sparse(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+    def search_sparse_many(self, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         self._stall(timeout)
 
 

