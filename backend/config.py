@@ -164,7 +164,9 @@ class RetrievalSettings(_Section):
     fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
     routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
-    route_multiplier: float = Field(2.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up)")
+    route_multiplier: float = Field(
+        1.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up); 1.0 measured, docs/evaluation.md"
+    )
     fusion: Literal["rrf", "weighted_rrf"] = "rrf"
     rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
     vector_weight: float = Field(0.6, ge=0)
@@ -195,7 +197,7 @@ class RetrievalSettings(_Section):
     bm25_max_df: float = Field(
         0.5, gt=0, le=1,
         description="BM25 query hygiene: leave out of the BM25 query punctuation and terms found in more than this share "
-        "of the searched kbs' leaves; 1.0 = off (provisional default, to be set by measurement)",
+        "of the searched kbs' leaves; 1.0 = off (0.5 measured, docs/evaluation.md)",
     )  # fmt: skip
     bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")

@@ -85,6 +85,7 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
     tokenize = _tokenizer(resources, report)
     if tokenize is not None:
         report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
+        resources.documents.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
     return report
 
 

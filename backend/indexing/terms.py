@@ -3,7 +3,8 @@
 A version's terms are counted from its leaves' search texts, with the BM25
 analyzer's own tokenizer, and written with its chunks. Versions written before
 strata kept them are counted from their SQL chunks by ``backfill_term_stats``,
-at the start of every ``strata index`` run and by ``strata reconcile --repair``.
+at the start of every ``strata index`` run and by ``strata reconcile --repair``,
+which then sum the kb's df anew (``strata_kb_terms``).
 """
 
 from __future__ import annotations
@@ -47,4 +48,6 @@ def backfill_term_stats(resources: Resources, kb_id: str, tokenize: Tokenize) ->
         store.write_terms(kb_id, doc_id, version, leaf_term_counts(leaves, tokenize, contextualize=contextualize))
     if missing:
         logger.info("counted the terms of %d versions of %s written before term statistics were kept", len(missing), kb_id)
+    if missing or store.kb_terms_missing(kb_id):
+        store.rebuild_kb_terms(kb_id)  # the kb's sums, from every active version's counts
     return len(missing)

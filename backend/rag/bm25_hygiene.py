@@ -1,10 +1,10 @@
 """The BM25 query hygiene stage: term statistics per kb generation, and the pruned BM25 text.
 
 Term statistics change only when a kb's generation does (indexing bumps it),
-so ``TermFrequencyCache`` remembers, per set of kbs, their number of leaves and
-the df of every term asked in their current generations: SQL is asked once per
-query that brings terms not seen in this generation, and not at all in the
-steady state. A failed lookup never fails a retrieval: BM25 searches the whole
+and only the terms over ``max_df`` of the leaves matter (every other term is
+kept), so ``FrequentTermsCache`` reads, once per set of kbs and generations,
+their number of leaves and their frequent terms from the kbs' term sums: no
+SQL per query. A failed lookup never fails a retrieval: BM25 searches the whole
 query and the meta record's ``bm25_query`` says why. On a Milvus server the
 query is not pruned (its analyzers are not the Python ones of Milvus Lite).
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from backend.config import RetrievalSettings
-from backend.rag.bm25_query import PrunedQuery, prune_bm25_query, query_terms
+from backend.rag.bm25_query import PrunedQuery, prune_bm25_query
 from backend.rag.expansion import Expansion
 from backend.rag.recorder import Recorder
 from backend.resources import Resources
@@ -28,56 +28,37 @@ from backend.types import ServingState
 # A server's analyzers (Rust) need not split or lowercase as the Python ones do: a pruned text could miss matches.
 _SERVER = "a Milvus server analyzes BM25 text in its own code; the query is pruned only on Milvus Lite"
 
-# (kb ids, terms, timeout in seconds) -> the statistics: ``DocumentStore.term_frequencies``
-Lookup = Callable[[Sequence[str], Sequence[str], float | None], TermFrequencies]
+# (kb ids, max_df, timeout in seconds) -> the leaves and the frequent terms: ``DocumentStore.frequent_terms``
+Lookup = Callable[[Sequence[str], float, float | None], TermFrequencies]
 
 
-@dataclass
-class _Generation:
-    stamp: tuple[str, ...]
-    leaves: int
-    df: dict[str, int] = field(default_factory=dict)
+class FrequentTermsCache:
+    """Per set of kbs in their current generations: N and the terms over ``max_df`` of it; bounded, thread-safe.
 
+    A query's other terms are rare by definition, so one read per generation answers every query.
+    """
 
-class TermFrequencyCache:
-    """N and df per term of each set of kbs in its current generations; bounded, thread-safe."""
-
-    def __init__(self, lookup: Lookup, *, max_kb_sets: int = 256, max_terms: int = 50_000) -> None:
-        self._lookup = lookup
-        self._max_kb_sets, self._max_terms = max_kb_sets, max_terms
-        self._entries: OrderedDict[tuple[str, ...], _Generation] = OrderedDict()
+    def __init__(self, lookup: Lookup, max_df: float, *, max_kb_sets: int = 256) -> None:
+        self._lookup, self._max_df, self._max_kb_sets = lookup, max_df, max_kb_sets
+        self._entries: OrderedDict[tuple[str, ...], tuple[tuple[str, ...], TermFrequencies]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, generations: Mapping[str, Any], terms: Sequence[str], *, timeout_s: float | None = None) -> TermFrequencies:
-        """The statistics of ``terms`` over the kbs of ``generations`` (kb id -> its generation)."""
+    def get(self, generations: Mapping[str, Any], *, timeout_s: float | None = None) -> TermFrequencies:
+        """The statistics of the kbs of ``generations`` (kb id -> its generation)."""
         kbs = tuple(sorted(generations))
         stamp = tuple(str(generations[k]) for k in kbs)
-        wanted = list(dict.fromkeys(terms))
         with self._lock:
             entry = self._entries.get(kbs)
-            if entry is not None and entry.stamp != stamp:
-                entry = None  # a kb changed since: its statistics are asked anew
-            missing = [t for t in wanted if entry is None or t not in entry.df]
-            if entry is not None and not missing:
+            if entry is not None and entry[0] == stamp:
                 self._entries.move_to_end(kbs)
-                return TermFrequencies(entry.leaves, {t: entry.df[t] for t in wanted})
-        fetched = self._lookup(kbs, missing, timeout_s)
+                return entry[1]
+        fetched = self._lookup(kbs, self._max_df, timeout_s)
         with self._lock:
-            return self._remember(kbs, stamp, fetched, wanted)
-
-    def _remember(
-        self, kbs: tuple[str, ...], stamp: tuple[str, ...], fetched: TermFrequencies, wanted: list[str]
-    ) -> TermFrequencies:
-        entry = self._entries.get(kbs)
-        if entry is None or entry.stamp != stamp:
-            entry = self._entries[kbs] = _Generation(stamp, fetched.leaves)
-        entry.df.update(fetched.df)
-        while len(entry.df) > self._max_terms:
-            entry.df.pop(next(iter(entry.df)))
-        self._entries.move_to_end(kbs)
-        while len(self._entries) > self._max_kb_sets:
-            self._entries.popitem(last=False)
-        return TermFrequencies(entry.leaves, {t: fetched.df.get(t, entry.df.get(t, 0)) for t in wanted})
+            self._entries[kbs] = (stamp, fetched)
+            self._entries.move_to_end(kbs)
+            while len(self._entries) > self._max_kb_sets:
+                self._entries.popitem(last=False)
+        return fetched
 
 
 class BM25QueryHygiene:
@@ -92,8 +73,9 @@ class BM25QueryHygiene:
             self._tokenize = None if self._unsupported else analyzer_tokenizer(resources.settings.milvus.analyzer)
         except UnsupportedAnalyzer as exc:
             self._unsupported = str(exc)
-        self._stats = TermFrequencyCache(
-            lambda kbs, terms, timeout_s: resources.documents.term_frequencies(kbs, terms, timeout_s=timeout_s)
+        self._stats = FrequentTermsCache(
+            lambda kbs, max_df, timeout_s: resources.documents.frequent_terms(kbs, max_df, timeout_s=timeout_s),
+            self._max_df,
         )
 
     def apply(self, run: Recorder, state: ServingState, expansion: Expansion, routes: str) -> Expansion:
@@ -113,7 +95,7 @@ class BM25QueryHygiene:
         return replace(expansion, bm25_text=pruned.text) if pruned.dropped else expansion
 
     def _prune(self, run: Recorder, state: ServingState, text: str, tokenize: Tokenize) -> PrunedQuery:
-        stats = self._stats.get(state.generations, query_terms(text, tokenize), timeout_s=run.deadline.remaining())
+        stats = self._stats.get(state.generations, timeout_s=run.deadline.remaining())
         if stats.leaves < self._min_leaves:
             run.bm25_query = {"skipped": f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"}
             return PrunedQuery(text)

@@ -102,8 +102,9 @@ class Retriever:
         return run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source)
 
     def warm_up(self) -> None:
-        """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary) once,
-        outside any request's deadline: a cold start is not an outage. Failures are left to the query."""
+        """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary, chunk
+        texts into the in-process cache) once, outside any request's deadline: a cold start is not an
+        outage. Failures are left to the query."""
         with self._warm_lock:
             if self._warm:
                 return
@@ -112,9 +113,21 @@ class Retriever:
             try:
                 self._res.encoder.encode_queries(["warm up"])
                 self._res.leaf_index.search_sparse("warm up", limit=1, kb_ids=None)
+                self._preload_chunks()
             except Exception as exc:
                 logger.warning("warm-up did not complete: %s: %s", type(exc).__name__, exc)
             logger.info("retriever warmed up in %.0f ms", (time.perf_counter() - started) * 1000)
+
+    def _preload_chunks(self) -> None:
+        """Fills up to half of the in-process parent cache with chunks, leaves first, so the first
+        queries read their texts from memory as later ones do (Milvus Lite holds the whole collection
+        in memory anyway). A shared Redis cache fills as queries read it."""
+        parents = self._res.parents
+        room = self._res.settings.redis.local_cache_size // 2
+        if parents.in_process and room:
+            loaded = self._res.documents.active_chunks(limit=room)
+            parents.put_many(loaded)
+            logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
 
     def _check_arguments(self, query: str, top_k: int, kb_ids: Sequence[str] | None) -> None:
         if not isinstance(query, str) or not query.strip():

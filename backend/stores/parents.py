@@ -72,6 +72,11 @@ class ParentStore:
             missing=tuple(cid for _, cid in refs if cid not in found),
         )
 
+    @property
+    def in_process(self) -> bool:
+        """True for the in-process LRU (the embedded default), which only this process fills."""
+        return self.cache.name == "local"
+
     def put_many(self, chunks: Sequence[Chunk]) -> str | None:
         """Write-through at indexing time; returns the cache error, if any."""
         return self._cache_call(self.cache.put_many, list(chunks))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import Engine, and_, create_engine, delete, event, func, inspect, select, update
+from sqlalchemy import ColumnElement, Engine, and_, create_engine, delete, event, func, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -23,9 +23,12 @@ from backend.config import DatabaseSettings
 from backend.errors import EncoderMismatchError, StoreError
 from backend.stores.keys import version_key
 from backend.stores.sql_schema import (
-    ADDED_COLUMNS, chunks, documents, embedding_cache, knowledge_bases, metadata, version_terms,
+    ADDED_COLUMNS, chunks, documents, embedding_cache, kb_terms, knowledge_bases, metadata, version_terms,
 )  # fmt: skip
-from backend.stores.term_stats import TermFrequencies, insert_version_terms, read_term_frequencies, uncounted_versions
+from backend.stores.term_stats import (
+    TermFrequencies, insert_version_terms, kb_terms_missing, read_frequent_terms, read_term_frequencies,
+    rebuild_kb_terms, start_serving, stop_serving, uncounted_versions,
+)  # fmt: skip
 from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
 logger = logging.getLogger(__name__)
@@ -87,7 +90,7 @@ class DocumentStore:
 
     def drop_kb(self, kb_id: str) -> None:
         with self._begin() as conn:
-            for table in (version_terms, chunks, documents, knowledge_bases):
+            for table in (kb_terms, version_terms, chunks, documents, knowledge_bases):
                 conn.execute(delete(table).where(table.c.kb_id == kb_id))
 
     # -- document versions -----------------------------------------------------
@@ -127,18 +130,28 @@ class DocumentStore:
 
     def switch(self, kb_id: str, activate: Sequence[tuple[str, int]], *, retire: Sequence[str] = ()) -> None:
         """In one transaction: serve each (doc id, version), retiring the document's other versions,
-        and stop serving the documents in ``retire`` (a ``--recreate``'s switch to its new generation)."""
+        and stop serving the documents in ``retire`` (a ``--recreate``'s switch to its new generation).
+        The kb's term sums follow: what starts serving is added, what stops is subtracted."""
         with self._begin() as conn:
             for doc_id, version in activate:
                 doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
+                serving = set(conn.execute(select(documents.c.version).where(doc, documents.c.status == ACTIVE)).scalars())
+                for old in serving - {version}:
+                    stop_serving(conn, kb_id, doc_id, old)
+                if version not in serving:
+                    start_serving(conn, kb_id, doc_id, version)
                 conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
                 conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
             for start in range(0, len(retire), _IN_BATCH):
-                gone = list(retire[start : start + _IN_BATCH])
-                conn.execute(
-                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(gone)).values(status=RETIRED)
-                )
+                gone = and_(documents.c.kb_id == kb_id, documents.c.doc_id.in_(list(retire[start : start + _IN_BATCH])))
+                self._stop_serving(conn, kb_id, gone)
+                conn.execute(update(documents).where(gone).values(status=RETIRED))
             self._bump(conn, kb_id)
+
+    @staticmethod
+    def _stop_serving(conn: Connection, kb_id: str, which: ColumnElement[bool]) -> None:
+        for row in conn.execute(select(documents.c.doc_id, documents.c.version).where(which, documents.c.status == ACTIVE)):
+            stop_serving(conn, kb_id, row.doc_id, row.version)
 
     def set_roots(self, kb_id: str, roots: Mapping[str, str]) -> None:
         """Records the folder each (unchanged) document was last indexed from: doc id -> root."""
@@ -150,10 +163,10 @@ class DocumentStore:
 
     def retire_document(self, kb_id: str, doc_id: str) -> None:
         """Stop serving every version of a document (deletion, step 1)."""
+        doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
         with self._begin() as conn:
-            conn.execute(
-                update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(status=RETIRED)
-            )
+            self._stop_serving(conn, kb_id, doc)
+            conn.execute(update(documents).where(doc).values(status=RETIRED))
             self._bump(conn, kb_id)
 
     def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
@@ -187,6 +200,23 @@ class DocumentStore:
                 )
             )
             insert_version_terms(conn, kb_id, doc_id, version, term_counts)
+
+    def rebuild_kb_terms(self, kb_id: str) -> int:
+        """Sums the kb's term df anew from its active versions (after a backfill or a repair)."""
+        with self._begin() as conn:
+            return rebuild_kb_terms(conn, kb_id)
+
+    def kb_terms_missing(self, kb_id: str) -> bool:
+        """True when the kb's versions are counted but their sums are not (an older database)."""
+        with self._connect() as conn:
+            return kb_terms_missing(conn, kb_id)
+
+    def frequent_terms(self, kb_ids: Sequence[str], max_df: float, *, timeout_s: float | None = None) -> TermFrequencies:
+        """The active leaves of ``kb_ids`` and the terms in more than ``max_df`` of them (indexed reads
+        of the kbs' term sums, under the query timeout)."""
+        with self._connect() as conn:
+            self._limit_statement_time(conn, timeout_s)
+            return read_frequent_terms(conn, kb_ids, max_df)
 
     def uncounted_versions(self, kb_id: str) -> list[tuple[str, int]]:
         """(doc id, version) of the kb's active versions whose term statistics are missing."""
@@ -232,6 +262,15 @@ class DocumentStore:
         query = select(chunks.c.chunk_id).join(documents, active).where(chunks.c.kb_id == kb_id, chunks.c.level.in_(levels))
         with self._connect() as conn:
             return set(conn.execute(query).scalars())
+
+    def active_chunks(self, *, limit: int) -> list[Chunk]:
+        """Up to ``limit`` chunks of the active versions of every kb, leaves first, then L2, then L1
+        (what a warm-up can cache)."""
+        active = and_(documents.c.kb_id == chunks.c.kb_id, documents.c.doc_id == chunks.c.doc_id,
+                      documents.c.version == chunks.c.version, documents.c.status == ACTIVE)  # fmt: skip
+        query = select(chunks).join(documents, active).order_by(chunks.c.level.desc()).limit(limit)
+        with self._connect() as conn:
+            return [chunk_from_row(r) for r in conn.execute(query)]
 
     def generations(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> dict[str, str]:
         """Each kb's "epoch#generation": what changes whenever its serving state does (one small query)."""

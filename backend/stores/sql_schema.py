@@ -91,6 +91,15 @@ version_terms = Table(
 )
 Index("ix_strata_version_terms_term", version_terms.c.kb_id, version_terms.c.term)
 
+kb_terms = Table(
+    "strata_kb_terms",
+    metadata,
+    Column("kb_id", String(256), primary_key=True),
+    Column("term", String(64), primary_key=True),
+    Column("df", Integer, nullable=False, comment="leaves of the kb's active versions whose search text holds the term"),
+)
+Index("ix_strata_kb_terms_df", kb_terms.c.kb_id, kb_terms.c.df)
+
 embedding_cache = Table(
     "strata_embedding_cache",
     metadata,

@@ -47,12 +47,12 @@ def _settings(root: Path, pg_url: str, **retrieval: Any) -> Settings:
 
 
 class CountedLookups:
-    """Wraps ``DocumentStore.term_frequencies`` of a Resources to count the SQL lookups."""
+    """Wraps ``DocumentStore.frequent_terms`` of a Resources to count the SQL lookups."""
 
     def __init__(self, resources: Resources) -> None:
         self.calls = 0
-        self._inner = resources.documents.term_frequencies
-        resources.documents.term_frequencies = self  # type: ignore[method-assign]
+        self._inner = resources.documents.frequent_terms
+        resources.documents.frequent_terms = self  # type: ignore[method-assign]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -116,6 +116,7 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         old = Resources(settings, encoder=memo_encoder)
         with old.documents.engine.begin() as conn:  # the database as an earlier strata left it
             conn.execute(text("DROP TABLE strata_version_terms"))
+            conn.execute(text("DROP TABLE strata_kb_terms"))
 
         # Retrieval without the table: the lookup fails, BM25 searches the whole query, the answer stands.
         result = Retriever(old).retrieve(QUERY, 3, kb_ids=["legacy"])

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import pytest
 
-from backend.rag.bm25_hygiene import TermFrequencyCache
+from backend.rag.bm25_hygiene import FrequentTermsCache
 from backend.rag.bm25_query import prune_bm25_query, query_terms
 from backend.stores.analyzer import analyzer_tokenizer
 from backend.stores.term_stats import TermFrequencies
@@ -70,60 +70,56 @@ def test_jieba_queries_lose_their_common_words_and_punctuation() -> None:
 
 
 class CountingLookup:
-    """A term statistics source that records every question."""
+    """A source of frequent-term statistics that records every question."""
 
     def __init__(self, leaves: int = 500, df: dict[str, int] | None = None) -> None:
         self.leaves, self.df = leaves, df or {}
-        self.calls: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+        self.calls: list[tuple[tuple[str, ...], float]] = []
         self.fail = False
 
-    def __call__(self, kbs: Sequence[str], terms: Sequence[str], timeout_s: float | None) -> TermFrequencies:
-        self.calls.append((tuple(kbs), tuple(terms)))
+    def __call__(self, kbs: Sequence[str], max_df: float, timeout_s: float | None) -> TermFrequencies:
+        self.calls.append((tuple(kbs), max_df))
         if self.fail:
             raise RuntimeError("database is down")
-        return TermFrequencies(self.leaves, {t: self.df.get(t, 0) for t in terms})
+        return TermFrequencies(self.leaves, {t: n for t, n in self.df.items() if n > max_df * self.leaves})
 
 
-def test_the_cache_asks_only_for_terms_it_has_not_seen_in_this_generation() -> None:
+def test_the_cache_reads_once_per_set_of_kbs_and_generations() -> None:
     lookup = CountingLookup(df={"the": 400, "warranty": 3})
-    cache = TermFrequencyCache(lookup)
+    cache = FrequentTermsCache(lookup, 0.5)
     gens = {"b": "e#1", "a": "e#4"}
-    assert cache.get(gens, ["the", "warranty"]) == TermFrequencies(500, {"the": 400, "warranty": 3})
-    assert cache.get(gens, ["warranty", "the"]) == TermFrequencies(500, {"warranty": 3, "the": 400})
-    assert cache.get(gens, ["the", "blender"]).df == {"the": 400, "blender": 0}
-    assert lookup.calls == [(("a", "b"), ("the", "warranty")), (("a", "b"), ("blender",))]
+    assert cache.get(gens) == TermFrequencies(500, {"the": 400})
+    assert cache.get({"a": "e#4", "b": "e#1"}) == TermFrequencies(500, {"the": 400})
+    assert lookup.calls == [(("a", "b"), 0.5)]
     lookup.df["the"], lookup.leaves = 10, 900
-    assert cache.get({"a": "e#5", "b": "e#1"}, ["the"]) == TermFrequencies(900, {"the": 10})  # a new generation
-    assert lookup.calls[-1] == (("a", "b"), ("the",))
+    assert cache.get({"a": "e#5", "b": "e#1"}) == TermFrequencies(900, {})  # a new generation: read again
+    assert cache.get({"a": "e#5"}, timeout_s=1.0) == TermFrequencies(900, {})  # another set of kbs
+    assert len(lookup.calls) == 3
 
 
 def test_the_cache_is_bounded_and_a_failed_lookup_is_not_remembered() -> None:
     lookup = CountingLookup()
-    cache = TermFrequencyCache(lookup, max_kb_sets=2, max_terms=3)
+    cache = FrequentTermsCache(lookup, 0.5, max_kb_sets=2)
     for kb in ("a", "b", "c"):
-        cache.get({kb: "e#1"}, ["x"])
-    cache.get({"a": "e#1"}, ["x"])  # evicted by "c": asked again
+        cache.get({kb: "e#1"})
+    cache.get({"a": "e#1"})  # evicted by "c": read again
     assert len(lookup.calls) == 4
-    cache.get({"a": "e#1"}, ["t1", "t2", "t3"])  # four terms known to kb set "a": the oldest ("x") goes
-    cache.get({"a": "e#1"}, ["x"])
-    assert lookup.calls[-1] == (("a",), ("x",))
     lookup.fail = True
     with pytest.raises(RuntimeError):
-        cache.get({"a": "e#1"}, ["new"])
+        cache.get({"z": "e#1"})
     lookup.fail = False
-    assert cache.get({"a": "e#1"}, ["new"]).df == {"new": 0}
+    assert cache.get({"z": "e#1"}).leaves == 500 and len(lookup.calls) == 6
 
 
 def test_the_cache_answers_concurrent_queries_consistently() -> None:
-    lookup = CountingLookup(df={f"t{i}": i for i in range(50)})
-    cache = TermFrequencyCache(lookup)
+    lookup = CountingLookup(df={"common": 400})
+    cache = FrequentTermsCache(lookup, 0.5)
     wrong: list[object] = []
 
     def ask(offset: int) -> None:
         for i in range(200):
-            terms = [f"t{(offset + i + j) % 50}" for j in range(3)]
-            got = cache.get({"kb": "e#1"}, terms)
-            if got.df != {t: int(t[1:]) for t in terms} or got.leaves != 500:
+            got = cache.get({"kb": f"e#{(offset + i) % 3}"})
+            if got != TermFrequencies(500, {"common": 400}):
                 wrong.append(got)
 
     threads = [threading.Thread(target=ask, args=(n,)) for n in range(8)]
@@ -131,4 +127,4 @@ def test_the_cache_answers_concurrent_queries_consistently() -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert wrong == [] and sum(len(terms) for _, terms in lookup.calls) >= 50
+    assert wrong == []

@@ -4,6 +4,8 @@ no SQL beyond the generation probe while nothing changes. Real Milvus Lite and S
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -43,6 +45,8 @@ def serving(tmp_path: Path, memo_encoder) -> Iterator[tuple[Resources, Retriever
 
 def test_leaves_come_from_sql_once_then_from_the_cache_and_match_what_was_indexed(serving) -> None:
     resources, retriever = serving
+    retriever.warm_up()  # fills the in-process cache with leaves: empty it to see the first read
+    resources.parents.cache.delete_kb("demo")
     first = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
     again = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
 
@@ -53,6 +57,25 @@ def test_leaves_come_from_sql_once_then_from_the_cache_and_match_what_was_indexe
     for doc in first.docs:  # every returned text is the one SQL holds for that chunk
         stored = resources.documents.get_chunks([doc.metadata["chunk_id"]])[doc.metadata["chunk_id"]]
         assert doc.content == stored.text and doc.metadata["heading_path"] == stored.heading_path
+
+
+def test_the_warm_up_puts_the_chunks_in_the_in_process_cache(serving) -> None:
+    resources, retriever = serving
+    first = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
+    every = resources.documents.active_chunk_ids("demo", levels=(1, 2, 3))
+    assert set(resources.parents.cache.keys("demo")) == every  # examples/kb is far under half the cache
+    assert first.meta.parent_cache["leaf_misses"] == first.meta.parent_cache["misses"] == 0
+    assert first.meta.parent_cache["leaf_hits"] > 0
+
+
+def test_the_warm_up_fills_at_most_half_the_cache_leaves_first(tmp_path: Path, memo_encoder) -> None:
+    settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None, redis={"local_cache_size": 20})
+    resources = Resources(settings, encoder=memo_encoder)
+    Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
+    resources.parents.cache.delete_kb("demo")  # what indexing wrote through
+    Retriever(resources).warm_up()
+    cached = resources.documents.get_chunks(resources.parents.cache.keys("demo"))
+    assert len(cached) == 10 and {c.level for c in cached.values()} == {3}
 
 
 def test_steady_state_queries_run_only_the_generation_probe(serving) -> None:
@@ -108,3 +131,37 @@ def test_a_leaf_sql_no_longer_holds_is_left_out_and_reported(serving) -> None:
 
     assert gone not in [d.metadata["chunk_id"] for d in result.docs]
     assert any(e.error == "MissingLeaf" and gone in e.message for e in result.meta.errors)
+
+
+class SlowFirstSearch:
+    """The real leaf index; its first dense search waits, so the queries behind it queue up."""
+
+    def __init__(self, real) -> None:  # noqa: ANN001
+        self._real = real
+        self.batch_sizes: list[int] = []
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._real, name)
+
+    def search_dense_many(self, vectors, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        if not self.batch_sizes:
+            time.sleep(0.5)
+        self.batch_sizes.append(len(vectors))
+        return self._real.search_dense_many(vectors, **kwargs)
+
+
+def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving) -> None:
+    resources, retriever = serving
+    questions = [RESET_QUERY, "如何重置密码", "审计日志保留多久", "双因素认证怎么开启", "会话超时", "API 限流", "登录失败锁定", "邮件发送地址"]
+    alone = {q: [d.metadata["chunk_id"] for d in retriever.retrieve(q, 3, kb_ids=["demo"]).docs] for q in questions}
+    slow = SlowFirstSearch(resources.leaf_index)
+    resources.__dict__["leaf_index"] = slow
+    together = Retriever(resources)
+    try:
+        with ThreadPoolExecutor(len(questions)) as pool:
+            results = list(pool.map(lambda q: together.retrieve(q, 3, kb_ids=["demo"]), questions))
+    finally:
+        together.close()
+    assert [r.meta.status for r in results] == ["ok"] * len(questions)
+    assert {q: [d.metadata["chunk_id"] for d in r.docs] for q, r in zip(questions, results)} == alone
+    assert max(slow.batch_sizes) > 1 and sum(slow.batch_sizes) == len(questions)  # shared dense searches

@@ -89,7 +89,7 @@ def test_hybrid_results_carry_metadata_and_trace(indexed: Settings, memo_encoder
     result = retriever(indexed, memo_encoder).retrieve("How do I filter search results by tag?", 5, kb_ids=["demo"])
     meta = result.meta
     assert (meta.status, meta.mode, meta.candidate_k) == ("ok", "hybrid", 15)
-    assert meta.dense_candidates == 30 and meta.sparse_candidates > 0 and meta.fused_candidates == 15
+    assert meta.dense_candidates == 15 and meta.sparse_candidates > 0 and meta.fused_candidates == 15  # 1 x candidate_k per route
     assert 0 < len(result.docs) <= 5 and meta.returned == len(result.docs)
     top = result.docs[0]
     assert top.metadata["source"] == "search-guide.md" and "Filters" in top.metadata["heading_path"]

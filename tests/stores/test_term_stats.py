@@ -88,3 +88,52 @@ def test_the_df_lookup_is_indexed_by_kb_and_term(store: DocumentStore) -> None:
     assert inspect(store.engine).get_pk_constraint("strata_version_terms")["constrained_columns"] == [
         "kb_id", "doc_id", "version", "term"
     ]
+
+
+def _sums_by_aggregate(store: DocumentStore, kb: str) -> dict[str, int]:
+    """The kb's df the slow way (every active version's counts summed), to check the kept sums against."""
+    terms = {t for (t,) in store.engine.connect().execute(select(version_terms.c.term).where(version_terms.c.kb_id == kb)) if t}
+    return {t: n for t, n in store.term_frequencies([kb], sorted(terms)).df.items() if n > 0}
+
+
+def test_the_kept_sums_follow_every_status_change_and_answer_the_frequent_terms(store: DocumentStore) -> None:
+    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    _write(store, "kb", "a.md", 1, {"the": 6, "warranty": 2})
+    _write(store, "kb", "b.md", 1, {"the": 4, "shipping": 4}, leaves=4)
+    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})  # pending: nothing serves
+    store.switch("kb", [("a.md", 1), ("b.md", 1)])
+    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 10, "warranty": 2, "shipping": 4}
+    assert store.frequent_terms(["kb"], 0.5) == TermFrequencies(10, {"the": 10})  # over half of 10 leaves
+    store.activate("kb", "a.md", 1)  # activating what already serves changes nothing
+    assert store.frequent_terms(["kb"], 0.0).df == {"the": 10, "warranty": 2, "shipping": 4}
+
+    _write(store, "kb", "a.md", 2, {"the": 1, "claims": 3}, leaves=3)  # an update: v2 replaces v1
+    store.activate("kb", "a.md", 2)
+    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 5, "claims": 3, "shipping": 4}
+    store.retire_document("kb", "b.md")  # a deletion
+    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 1, "claims": 3}
+    store.switch("kb", [], retire=["a.md"])  # a --recreate's switch that retires the rest
+    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
+    store.drop_kb("kb")
+    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
+
+
+def test_frequent_terms_of_several_kbs_are_frequent_in_their_union(store: DocumentStore) -> None:
+    for kb, counts, leaves in (("kb1", {"rare": 1, "common": 9}, 10), ("kb2", {"rare": 2, "other": 90}, 100)):
+        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+        _write(store, kb, "d.md", 1, counts, leaves=leaves)
+        store.activate(kb, "d.md", 1)
+    assert store.frequent_terms(["kb1"], 0.5).df == {"common": 9}
+    # over the 110 leaves of both, "common" (9) is rare and "other" (90) is not
+    assert store.frequent_terms(["kb1", "kb2"], 0.5, timeout_s=2) == TermFrequencies(110, {"other": 90})
+
+
+def test_sums_missing_from_an_older_database_are_rebuilt(store: DocumentStore) -> None:
+    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    _write(store, "kb", "a.md", 1, {"the": 6, "warranty": 2})
+    store.activate("kb", "a.md", 1)
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM strata_kb_terms")
+    assert store.kb_terms_missing("kb") and store.frequent_terms(["kb"], 0.0).df == {}
+    assert store.rebuild_kb_terms("kb") == 2
+    assert not store.kb_terms_missing("kb") and store.frequent_terms(["kb"], 0.0).df == {"the": 6, "warranty": 2}
