@@ -88,26 +88,27 @@ class Recorder:
         self.sparse = self.sparse if sparse is None else sparse
 
     def parent_fetch(self, fetch: ParentFetch) -> None:
-        self._parent_cache["hits"] += fetch.cache_hits
-        self._parent_cache["misses"] += fetch.cache_misses
-        if fetch.cache_error:
-            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
+        """A merge round read its parents (cache, then SQL); a parent not found is reported."""
+        self._count(fetch, "")
         if fetch.missing:
             shown = ", ".join(fetch.missing[:5])
             self.error_message("parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing")
 
     def leaf_fetch(self, fetch: ParentFetch) -> None:
         """The candidates' leaves were read (cache, then SQL); a leaf SQL no longer holds is reported."""
-        self._parent_cache["leaf_hits"] += fetch.cache_hits
-        self._parent_cache["leaf_misses"] += fetch.cache_misses
-        if fetch.cache_error:
-            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
+        self._count(fetch, "leaf_")
         if fetch.missing:
-            shown = ", ".join(fetch.missing[:5])
             self.error_message(
                 "leaf_fetch", "MissingLeaf", f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
-                f"(removed since, or orphans for `strata reconcile`), left out: {shown}",
+                f"(removed since, or orphans for `strata reconcile`), left out: {', '.join(fetch.missing[:5])}",
             )  # fmt: skip
+
+    def _count(self, fetch: ParentFetch, prefix: str) -> None:
+        """Counts a read through the parent store under ``{prefix}hits`` / ``{prefix}misses``."""
+        self._parent_cache[f"{prefix}hits"] += fetch.cache_hits
+        self._parent_cache[f"{prefix}misses"] += fetch.cache_misses
+        if fetch.cache_error:
+            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
 
     def result(self, docs: Sequence[RetrievedDocument], *, dropped: int) -> RetrievalResult:
         self._timings["total"] = (time.perf_counter() - self._started) * 1000
