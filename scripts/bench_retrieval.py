@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -77,7 +76,7 @@ def main() -> None:
         questions = [q.question for q in wanted][: args.queries + WARMUP]
         print(f"\n== corpus {kb!r}: {resources.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after {WARMUP} warm-up)")
         vectors = resources.encoder.encode_queries(questions)
-        search_stage(retriever, resources.leaf_index, questions, vectors, args.top_k, kb)
+        search_stage(retriever, resources, questions, vectors, args.top_k, kb)
         overhead(retriever, resources, questions, args.top_k, kb)
         throughput(retriever, questions, args.top_k, kb, [int(t) for t in args.threads.split(",")])
     retriever.close()
@@ -94,10 +93,10 @@ def build_index_into(resources: Resources, dataset: Path, out: Path, kb: str, pr
     build_index(resources.settings, dataset, out, kb, progress)[0].close()
 
 
-def search_stage(retriever: Retriever, index: LeafIndex, questions: list[str], vectors: np.ndarray, top_k: int, kb: str) -> None:
-    cfg = retriever._res.settings.retrieval
-    candidate_k = max(top_k, cfg.candidate_k or 3 * top_k)
-    route_limit = max(candidate_k, math.ceil(cfg.route_multiplier * candidate_k))
+def search_stage(retriever: Retriever, resources: Resources, questions: list[str], vectors: np.ndarray, top_k: int, kb: str) -> None:
+    cfg, index = resources.settings.retrieval, resources.leaf_index
+    candidate_k = cfg.candidates_for(top_k)
+    route_limit = cfg.route_limit(candidate_k)
     before, native_ids, engine = [], [], []
     for n, (question, vector) in enumerate(zip(questions, vectors)):
         t_before, _ = timed_ms(lambda: before_change(index, vector, question, candidate_k, kb))
@@ -131,8 +130,8 @@ def before_change(index: LeafIndex, vector: np.ndarray, question: str, candidate
 
 def overhead(retriever: Retriever, resources: Resources, questions: list[str], top_k: int, kb: str) -> None:
     cfg = resources.settings.retrieval
-    candidate_k = max(top_k, cfg.candidate_k or 3 * top_k)
-    route_limit = max(candidate_k, math.ceil(cfg.route_multiplier * candidate_k))
+    candidate_k = cfg.candidates_for(top_k)
+    route_limit = cfg.route_limit(candidate_k)
     encoder, index = resources.encoder, resources.leaf_index
     enc, native, full, parts = [], [], [], []
     for n, question in enumerate(questions):

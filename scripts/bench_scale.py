@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import time
 from collections import Counter
@@ -76,7 +75,7 @@ def main() -> None:
     index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
     tokenize = analyzer_tokenizer(settings.analyzer)
     defaults = RetrievalSettings()
-    route_limit = max(CANDIDATE_K, math.ceil(defaults.route_multiplier * CANDIDATE_K))
+    route_limit = defaults.route_limit(CANDIDATE_K)
     print(f"machine: {machine()}")
     print(f"{len(questions) - 5} questions (after 5 warm-up), top_k 5 (15 candidates); now: {route_limit} per route, "
           f"BM25 pruned at max_df {defaults.bm25_max_df}; p50 / p95 ms")

@@ -15,9 +15,8 @@ import json
 from typing import Any
 
 from pydantic import SecretStr
-from sqlalchemy.engine import make_url
-
 from backend.config import Settings
+from backend.stores.keys import database_identity
 
 
 def config_fingerprint(settings: Settings) -> dict[str, Any]:
@@ -29,7 +28,7 @@ def config_fingerprint(settings: Settings) -> dict[str, Any]:
         "encoder": {"provider": settings.embedding.provider, "model": settings.embedding.model},
         "stores": {
             "milvus": [str(settings.milvus.uri), settings.milvus.collection],
-            "database": make_url(str(settings.database.url)).render_as_string(hide_password=True),
+            "database": database_identity(str(settings.database.url)),
             "key_prefix": settings.redis.key_prefix,
         },
     }

@@ -75,7 +75,7 @@ class Retriever:
         plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
         if queries and not plan.multi_query:
             raise ValueError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
-        candidate_k = max(top_k, self._cfg.candidate_k or 3 * top_k)
+        candidate_k = self._cfg.candidates_for(top_k)
         run = Recorder(
             query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters,
             deadline=Deadline(self._cfg.deadline_ms / 1000),
@@ -174,13 +174,11 @@ class Retriever:
     def _current_state(self, run: Recorder) -> ServingState:
         """The kbs' generations (one small query); the full state only when a generation moved since
         this process last read it: every change to what may be served bumps the generation."""
-        documents, timeout = self._res.documents, run.deadline.remaining()
-        last = self._states.get(run.kb_ids)
-        if last is not None and documents.generations(run.kb_ids, timeout_s=timeout) == last.generations:
-            return last
-        state = documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
-        self._states.remember(run.kb_ids, state)
-        return state
+        documents, last = self._res.documents, self._states.get(run.kb_ids)
+        if last is None or documents.generations(run.kb_ids, timeout_s=run.deadline.remaining()) != last.generations:
+            last = documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
+        self._states.remember(run.kb_ids, last)  # also keeps a state in use from being evicted
+        return last
 
     def _last_state(self, run: Recorder, exc: Exception) -> ServingState | None:
         last = self._states.get(run.kb_ids)

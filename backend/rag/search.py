@@ -156,10 +156,8 @@ class RouteSearch:
         """The route's search, queued to share a Milvus search with concurrent queries like it."""
         if run.deadline.expired():
             raise DeadlineExceeded(f"the {route} route")
-        prefix = run.filters.source_prefix if run.filters else ""
-        exact = bool(prefix) and expr.needs_exact_check(prefix)  # LIKE wildcards in the prefix over-match
         key = _RouteKey(route, tuple(run.kb_ids) if run.kb_ids is not None else None, where,
-                        self.route_limit(run.candidate_k), prefix if exact else "")  # fmt: skip
+                        self._cfg.route_limit(run.candidate_k), _exact_prefix(run))  # fmt: skip
         return self._searches.submit(key, [(query, run.deadline.remaining())])
 
     def _wait(self, route: str, run: Recorder, search: Future) -> list[RouteHit]:
@@ -168,8 +166,8 @@ class RouteSearch:
             hits: list[RouteHit] = search.result(timeout=None if math.isinf(remaining) else remaining)[0]
         except FutureTimeout:
             raise DeadlineExceeded(f"the {route} route") from None
-        prefix = run.filters.source_prefix if run.filters else ""
-        return [h for h in hits if h.source.startswith(prefix)] if prefix and expr.needs_exact_check(prefix) else hits
+        prefix = _exact_prefix(run)
+        return [h for h in hits if h.source.startswith(prefix)] if prefix else hits
 
     def _search_batch(self, key: _RouteKey, items: list[tuple[Any, float]]) -> list[list[RouteHit]]:
         """One Milvus search for the queries of concurrent requests with the same key (the longest
@@ -180,10 +178,6 @@ class RouteSearch:
             [query for query, _ in items], limit=key.limit, kb_ids=key.kb_ids, where=key.where,
             timeout=max(left for _, left in items), with_source=bool(key.exact_prefix),
         )  # fmt: skip
-
-    def route_limit(self, candidate_k: int) -> int:
-        """Hits each route returns for ``candidate_k`` fused candidates."""
-        return max(candidate_k, math.ceil(self._cfg.route_multiplier * candidate_k))
 
     def _with_leaves(self, run: Recorder, ranked: list[Ranked]) -> list[Candidate]:
         """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
@@ -207,3 +201,9 @@ class RouteSearch:
             run.error("leaf_fetch", exc, degraded="leaf_fetch_failed")
             run.mode = "failed"
             return {}
+
+
+def _exact_prefix(run: Recorder) -> str:
+    """The source prefix to check on each hit after the search ("" for none): LIKE wildcards in it over-match."""
+    prefix = run.filters.source_prefix if run.filters else ""
+    return prefix if prefix and expr.needs_exact_check(prefix) else ""

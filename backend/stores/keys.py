@@ -17,8 +17,12 @@ def partition_name(kb_id: str) -> str:
     return "kb_" + hashlib.sha1(kb_id.encode()).hexdigest()[:20]
 
 
+def database_identity(url: str) -> str:
+    """A SQL database's URL without its password: what tells two databases apart."""
+    return make_url(str(url)).render_as_string(hide_password=True)
+
+
 def database_namespace(url: str) -> str:
-    """A short tag of a SQL database's identity (its URL without the password): the parent
-    cache's key namespace, so deployments sharing a Redis never read each other's chunks."""
-    rendered = make_url(str(url)).render_as_string(hide_password=True)
-    return "db" + hashlib.sha1(rendered.encode("utf-8")).hexdigest()[:10]
+    """A short tag of ``database_identity``: the parent cache's key namespace, so deployments
+    sharing a Redis never read each other's chunks."""
+    return "db" + hashlib.sha1(database_identity(url).encode("utf-8")).hexdigest()[:10]

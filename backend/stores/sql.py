@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import ColumnElement, Engine, and_, create_engine, delete, event, func, inspect, select, update
+from sqlalchemy import Engine, and_, create_engine, delete, event, func, inspect, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -26,8 +26,8 @@ from backend.stores.sql_schema import (
     ADDED_COLUMNS, chunks, documents, embedding_cache, kb_terms, knowledge_bases, metadata, version_terms,
 )  # fmt: skip
 from backend.stores.term_stats import (
-    TermFrequencies, insert_version_terms, kb_terms_missing, read_frequent_terms, read_term_frequencies,
-    rebuild_kb_terms, start_serving, stop_serving, uncounted_versions,
+    TermFrequencies, drop_absent_terms, insert_version_terms, kb_terms_missing, read_frequent_terms,
+    read_term_frequencies, rebuild_kb_terms, start_serving, stop_serving, uncounted_versions,
 )  # fmt: skip
 from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
@@ -133,25 +133,40 @@ class DocumentStore:
         and stop serving the documents in ``retire`` (a ``--recreate``'s switch to its new generation).
         The kb's term sums follow: what starts serving is added, what stops is subtracted."""
         with self._begin() as conn:
+            serving = self._serving_versions(conn, kb_id, [doc_id for doc_id, _ in activate])
             for doc_id, version in activate:
-                doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
-                serving = set(conn.execute(select(documents.c.version).where(doc, documents.c.status == ACTIVE)).scalars())
-                for old in serving - {version}:
+                for old in serving.get(doc_id, set()) - {version}:
                     stop_serving(conn, kb_id, doc_id, old)
-                if version not in serving:
+                if version not in serving.get(doc_id, set()):
                     start_serving(conn, kb_id, doc_id, version)
+                doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
                 conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
                 conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
+            gone = self._serving_versions(conn, kb_id, retire)
+            for doc_id, versions in gone.items():
+                for version in versions:
+                    stop_serving(conn, kb_id, doc_id, version)
             for start in range(0, len(retire), _IN_BATCH):
-                gone = and_(documents.c.kb_id == kb_id, documents.c.doc_id.in_(list(retire[start : start + _IN_BATCH])))
-                self._stop_serving(conn, kb_id, gone)
-                conn.execute(update(documents).where(gone).values(status=RETIRED))
+                batch = list(retire[start : start + _IN_BATCH])
+                conn.execute(
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(batch)).values(status=RETIRED)
+                )
+            drop_absent_terms(conn, kb_id)
             self._bump(conn, kb_id)
 
     @staticmethod
-    def _stop_serving(conn: Connection, kb_id: str, which: ColumnElement[bool]) -> None:
-        for row in conn.execute(select(documents.c.doc_id, documents.c.version).where(which, documents.c.status == ACTIVE)):
-            stop_serving(conn, kb_id, row.doc_id, row.version)
+    def _serving_versions(conn: Connection, kb_id: str, doc_ids: Sequence[str]) -> dict[str, set[int]]:
+        """The active versions of ``doc_ids``: doc id -> versions (one SELECT per 900 documents)."""
+        found: dict[str, set[int]] = {}
+        wanted = list(dict.fromkeys(doc_ids))
+        for start in range(0, len(wanted), _IN_BATCH):
+            query = select(documents.c.doc_id, documents.c.version).where(
+                documents.c.kb_id == kb_id, documents.c.doc_id.in_(wanted[start : start + _IN_BATCH]),
+                documents.c.status == ACTIVE,
+            )  # fmt: skip
+            for row in conn.execute(query):
+                found.setdefault(row.doc_id, set()).add(row.version)
+        return found
 
     def set_roots(self, kb_id: str, roots: Mapping[str, str]) -> None:
         """Records the folder each (unchanged) document was last indexed from: doc id -> root."""
@@ -163,10 +178,13 @@ class DocumentStore:
 
     def retire_document(self, kb_id: str, doc_id: str) -> None:
         """Stop serving every version of a document (deletion, step 1)."""
-        doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
         with self._begin() as conn:
-            self._stop_serving(conn, kb_id, doc)
-            conn.execute(update(documents).where(doc).values(status=RETIRED))
+            for version in self._serving_versions(conn, kb_id, [doc_id]).get(doc_id, set()):
+                stop_serving(conn, kb_id, doc_id, version)
+            conn.execute(
+                update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(status=RETIRED)
+            )
+            drop_absent_terms(conn, kb_id)
             self._bump(conn, kb_id)
 
     def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:

@@ -121,8 +121,12 @@ def start_serving(conn: Connection, kb_id: str, doc_id: str, version: int) -> No
 
 
 def stop_serving(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
-    """Subtracts the version's terms from its kb's df (the version stopped being active)."""
+    """Subtracts the version's terms from its kb's df (the version stopped being active);
+    ``drop_absent_terms`` clears the terms left at 0 once the transaction's changes are done."""
     conn.execute(_SUBTRACT, {"kb": kb_id, "doc": doc_id, "version": version})
+
+
+def drop_absent_terms(conn: Connection, kb_id: str) -> None:
     conn.execute(delete(kb_terms).where(kb_terms.c.kb_id == kb_id, kb_terms.c.df <= 0))
 
 

@@ -8,31 +8,19 @@ loaded machine; the meta record says which stage ran out.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from backend.config import Settings
 from backend.encoders.openai_http import OpenAIEmbeddingEncoder
 from backend.errors import StoreError
-from backend.indexing.pipeline import Indexer
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
-from tests.conftest import EXAMPLES_KB
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.rag.test_retrieve import RESET_QUERY, make_settings
+from tests.rag.test_retrieve import RESET_QUERY
 
 HANG_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
-    root = tmp_path_factory.mktemp("deadline")
-    settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None)
-    assert Indexer(Resources(settings, encoder=memo_encoder)).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-    return settings
 
 
 def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:

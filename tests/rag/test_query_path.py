@@ -16,6 +16,7 @@ from backend.indexing.pipeline import Indexer
 from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 from tests.conftest import EXAMPLES_KB
+from tests.rag.conftest import examples_kb
 from tests.rag.test_retrieve import RESET_QUERY, make_settings
 from tests.rag.test_retrieve_honesty import GARDEN, cut_sql, own_db, write
 
@@ -36,8 +37,7 @@ class Statements:
 
 @pytest.fixture
 def serving(tmp_path: Path, memo_encoder) -> Iterator[tuple[Resources, Retriever]]:
-    resources = Resources(make_settings(tmp_path, own_db(tmp_path), redis_url=None), encoder=memo_encoder)
-    Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
+    resources = Resources(examples_kb(tmp_path, memo_encoder), encoder=memo_encoder)
     retriever = Retriever(resources)
     yield resources, retriever
     retriever.close()

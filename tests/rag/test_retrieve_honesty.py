@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import redis
 from pydantic import SecretStr

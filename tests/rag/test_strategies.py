@@ -8,22 +8,12 @@ from typing import Any
 import pytest
 
 from backend.config import Settings
-from backend.indexing.pipeline import Indexer
 from backend.rag import get_retriever as registered
 from backend.rag.expansion import SynonymDictionary
 from backend.rag.retrieve import Retriever
 from backend.rag.strategies import STRATEGIES, plan_for, query_variants
 from backend.resources import Resources
-from tests.conftest import EXAMPLES_KB
-from tests.rag.test_retrieve import RESET_QUERY, make_settings
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
-    root = tmp_path_factory.mktemp("strategies")
-    settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None)
-    assert Indexer(Resources(settings, encoder=memo_encoder)).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-    return settings
+from tests.rag.test_retrieve import RESET_QUERY
 
 
 @pytest.fixture(scope="module")

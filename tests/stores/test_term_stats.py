@@ -92,7 +92,8 @@ def test_the_df_lookup_is_indexed_by_kb_and_term(store: DocumentStore) -> None:
 
 def _sums_by_aggregate(store: DocumentStore, kb: str) -> dict[str, int]:
     """The kb's df the slow way (every active version's counts summed), to check the kept sums against."""
-    terms = {t for (t,) in store.engine.connect().execute(select(version_terms.c.term).where(version_terms.c.kb_id == kb)) if t}
+    with store.engine.connect() as conn:
+        terms = {t for (t,) in conn.execute(select(version_terms.c.term).where(version_terms.c.kb_id == kb)) if t}
     return {t: n for t, n in store.term_frequencies([kb], sorted(terms)).df.items() if n > 0}
 
 
