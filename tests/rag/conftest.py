@@ -15,17 +15,20 @@ from tests.rag.rerank_server import RerankServer, unused_port
 from tests.rag.test_retrieve import make_settings
 
 
-def examples_kb(root: Path, encoder: Any) -> Settings:
-    """examples/kb indexed as kb 'demo' into stores of its own under ``root`` (SQLite, Milvus Lite, in-process cache)."""
+def examples_kb(root: Path, encoder: Any) -> Resources:
+    """examples/kb indexed as kb 'demo' into stores of its own under ``root`` (SQLite, Milvus Lite,
+    in-process cache), by the ``Resources`` returned: a test that serves from them keeps the same
+    Milvus Lite client open throughout."""
     settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None)
-    assert Indexer(Resources(settings, encoder=encoder)).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-    return settings
+    resources = Resources(settings, encoder=encoder)
+    assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+    return resources
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory, memo_encoder: Any) -> Settings:
-    """``examples_kb`` once per test module."""
-    return examples_kb(tmp_path_factory.mktemp("demo"), memo_encoder)
+    """The settings of ``examples_kb``, once per test module."""
+    return examples_kb(tmp_path_factory.mktemp("demo"), memo_encoder).settings
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ class Statements:
 
 @pytest.fixture
 def serving(tmp_path: Path, memo_encoder) -> Iterator[tuple[Resources, Retriever]]:
-    resources = Resources(examples_kb(tmp_path, memo_encoder), encoder=memo_encoder)
+    resources = examples_kb(tmp_path, memo_encoder)
     retriever = Retriever(resources)
     yield resources, retriever
     retriever.close()
