@@ -70,6 +70,12 @@ class MilvusSettings(_Section):
     search_ef: int = Field(64, ge=1, description="HNSW ef at query time; raised to the route limit when smaller")
     timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call while indexing and maintaining")
     search_timeout_s: float = Field(5.0, gt=0, description="timeout of each Milvus search on the query path")
+    lite_in_process: bool = Field(
+        True,
+        description="Milvus Lite: the query path's searches call Lite's engine in this process instead of its "
+        "loopback gRPC server (the same engine and rows; such a search is CPU work of this process and is not cut by "
+        "search_timeout_s); false = through the client",
+    )
 
     @field_validator("uri")
     @classmethod

