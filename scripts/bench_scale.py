@@ -11,7 +11,8 @@ questions (vectors precomputed) run, alternately, through:
   2 x 15 per route, fused in Python);
 - the engine's routes as configured now (ids only, the default route limit,
   the BM25 query pruned by document frequency counted over these leaves the
-  way indexing counts them), fused in Python.
+  way indexing counts them, on Milvus Lite's engine in this process), fused in
+  Python.
 
 The leaves are not in SQL here, so the batch read of the candidates' texts
 (about 1 ms, ``bench_retrieval.py``) is not included.
@@ -73,6 +74,7 @@ def main() -> None:
     qvecs = encoder.encode_queries(questions)
     settings = MilvusSettings(uri=str(args.out / "scale.db"))
     index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
+    assert index.in_process, "the in-process engine was not found"
     tokenize = analyzer_tokenizer(settings.analyzer)
     defaults = RetrievalSettings()
     route_limit = defaults.route_limit(CANDIDATE_K)
