@@ -67,6 +67,11 @@ class LeafIndex(LeafSearch):
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
         self._ensure_collection()
+        if self._engine is not None and not self._engine.available():
+            logger.warning(
+                "Milvus Lite's engine for %s is not in this process's milvus-lite (another version?): "
+                "the route searches go through its gRPC server", settings.uri,
+            )  # fmt: skip
 
     # -- collection lifecycle -------------------------------------------------
 

