@@ -209,14 +209,13 @@ class RetrievalSettings(_Section):
     bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
 
-
     def candidates_for(self, top_k: int) -> int:
         """Fused candidates for ``top_k`` results (``candidate_k``, default 3 x top_k, never under top_k)."""
         return max(top_k, self.candidate_k or 3 * top_k)
 
     def route_limit(self, candidate_k: int) -> int:
-        """Hits each route returns for ``candidate_k`` fused candidates."""
-        return max(candidate_k, math.ceil(self.route_multiplier * candidate_k))
+        """Hits each route returns for ``candidate_k`` fused candidates (the multiplier is at least 1)."""
+        return math.ceil(self.route_multiplier * candidate_k)
 
 
 class RerankSettings(_Section):

@@ -18,13 +18,16 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import redis
+from sqlalchemy import and_, func, select
 from milvus_lite.server_manager import server_manager_instance
 from pymilvus import MilvusClient
 
 from backend.config import Settings, load_settings
 from backend.resources import Resources
 from backend.stores.keys import database_namespace
-from backend.stores.sql import ACTIVE
+from backend.stores.sql import ACTIVE, DocumentStore
+from backend.stores.sql_schema import documents, version_terms
+from backend.stores.term_stats import TermFrequencies
 from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,3 +175,22 @@ class CountingEncoder:
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
         self.passages.extend(texts)
         return self._inner.encode_passages(texts)
+
+
+def term_frequencies(store: DocumentStore, kb_ids: Sequence[str], terms: Sequence[str]) -> TermFrequencies:
+    """The df of ``terms`` summed straight from the version terms of the active versions of ``kb_ids``
+    (not from the kb sums the query path reads), and their leaves: the term bookkeeping checked on its own."""
+    active = and_(documents.c.kb_id == version_terms.c.kb_id, documents.c.doc_id == version_terms.c.doc_id,
+                  documents.c.version == version_terms.c.version, documents.c.status == ACTIVE)  # fmt: skip
+    kbs = list(dict.fromkeys(kb_ids))
+    with store.engine.connect() as conn:
+        leaves = conn.execute(
+            select(func.coalesce(func.sum(documents.c.leaf_count), 0)).where(documents.c.kb_id.in_(kbs), documents.c.status == ACTIVE)
+        ).scalar_one()
+        summed = conn.execute(
+            select(version_terms.c.term, func.sum(version_terms.c.leaf_df)).join(documents, active)
+            .where(version_terms.c.kb_id.in_(kbs), version_terms.c.term.in_([t for t in terms if t]))
+            .group_by(version_terms.c.term)
+        )  # fmt: skip
+        df = {**dict.fromkeys(terms, 0), **{term: int(n) for term, n in summed}}
+    return TermFrequencies(leaves=int(leaves), df=df)

@@ -63,7 +63,9 @@ class Indexer:
         self._lease_ttl_s = lease_ttl_s
         self._leases: dict[str, KbLease] = {}
         self._kill_at = os.environ.get(KILL_ENV, "")
-        self._tokenize = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
+        self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
+        if why_not:
+            logger.info(why_not)
 
     def lease(self, kb_id: str) -> KbLease:
         """The kb's indexing lease (re-entrant): a second writer of the kb fails at once, naming the holder."""

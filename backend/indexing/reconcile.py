@@ -17,9 +17,9 @@ from typing import Any
 from backend.errors import CacheError
 from backend.indexing.embedding import embed_texts, search_text
 from backend.indexing.report import NoProgress
-from backend.indexing.terms import backfill_term_stats
+from backend.indexing.terms import backfill_term_stats, term_tokenizer
 from backend.resources import Resources
-from backend.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
+from backend.stores.analyzer import Tokenize
 from backend.types import ACTIVE
 
 logger = logging.getLogger(__name__)
@@ -90,11 +90,10 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
 
 
 def _tokenizer(resources: Resources, report: ReconcileReport) -> Tokenize | None:
-    try:
-        return analyzer_tokenizer(resources.settings.milvus.analyzer)
-    except UnsupportedAnalyzer as exc:
-        report.notes.append(f"term statistics are not kept: {exc}")
-        return None
+    tokenize, why_not = term_tokenizer(resources)
+    if why_not:
+        report.notes.append(why_not)
+    return tokenize
 
 
 def _diff(resources: Resources, kb_id: str, report: ReconcileReport) -> _Diff:

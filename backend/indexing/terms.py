@@ -21,13 +21,12 @@ from backend.types import Chunk
 logger = logging.getLogger(__name__)
 
 
-def term_tokenizer(resources: Resources) -> Tokenize | None:
-    """The BM25 analyzer's tokenizer, or None (logged) when term statistics cannot be kept for it."""
+def term_tokenizer(resources: Resources) -> tuple[Tokenize | None, str]:
+    """The BM25 analyzer's tokenizer, or None and why term statistics cannot be kept for it."""
     try:
-        return analyzer_tokenizer(resources.settings.milvus.analyzer)
+        return analyzer_tokenizer(resources.settings.milvus.analyzer), ""
     except UnsupportedAnalyzer as exc:
-        logger.info("term statistics are not kept: %s", exc)
-        return None
+        return None, f"term statistics are not kept: {exc}"
 
 
 def leaf_term_counts(chunks: Sequence[Chunk], tokenize: Tokenize, *, contextualize: bool) -> dict[str, int]:

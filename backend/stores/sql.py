@@ -27,7 +27,7 @@ from backend.stores.sql_schema import (
 )  # fmt: skip
 from backend.stores.term_stats import (
     TermFrequencies, drop_absent_terms, insert_version_terms, kb_terms_missing, read_frequent_terms,
-    read_term_frequencies, rebuild_kb_terms, start_serving, stop_serving, uncounted_versions,
+    rebuild_kb_terms, start_serving, stop_serving, uncounted_versions,
 )  # fmt: skip
 from backend.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion, KnowledgeBase, ServingState
 
@@ -241,15 +241,6 @@ class DocumentStore:
         with self._connect() as conn:
             return uncounted_versions(conn, kb_id)
 
-    def term_frequencies(
-        self, kb_ids: Sequence[str], terms: Sequence[str], *, timeout_s: float | None = None
-    ) -> TermFrequencies:
-        """The df of ``terms`` over the active versions of ``kb_ids`` and their number of leaves
-        (one query-path read, under the query timeout)."""
-        with self._connect() as conn:
-            self._limit_statement_time(conn, timeout_s)
-            return read_term_frequencies(conn, kb_ids, terms)
-
     # -- chunks ----------------------------------------------------------------
 
     def get_chunks(self, chunk_ids: Iterable[str], *, timeout_s: float | None = None) -> dict[str, Chunk]:
@@ -298,7 +289,7 @@ class DocumentStore:
             query = query.where(kb.c.kb_id.in_(list(kb_ids)))
         with self._connect() as conn:
             self._limit_statement_time(conn, timeout_s)
-            return {r.kb_id: f"{_epoch(r.created_at)}#{r.generation}" for r in conn.execute(query)}
+            return {r.kb_id: _generation(r) for r in conn.execute(query)}
 
     def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState:
         """Each kb's (epoch, generation) and the versions not to serve, in one query.
@@ -314,7 +305,7 @@ class DocumentStore:
         with self._connect() as conn:
             self._limit_statement_time(conn, timeout_s)
             rows = conn.execute(query).all()
-        generations = {r.kb_id: f"{_epoch(r.created_at)}#{r.generation}" for r in rows}
+        generations = {r.kb_id: _generation(r) for r in rows}
         hidden = tuple(version_key(r.kb_id, r.doc_id, r.version) for r in rows if r.doc_id is not None)
         return ServingState(generations=generations, hidden_version_keys=hidden)
 
@@ -446,6 +437,11 @@ def _kb(row: Any) -> KnowledgeBase:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _generation(row: Any) -> str:
+    """A kb's "epoch#generation" from its row: a kb dropped and created again starts a new epoch."""
+    return f"{_epoch(row.created_at)}#{row.generation}"
 
 
 def _epoch(created_at: datetime | None) -> str:

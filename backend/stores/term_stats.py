@@ -61,27 +61,6 @@ def insert_version_terms(conn: Connection, kb_id: str, doc_id: str, version: int
         conn.execute(version_terms.insert(), rows[start : start + _INSERT_BATCH])
 
 
-def read_term_frequencies(conn: Connection, kb_ids: Sequence[str], terms: Sequence[str]) -> TermFrequencies:
-    """The df of each of ``terms`` summed over the active versions of ``kb_ids``, and their leaf count."""
-    kbs = list(dict.fromkeys(kb_ids))
-    leaves = conn.execute(
-        select(func.coalesce(func.sum(documents.c.leaf_count), 0)).where(
-            documents.c.kb_id.in_(kbs), documents.c.status == ACTIVE
-        )
-    ).scalar_one()
-    asked = [t for t in dict.fromkeys(terms) if t and len(t) <= MAX_TERM_CHARS]
-    df = dict.fromkeys(terms, 0)
-    for start in range(0, len(asked), _IN_BATCH):
-        query = (
-            select(version_terms.c.term, func.sum(version_terms.c.leaf_df))
-            .join(documents, _of_active_version())
-            .where(version_terms.c.kb_id.in_(kbs), version_terms.c.term.in_(asked[start : start + _IN_BATCH]))
-            .group_by(version_terms.c.term)
-        )
-        df.update({term: int(n) for term, n in conn.execute(query)})
-    return TermFrequencies(leaves=int(leaves), df=df)
-
-
 def uncounted_versions(conn: Connection, kb_id: str) -> list[tuple[str, int]]:
     """(doc id, version) of the kb's active versions with leaves whose terms were never counted."""
     counted = exists().where(

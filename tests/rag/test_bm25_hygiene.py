@@ -23,7 +23,7 @@ from backend.rag.retrieve import Retriever
 from backend.resources import Resources
 from backend.types import ServingState
 from tests.conftest import fresh_pg_database
-from tests.strata_support import write_files
+from tests.strata_support import term_frequencies, write_files
 
 DOCS = {
     "warranty.md": "# Acme warranty\n\n## Coverage\n\nThe warranty covers manufacturing defects for two years from the "
@@ -90,7 +90,7 @@ def test_a_term_in_every_leaf_is_left_out_of_bm25_until_an_index_change_makes_it
 
     # Deleting a document takes its leaves out of N and its terms out of the df.
     assert indexer.delete_document("hygiene", "batteries.md")
-    stats = resources.documents.term_frequencies(["hygiene"], ["acme", "battery", "the"])
+    stats = term_frequencies(resources.documents, ["hygiene"], ["acme", "battery", "the"])
     served = resources.documents.stats("hygiene")["chunks_by_level"]["3"]
     assert stats.leaves == served == 6 and stats.df["acme"] == 2 and stats.df["battery"] == 0
     assert 0 < stats.df["the"] <= served

@@ -9,6 +9,7 @@ from backend.stores.sql import DocumentStore, DocumentVersion
 from backend.stores.sql_schema import version_terms
 from backend.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
 from tests.stores.test_sql import make_chunks
+from tests.strata_support import term_frequencies
 
 
 @pytest.fixture
@@ -39,16 +40,16 @@ def test_df_sums_over_the_active_versions_of_the_kbs(store: DocumentStore) -> No
     _write(store, "kb1", "a.md", 1, {"the": 6, "warranty": 2})
     _write(store, "kb1", "b.md", 1, {"the": 5, "shipping": 3}, leaves=5)
     _write(store, "kb2", "c.md", 1, {"the": 4, "warranty": 1}, leaves=4)
-    assert store.term_frequencies(["kb1"], ["the"]) == TermFrequencies(0, {"the": 0})  # pending: not served
+    assert term_frequencies(store, ["kb1"], ["the"]) == TermFrequencies(0, {"the": 0})  # pending: not served
     for kb, doc in (("kb1", "a.md"), ("kb1", "b.md"), ("kb2", "c.md")):
         store.activate(kb, doc, 1)
-    assert store.term_frequencies(["kb1"], ["the", "warranty", "nowhere", "x" * 80]) == TermFrequencies(
+    assert term_frequencies(store, ["kb1"], ["the", "warranty", "nowhere", "x" * 80]) == TermFrequencies(
         11, {"the": 11, "warranty": 2, "nowhere": 0, "x" * 80: 0}
     )
-    assert store.term_frequencies(["kb1", "kb2"], ["the", "warranty"], timeout_s=2) == TermFrequencies(
+    assert term_frequencies(store, ["kb1", "kb2"], ["the", "warranty"]) == TermFrequencies(
         15, {"the": 15, "warranty": 3}
     )
-    assert store.term_frequencies([], ["the"]) == TermFrequencies(0, {"the": 0})
+    assert term_frequencies(store, [], ["the"]) == TermFrequencies(0, {"the": 0})
 
 
 def test_a_new_version_replaces_the_old_ones_terms_and_deletion_removes_them(store: DocumentStore) -> None:
@@ -56,9 +57,9 @@ def test_a_new_version_replaces_the_old_ones_terms_and_deletion_removes_them(sto
     _write(store, "kb", "a.md", 1, {"old": 6, "both": 6})
     store.activate("kb", "a.md", 1)
     _write(store, "kb", "a.md", 2, {"new": 2, "both": 3}, leaves=3)
-    assert store.term_frequencies(["kb"], ["old", "new", "both"]).df == {"old": 6, "new": 0, "both": 6}
+    assert term_frequencies(store, ["kb"], ["old", "new", "both"]).df == {"old": 6, "new": 0, "both": 6}
     store.activate("kb", "a.md", 2)
-    assert store.term_frequencies(["kb"], ["old", "new", "both"]) == TermFrequencies(3, {"old": 0, "new": 2, "both": 3})
+    assert term_frequencies(store, ["kb"], ["old", "new", "both"]) == TermFrequencies(3, {"old": 0, "new": 2, "both": 3})
     store.delete_version("kb", "a.md", 1)
     assert _rows(store, "kb") == 3  # version 2: two terms and its marker
     _write(store, "kb", "a.md", 2, {"again": 3}, leaves=3)  # a rerun of the same version rewrites its rows
@@ -79,7 +80,7 @@ def test_versions_written_without_term_counts_are_found_and_backfilled(store: Do
     store.write_terms("kb", "legacy.md", 1, {"the": 6})
     store.write_terms("kb", "legacy.md", 1, {"the": 5})  # idempotent: replaces
     assert store.uncounted_versions("kb") == []
-    assert store.term_frequencies(["kb"], ["the"]) == TermFrequencies(12, {"the": 5})
+    assert term_frequencies(store, ["kb"], ["the"]) == TermFrequencies(12, {"the": 5})
 
 
 def test_the_df_lookup_is_indexed_by_kb_and_term(store: DocumentStore) -> None:
@@ -94,7 +95,7 @@ def _sums_by_aggregate(store: DocumentStore, kb: str) -> dict[str, int]:
     """The kb's df the slow way (every active version's counts summed), to check the kept sums against."""
     with store.engine.connect() as conn:
         terms = {t for (t,) in conn.execute(select(version_terms.c.term).where(version_terms.c.kb_id == kb)) if t}
-    return {t: n for t, n in store.term_frequencies([kb], sorted(terms)).df.items() if n > 0}
+    return {t: n for t, n in term_frequencies(store, [kb], sorted(terms)).df.items() if n > 0}
 
 
 def test_the_kept_sums_follow_every_status_change_and_answer_the_frequent_terms(store: DocumentStore) -> None:
