@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from backend.encoders._openmp import bounded_active_spin
 from backend.errors import EncoderError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class LazyModelEncoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
+                bounded_active_spin()  # before torch's libgomp loads (resolve_device imports torch)
                 device = resolve_device(self._device)
                 logger.info("loading %s model %s on %s", self.provider, self._model_name, device)
                 try:

