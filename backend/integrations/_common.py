@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
-from backend.config import Settings
-from backend.rag.registry import DEFAULT_STRATEGY, get_retriever
+from backend.config import Settings, get_settings
+from backend.rag.registry import get_retriever
 from backend.types import Filters, RetrievalResult, RetrievedDocument
 
 META_KEY = "strata_meta"
@@ -17,9 +17,13 @@ ResultCallback = Callable[[RetrievalResult], None]
 
 @dataclass(frozen=True)
 class RetrievalCall:
-    """One adapter's configuration: which retriever, over which kbs and filters, how many results."""
+    """One adapter's configuration: which retriever, over which kbs and filters, how many results.
 
-    strategy: str = DEFAULT_STRATEGY
+    ``strategy`` None means the configured one (``STRATA_RETRIEVAL__STRATEGY`` of the engine's
+    settings, else of ``settings`` or the environment's), as ``retrieve_documents`` would use.
+    """
+
+    strategy: str | None = None
     kb_ids: Sequence[str] | None = None
     filters: Filters | None = None
     top_k: int = 5
@@ -31,10 +35,18 @@ class RetrievalCall:
         """The registered retriever's result for ``query``; ``on_result`` sees it first (even when empty)."""
         config = {name: value for name, value in (("settings", self.settings), ("engine", self.engine)) if value is not None}
         scope = {name: value for name, value in (("kb_ids", self.kb_ids), ("filters", self.filters)) if value is not None}
-        result = get_retriever(self.strategy, **config).retrieve(query, self.top_k, **scope)
+        result = get_retriever(self.retriever_name(), **config).retrieve(query, self.top_k, **scope)
         if self.on_result is not None:
             self.on_result(result)
         return result
+
+    def retriever_name(self) -> str:
+        """The registered retriever this call runs: the given strategy, or the configured one."""
+        if self.strategy is not None:
+            return self.strategy
+        if self.engine is not None and hasattr(self.engine, "settings"):
+            return str(self.engine.settings.retrieval.strategy)
+        return (self.settings or get_settings()).retrieval.strategy
 
 
 def as_filters(value: Filters | Mapping[str, Any] | None) -> Filters | None:

@@ -30,20 +30,20 @@ from pydantic import Field, field_validator
 
 from backend.config import Settings
 from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
-from backend.rag.registry import DEFAULT_STRATEGY
 from backend.types import Filters, RetrievalResult
 
 __all__ = ["META_KEY", "StrataRetriever"]
 
 
 class StrataRetriever(BaseRetriever):
-    """A LangChain ``BaseRetriever`` over a registered strata retriever (``auto_merge`` by default).
+    """A LangChain ``BaseRetriever`` over a registered strata retriever (by default the configured
+    strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
 
     ``engine`` is a ``backend.rag.retrieve.Retriever`` of the caller's own
     ``Resources``; without it ``settings`` (or the environment's) choose the stores.
     """
 
-    strategy: str = DEFAULT_STRATEGY
+    strategy: str | None = None
     kb_ids: list[str] | None = None
     filters: Filters | None = None
     top_k: int = Field(5, ge=1)

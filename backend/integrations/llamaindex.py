@@ -29,7 +29,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from backend.config import Settings
 from backend.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
-from backend.rag.registry import DEFAULT_STRATEGY
 from backend.types import Filters, RetrievalResult
 
 __all__ = ["META_KEY", "StrataRetriever"]
@@ -38,7 +37,8 @@ PROMPT_METADATA = ("source", "heading_path")  # what an LLM or embedding prompt 
 
 
 class StrataRetriever(BaseRetriever):
-    """A LlamaIndex ``BaseRetriever`` over a registered strata retriever (``auto_merge`` by default).
+    """A LlamaIndex ``BaseRetriever`` over a registered strata retriever (by default the configured
+    strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
 
     ``engine`` is a ``backend.rag.retrieve.Retriever`` of the caller's own
     ``Resources``; without it ``settings`` (or the environment's) choose the stores.
@@ -47,7 +47,7 @@ class StrataRetriever(BaseRetriever):
     def __init__(
         self,
         *,
-        strategy: str = DEFAULT_STRATEGY,
+        strategy: str | None = None,
         kb_ids: Sequence[str] | None = None,
         filters: Filters | Mapping[str, Any] | None = None,
         top_k: int = 5,

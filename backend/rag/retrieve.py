@@ -56,6 +56,11 @@ class Retriever:
         self._warm_lock = threading.Lock()
 
     @property
+    def settings(self) -> Settings:
+        """The settings of the stores this retriever answers from."""
+        return self._res.settings
+
+    @property
     def reranker(self) -> Reranker | None:
         return self._reranker
 

@@ -116,6 +116,20 @@ def test_without_an_engine_the_settings_choose_the_stores(indexed: Settings) -> 
     assert docs and docs[0].metadata["kb_id"] == "garden" and "pH" in docs[0].page_content
 
 
+def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+    adjacent = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "adjacent"})})
+
+    default = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(indexed, memo_encoder)).invoke(RESET_QUERY)
+    by_engine = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
+    by_settings = StrataRetriever(kb_ids=["garden"], top_k=2, settings=adjacent).invoke("tomato soil pH")
+    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="hybrid", engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
+
+    assert default[0].metadata[META_KEY]["strategy"] == "auto_merge"
+    assert by_engine[0].metadata[META_KEY]["strategy"] == "adjacent"
+    assert by_settings[0].metadata[META_KEY]["strategy"] == "adjacent"
+    assert named[0].metadata[META_KEY]["strategy"] == "hybrid"
+
+
 def test_a_custom_registered_retriever_is_reachable_by_name() -> None:
     class Echo:
         name, strategy = "echo", "echo"

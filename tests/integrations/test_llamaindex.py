@@ -56,6 +56,16 @@ def test_kb_ids_and_filters_restrict_the_nodes(indexed: Settings, memo_encoder) 
     assert billing and {n.node.metadata["module"] for n in billing} == {"billing"}
 
 
+def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+    hybrid = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "hybrid"})})
+
+    configured = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(hybrid, memo_encoder)).retrieve(RESET_QUERY)
+    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="basic", engine=engine(hybrid, memo_encoder)).retrieve(RESET_QUERY)
+
+    assert configured[0].node.metadata[META_KEY]["strategy"] == "hybrid"
+    assert named[0].node.metadata[META_KEY]["strategy"] == "basic"
+
+
 def test_a_misspelt_filter_or_a_bad_top_k_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown filter.*modulez"):
         StrataRetriever(filters={"modulez": ["billing"]})
