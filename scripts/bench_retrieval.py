@@ -15,7 +15,11 @@ all 848), with questions from the SPEC subsample that those articles answer:
    the engine's route limit), and the full call (no rerank, query cache off);
    p50/p95 and the ratio p50(retrieve) / p50(encode + native hybrid).
 3. **Throughput** of ``retrieve_documents`` at 1, 4 and 16 concurrent callers
-   (threads in this process, distinct questions), with p50/p95 latency.
+   (threads in this process, distinct questions), with p50/p95 latency and the
+   process's CPU time per query and CPU use (200 % = both cores of this machine);
+   before it, the encoder alone from a worker thread (as the engine calls it),
+   one question at a time and in batches of 16, wall and CPU time per question:
+   what micro-batching can buy is bounded by how much cheaper a batch is.
 
     python scripts/bench_retrieval.py [--queries 300] [--top-k 5] [--out bench-out/final]
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,6 +95,7 @@ def main() -> None:
         vectors = res.encoder.encode_queries(questions)
         search_stage(retriever, res, questions, vectors, args.top_k, kb)
         overhead(retriever, res, questions, args.top_k, kb)
+        encoder_batches(res, questions)
         throughput(retriever, questions, args.top_k, kb, [int(t) for t in args.threads.split(",")])
         retriever.close()
 
@@ -170,8 +176,27 @@ def overhead(retriever: Retriever, resources: Resources, questions: list[str], t
     print(f"  ratio p50: {p(full, 50) / p(parts, 50):.3f}  (p95: {p(full, 95) / p(parts, 95):.3f})")
 
 
+def cpu_s() -> float:
+    """CPU time of this process so far (every thread, the encoder's OpenMP threads included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def encoder_batches(resources: Resources, questions: list[str], batch: int = 16) -> None:
+    print("encoder alone, from a worker thread          wall ms/question  CPU ms/question")
+    with ThreadPoolExecutor(1) as worker:
+        for size in (1, batch):
+            groups = [questions[i : i + size] for i in range(0, len(questions), size)]
+            started, cpu = time.perf_counter(), cpu_s()
+            for group in groups:
+                worker.submit(resources.encoder.encode_queries, group).result()
+            wall_ms, cpu_ms = (time.perf_counter() - started) * 1000, (cpu_s() - cpu) * 1000
+            label = "one question per call" if size == 1 else f"batches of {size}"
+            print(f"  {label:45}{wall_ms / len(questions):10.1f}{cpu_ms / len(questions):17.1f}")
+
+
 def throughput(retriever: Retriever, questions: list[str], top_k: int, kb: str, threads: Sequence[int]) -> None:
-    print("throughput (threads in process, distinct questions)  queries/s  p50 ms  p95 ms")
+    print("throughput (threads in process, distinct questions)  queries/s  p50 ms  p95 ms   ratio  CPU ms/q  CPU use")
     single = None
     for n in threads:
         latencies: list[float] = []
@@ -184,12 +209,13 @@ def throughput(retriever: Retriever, questions: list[str], top_k: int, kb: str, 
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(ask, questions[:WARMUP * n]))
             latencies.clear()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), cpu_s()
             list(pool.map(ask, questions))
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, cpu_s() - cpu
         rate = len(questions) / elapsed
         single = single or rate
-        print(f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   x{rate / single:.2f}")
+        print(f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   x{rate / single:.2f}"
+              f"{cpu / len(questions) * 1000:9.1f}{cpu / elapsed * 100:8.0f} %")
 
 
 if __name__ == "__main__":
