@@ -45,7 +45,7 @@ class RetrievalCall:
         if self.strategy is not None:
             return self.strategy
         if self.engine is not None and hasattr(self.engine, "settings"):
-            return str(self.engine.settings.retrieval.strategy)
+            return self.engine.settings.retrieval.strategy
         return (self.settings or get_settings()).retrieval.strategy
 
 

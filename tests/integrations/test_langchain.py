@@ -13,7 +13,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
-from backend.config import Settings
+from backend.config import Settings, get_settings
 from backend.integrations.langchain import META_KEY, StrataRetriever
 from backend.rag.registry import register_retriever, unregister_retriever
 from backend.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
@@ -121,13 +121,25 @@ def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_enco
 
     default = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(indexed, memo_encoder)).invoke(RESET_QUERY)
     by_engine = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
-    by_settings = StrataRetriever(kb_ids=["garden"], top_k=2, settings=adjacent).invoke("tomato soil pH")
     named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="hybrid", engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
 
     assert default[0].metadata[META_KEY]["strategy"] == "auto_merge"
     assert by_engine[0].metadata[META_KEY]["strategy"] == "adjacent"
-    assert by_settings[0].metadata[META_KEY]["strategy"] == "adjacent"
     assert named[0].metadata[META_KEY]["strategy"] == "hybrid"
+
+
+def test_without_an_engine_the_given_or_the_environments_settings_name_the_strategy(
+    indexed: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adjacent = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "adjacent"})})
+    assert StrataRetriever(settings=adjacent)._call().retriever_name() == "adjacent"
+
+    monkeypatch.setenv("STRATA_RETRIEVAL__STRATEGY", "basic")
+    get_settings.cache_clear()
+    try:
+        assert StrataRetriever()._call().retriever_name() == "basic"
+    finally:
+        get_settings.cache_clear()
 
 
 def test_a_custom_registered_retriever_is_reachable_by_name() -> None:
