@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -176,21 +175,15 @@ def overhead(retriever: Retriever, resources: Resources, questions: list[str], t
     print(f"  ratio p50: {p(full, 50) / p(parts, 50):.3f}  (p95: {p(full, 95) / p(parts, 95):.3f})")
 
 
-def cpu_s() -> float:
-    """CPU time of this process so far (every thread, the encoder's OpenMP threads included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def encoder_batches(resources: Resources, questions: list[str], batch: int = 16) -> None:
     print("encoder alone, from a worker thread          wall ms/question  CPU ms/question")
     with ThreadPoolExecutor(1) as worker:
         for size in (1, batch):
             groups = [questions[i : i + size] for i in range(0, len(questions), size)]
-            started, cpu = time.perf_counter(), cpu_s()
+            started, cpu = time.perf_counter(), time.process_time()
             for group in groups:
                 worker.submit(resources.encoder.encode_queries, group).result()
-            wall_ms, cpu_ms = (time.perf_counter() - started) * 1000, (cpu_s() - cpu) * 1000
+            wall_ms, cpu_ms = (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000
             label = "one question per call" if size == 1 else f"batches of {size}"
             print(f"  {label:45}{wall_ms / len(questions):10.1f}{cpu_ms / len(questions):17.1f}")
 
@@ -209,9 +202,9 @@ def throughput(retriever: Retriever, questions: list[str], top_k: int, kb: str, 
         with ThreadPoolExecutor(n) as pool:
             list(pool.map(ask, questions[:WARMUP * n]))
             latencies.clear()
-            started, cpu = time.perf_counter(), cpu_s()
+            started, cpu = time.perf_counter(), time.process_time()
             list(pool.map(ask, questions))
-            elapsed, cpu = time.perf_counter() - started, cpu_s() - cpu
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         rate = len(questions) / elapsed
         single = single or rate
         print(f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   x{rate / single:.2f}"

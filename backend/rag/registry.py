@@ -26,7 +26,6 @@ from backend.rag.rank_fusion import fuse_documents
 from backend.types import Filters, RetrievalResult, RetrievedDocument
 
 STRATEGIES = ("basic", "hybrid", "auto_merge", "fusion", "adjacent")
-DEFAULT_STRATEGY = "auto_merge"
 
 
 @runtime_checkable
