@@ -44,9 +44,8 @@ class RetrievalCall:
         """The registered retriever this call runs: the given strategy, or the configured one."""
         if self.strategy is not None:
             return self.strategy
-        if self.engine is not None and hasattr(self.engine, "settings"):
-            return self.engine.settings.retrieval.strategy
-        return (self.settings or get_settings()).retrieval.strategy
+        settings = self.engine.settings if self.engine is not None else self.settings or get_settings()
+        return settings.retrieval.strategy
 
 
 def as_filters(value: Filters | Mapping[str, Any] | None) -> Filters | None:
