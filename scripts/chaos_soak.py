@@ -47,7 +47,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from backend.client import StrataClient  # noqa: E402
+from strata.client import StrataClient  # noqa: E402
 from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
 
 STRATA = Path(sys.executable).with_name("strata")

@@ -35,14 +35,14 @@ from typing import Any
 
 from _bench import CMRC, machine, quiet_logging
 
-from backend.cli.progress import make_progress
-from backend.config import load_settings
-from backend.evaluation.dataset import load_squad, write_corpus
-from backend.evaluation.metrics import MetricsReport, summarize
-from backend.evaluation.report import SPEC_REFERENCE
-from backend.evaluation.runner import eval_settings, run_mode, sampled_queries
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
+from strata.cli.progress import make_progress
+from strata.config import load_settings
+from strata.evaluation.dataset import load_squad, write_corpus
+from strata.evaluation.metrics import MetricsReport, summarize
+from strata.evaluation.report import SPEC_REFERENCE
+from strata.evaluation.runner import eval_settings, run_mode, sampled_queries
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
 
 # Explicit sizes (not relative to the current defaults), so a rerun reproduces docs/evaluation.md.
 CHUNKING = {

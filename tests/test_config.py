@@ -14,8 +14,8 @@ import pytest
 from dotenv.parser import parse_stream
 from pydantic import BaseModel
 
-from backend.config import Settings, load_settings
-from backend.config import ConfigError
+from strata.config import Settings, load_settings
+from strata.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO / ".env.example"
@@ -165,7 +165,7 @@ def test_production_accepts_a_real_api_key(clean_env: Path, monkeypatch: pytest.
 
 # --- processes ---------------------------------------------------------------------
 
-PRINT_SETTINGS = "from backend.config import get_settings; print(get_settings())"
+PRINT_SETTINGS = "from strata.config import get_settings; print(get_settings())"
 
 
 def test_get_settings_in_a_clean_process_works_and_hides_secrets(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_importing_the_engine_loads_no_model_library(tmp_path: Path) -> None:
     heavy = ["torch", "FlagEmbedding", "sentence_transformers", "transformers"]
     code = (
         "import sys, json\n"
-        "import backend, backend.rag, backend.indexing.pipeline, backend.stores.milvus, backend.encoders\n"
+        "import strata, strata.rag, strata.indexing.pipeline, strata.stores.milvus, strata.encoders\n"
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
     )
     result = subprocess.run(

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from backend.config import ENV_PREFIX, ConfigError, load_settings
+from strata.config import ENV_PREFIX, ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -341,7 +341,7 @@ def test_the_image_install_carries_every_file_of_the_package(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     packed = set(zipfile.ZipFile(wheel).namelist())
-    data_files = {str(f.relative_to(source)) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
+    data_files = {str(f.relative_to(source / "backend")) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
     assert data_files and data_files <= packed, sorted(data_files - packed)
 
 

@@ -16,10 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.api import create_app
-from backend.config import Settings
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
+from strata.api import create_app
+from strata.config import Settings
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB, REDIS_URL
 
 GARDEN_DOC = """---
@@ -110,7 +110,7 @@ def make_client(stores: tuple[Settings, Resources]) -> Iterator[AppFactory]:
 @pytest.fixture
 def client(make_client: AppFactory) -> TestClient:
     """The service with the three test keys."""
-    from backend.config import ApiKeyGrant
+    from strata.config import ApiKeyGrant
 
     return make_client(api={"keys": {k: ApiKeyGrant(**v) for k, v in KEYS.items()}})
 

@@ -9,13 +9,13 @@ from typing import Iterator
 import pytest
 import uvicorn
 
-from backend.api import create_app
-from backend.client import ServiceError, StrataClient
-from backend.config import ApiKeyGrant, Settings
-from backend.errors import NotFoundError
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.types import Filters
+from strata.api import create_app
+from strata.client import ServiceError, StrataClient
+from strata.config import ApiKeyGrant, Settings
+from strata.errors import NotFoundError
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.types import Filters
 from tests.api.conftest import KEYS
 from tests.conftest import free_port
 

@@ -6,9 +6,9 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from backend.config import Settings
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
+from strata.config import Settings
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.api.conftest import auth
 
 ADMIN = auth("admin-key")
@@ -204,7 +204,7 @@ class CountingEncoder:
 def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores_open(
     stores: tuple[Settings, Resources],
 ) -> None:
-    from backend.api import create_app
+    from strata.api import create_app
 
     settings, shared = stores
     counting = CountingEncoder(shared.encoder)

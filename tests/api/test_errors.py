@@ -10,10 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.api import create_app
-from backend.config import Settings
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
+from strata.api import create_app
+from strata.config import Settings
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
 from tests.api.conftest import AppFactory, auth, make_settings
 from tests.conftest import free_port
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from backend.api import create_app
-from backend.config import ApiKeyGrant, Settings
-from backend.resources import Resources
+from strata.api import create_app
+from strata.config import ApiKeyGrant, Settings
+from strata.resources import Resources
 from tests.api.conftest import KEYS, auth
 
 EXAMPLES_PER_OPERATION = 25

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from backend.client import StrataClient
-from backend.indexing.report import IndexReport
+from strata.client import StrataClient
+from strata.indexing.report import IndexReport
 from tests.conftest import free_port
 from tests.strata_support import STRATA, REPO, run_strata, strata_env, write_files
 
@@ -135,7 +135,7 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     assert service.process.wait(60) == 0
     stderr = service.process.stderr.read() if service.process.stderr else ""
     assert "without authentication" in stderr  # no keys: said at start-up
-    access = [json.loads(line.split(": ", 1)[1]) for line in stderr.splitlines() if "backend.api.access" in line]
+    access = [json.loads(line.split(": ", 1)[1]) for line in stderr.splitlines() if "strata.api.access" in line]
     retrievals = [entry for entry in access if entry["route"] == "/retrieve"]
     assert retrievals and all(entry["status"] == 200 and entry["ms"] > 0 and entry["request_id"] for entry in retrievals)
 

@@ -13,8 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from backend.config import DatabaseSettings
-from backend.stores.sql import ACTIVE, DocumentStore
+from strata.config import DatabaseSettings
+from strata.stores.sql import ACTIVE, DocumentStore
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 EXAMPLES_KB = REPO / "examples" / "kb"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from backend.types import RetrievalResult
+from strata.types import RetrievalResult
 from tests.conftest import EXAMPLES_KB
 from tests.strata_support import run_strata, strata_env
 

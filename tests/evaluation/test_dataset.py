@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backend.errors import LoaderError
-from backend.evaluation.dataset import (
+from strata.errors import LoaderError
+from strata.evaluation.dataset import (
     Article,
     Paragraph,
     Query,

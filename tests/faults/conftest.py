@@ -22,9 +22,9 @@ from typing import Any, Iterator
 import psycopg
 import pytest
 
-from backend.config import Settings
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
+from strata.config import Settings
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB, free_port
 from tests.rag.test_retrieve import make_settings
 

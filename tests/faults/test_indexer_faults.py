@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
-from backend.rag.retrieve import Retriever
+from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
+from strata.rag.retrieve import Retriever
 from tests.indexing.test_pipeline import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_UPDATE, CRASH_V1, _copy_of
 from tests.strata_support import StoreState, opened, run_strata, settings_for, store_state, strata_env, write_files
 

@@ -14,11 +14,11 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from backend.api import create_app
-from backend.config import Settings
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.types import RetrievalResult
+from strata.api import create_app
+from strata.config import Settings
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.types import RetrievalResult
 from tests.faults.conftest import PrivatePostgres, with_sections
 from tests.rag.test_retrieve import RESET_QUERY, texts
 

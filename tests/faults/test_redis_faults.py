@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from backend.config import Settings
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.stores.cache import create_parent_cache
-from backend.stores.parents import ParentStore
-from backend.types import RetrievalResult
+from strata.config import Settings
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.stores.cache import create_parent_cache
+from strata.stores.parents import ParentStore
+from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
 from tests.rag.test_retrieve import RESET_QUERY, texts
 

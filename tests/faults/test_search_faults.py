@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.config import Settings
-from backend.encoders.openai_http import OpenAIEmbeddingEncoder
-from backend.indexing.pipeline import Indexer
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.types import RetrievalResult
+from strata.config import Settings
+from strata.encoders.openai_http import OpenAIEmbeddingEncoder
+from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
 from tests.rag.rerank_server import RerankServer, hang, raw, status, unused_port
 from tests.rag.test_deadline import HangingQueryEncoder

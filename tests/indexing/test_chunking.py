@@ -8,9 +8,9 @@ from typing import Sequence
 
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
-from backend.config import ChunkingSettings
-from backend.indexing.chunking import chunk_document, chunk_id
-from backend.types import Chunk, Section, SourceDocument
+from strata.config import ChunkingSettings
+from strata.indexing.chunking import chunk_document, chunk_id
+from strata.types import Chunk, Section, SourceDocument
 
 DEFAULTS = ChunkingSettings()
 _HEADING_LINE = re.compile(r"^(#{1,6}) (.+)$", re.MULTILINE)

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from backend.config import Settings, load_settings
-from backend.errors import LeaseHeldError
-from backend.indexing.pipeline import Indexer
-from backend.rag.retrieve import Retriever
-from backend.stores.lease import KbLease
-from backend.stores.sql_schema import kb_leases
+from strata.config import Settings, load_settings
+from strata.errors import LeaseHeldError
+from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.stores.lease import KbLease
+from strata.stores.sql_schema import kb_leases
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 EXAMPLES_KB = REPO / "examples" / "kb"
@@ -158,7 +158,7 @@ def test_a_second_indexer_on_the_same_kb_fails_at_once_naming_the_holder(tmp_pat
     kb = f"leased-{uuid.uuid4().hex[:8]}"
     env = strata_env(tmp_path / "second", STRATA_DATABASE__URL=pg_url)
     config = settings_for(env)
-    from backend.stores.sql import DocumentStore
+    from strata.stores.sql import DocumentStore
 
     store = DocumentStore(config.database)
     holder = KbLease(store, kb, owner="indexer-host-7:pid 4242:abcd")

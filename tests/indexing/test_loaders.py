@@ -10,8 +10,8 @@ import docx
 import pytest
 from pypdf import PdfReader, PdfWriter
 
-from backend.errors import LoaderError
-from backend.indexing.loaders import (
+from strata.errors import LoaderError
+from strata.indexing.loaders import (
     SUPPORTED_SUFFIXES,
     is_supported,
     iter_source_files,

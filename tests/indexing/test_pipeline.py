@@ -17,14 +17,14 @@ from typing import Any, Sequence
 import numpy as np
 import pytest
 
-from backend.config import Settings, load_settings
-from backend.indexing.chunking import chunk_document
-from backend.indexing.embedding import search_text
-from backend.indexing.loaders import load_document
-from backend.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.types import Chunk
+from strata.config import Settings, load_settings
+from strata.indexing.chunking import chunk_document
+from strata.indexing.embedding import search_text
+from strata.indexing.loaders import load_document
+from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.types import Chunk
 from tests.strata_support import (
     CountingEncoder,
     StoreState,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backend.indexing.plan import Scan, index_hash, plan_changes
-from backend.types import ACTIVE, PENDING, RETIRED, DocumentVersion, Section, SourceDocument
+from strata.indexing.plan import Scan, index_hash, plan_changes
+from strata.types import ACTIVE, PENDING, RETIRED, DocumentVersion, Section, SourceDocument
 
 ROOT = "/data/kb"
 CHUNKING = "chunking-v1"

@@ -15,15 +15,15 @@ import pytest
 from milvus_lite.server_manager import server_manager_instance
 from sqlalchemy import delete, func, select
 
-from backend.config import MilvusSettings, Settings, load_settings
-from backend.errors import LeaseHeldError, NotFoundError
-from backend.indexing.embedding import search_text, text_hash
-from backend.indexing.pipeline import Indexer
-from backend.indexing.rebuild import Rebuilder
-from backend.resources import Resources
-from backend.stores.lease import KbLease
-from backend.stores.milvus import LeafIndex
-from backend.stores.sql_schema import embedding_cache
+from strata.config import MilvusSettings, Settings, load_settings
+from strata.errors import LeaseHeldError, NotFoundError
+from strata.indexing.embedding import search_text, text_hash
+from strata.indexing.pipeline import Indexer
+from strata.indexing.rebuild import Rebuilder
+from strata.resources import Resources
+from strata.stores.lease import KbLease
+from strata.stores.milvus import LeafIndex
+from strata.stores.sql_schema import embedding_cache
 from tests.strata_support import REPO, CountingEncoder
 
 EXAMPLES_KB = REPO / "examples" / "kb"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backend.config import load_settings
-from backend.indexing.pipeline import Indexer
+from strata.config import load_settings
+from strata.indexing.pipeline import Indexer
 from tests.strata_support import opened, run_strata, strata_env, write_files
 
 PAGE = """---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.config import Settings
+from strata.config import Settings
 from tests.integrations.kb import index_demo_and_garden
 
 

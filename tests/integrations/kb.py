@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from backend.config import Settings
-from backend.errors import EncoderError
-from backend.indexing.pipeline import Indexer
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
+from strata.config import Settings
+from strata.errors import EncoderError
+from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB
 
 GARDEN_DOC = """---

@@ -13,10 +13,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
-from backend.config import Settings, get_settings
-from backend.integrations.langchain import META_KEY, StrataRetriever
-from backend.rag.registry import register_retriever, unregister_retriever
-from backend.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
+from strata.config import Settings, get_settings
+from strata.integrations.langchain import META_KEY, StrataRetriever
+from strata.rag.registry import register_retriever, unregister_retriever
+from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
 
 
@@ -161,7 +161,7 @@ def test_a_custom_registered_retriever_is_reachable_by_name() -> None:
 def test_without_langchain_the_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in sys.modules if n == "langchain_core" or n.startswith("langchain_core.")]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "backend.integrations.langchain")
+    monkeypatch.delitem(sys.modules, "strata.integrations.langchain")
 
     with pytest.raises(ImportError, match=r"pip install 'strata-rag\[langchain\]'"):
-        importlib.import_module("backend.integrations.langchain")
+        importlib.import_module("strata.integrations.langchain")

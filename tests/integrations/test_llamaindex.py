@@ -10,9 +10,9 @@ import pytest
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from backend.config import Settings
-from backend.integrations.llamaindex import META_KEY, StrataRetriever
-from backend.types import Filters, RetrievalResult
+from strata.config import Settings
+from strata.integrations.llamaindex import META_KEY, StrataRetriever
+from strata.types import Filters, RetrievalResult
 from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
 
 
@@ -97,7 +97,7 @@ def test_async_retrieve_returns_the_same_nodes(indexed: Settings, memo_encoder) 
 def test_without_llama_index_the_import_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in sys.modules if n == "llama_index" or n.startswith("llama_index.")]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "backend.integrations.llamaindex")
+    monkeypatch.delitem(sys.modules, "strata.integrations.llamaindex")
 
     with pytest.raises(ImportError, match=r"pip install 'strata-rag\[llamaindex\]'"):
-        importlib.import_module("backend.integrations.llamaindex")
+        importlib.import_module("strata.integrations.llamaindex")

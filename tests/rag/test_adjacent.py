@@ -7,11 +7,11 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.config import ChunkingSettings
-from backend.indexing.chunking import chunk_document
-from backend.rag.adjacent import join_chunks, merge_adjacent_chunks
-from backend.rag.candidates import Candidate, Trace
-from backend.types import Chunk, SourceDocument
+from strata.config import ChunkingSettings
+from strata.indexing.chunking import chunk_document
+from strata.rag.adjacent import join_chunks, merge_adjacent_chunks
+from strata.rag.candidates import Candidate, Trace
+from strata.types import Chunk, SourceDocument
 
 TEXT = "Alpha one. Beta two. Gamma three. Delta four. Epsilon five."
 

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from backend.config import Settings
-from backend.indexing.pipeline import Indexer
-from backend.rag.bm25_hygiene import BM25QueryHygiene
-from backend.rag.expansion import Expansion
-from backend.rag.recorder import Recorder
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.types import ServingState
+from strata.config import Settings
+from strata.indexing.pipeline import Indexer
+from strata.rag.bm25_hygiene import BM25QueryHygiene
+from strata.rag.expansion import Expansion
+from strata.rag.recorder import Recorder
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.types import ServingState
 from tests.conftest import fresh_pg_database
 from tests.strata_support import term_frequencies, write_files
 

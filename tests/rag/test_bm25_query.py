@@ -7,10 +7,10 @@ from typing import Sequence
 
 import pytest
 
-from backend.rag.bm25_hygiene import FrequentTermsCache
-from backend.rag.bm25_query import prune_bm25_query, query_terms
-from backend.stores.analyzer import analyzer_tokenizer
-from backend.stores.term_stats import TermFrequencies
+from strata.rag.bm25_hygiene import FrequentTermsCache
+from strata.rag.bm25_query import prune_bm25_query, query_terms
+from strata.stores.analyzer import analyzer_tokenizer
+from strata.stores.term_stats import TermFrequencies
 
 # A fake analyzer in the manner of jieba's search mode: a compound yields its parts, then itself.
 COMPOUNDS = {"twofactor": ["two", "factor"]}

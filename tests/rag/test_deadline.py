@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from backend.config import Settings
-from backend.encoders.openai_http import OpenAIEmbeddingEncoder
-from backend.errors import StoreError
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
+from strata.config import Settings
+from strata.encoders.openai_http import OpenAIEmbeddingEncoder
+from strata.errors import StoreError
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
 from tests.rag.test_retrieve import RESET_QUERY
 

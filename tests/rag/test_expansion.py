@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import ConfigError
-from backend.rag.expansion import SynonymDictionary, expand, load_synonyms
+from strata.config import ConfigError
+from strata.rag.expansion import SynonymDictionary, expand, load_synonyms
 
 YAML = """
 Token管理: [Token, JWT, AccessToken]

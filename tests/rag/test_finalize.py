@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from backend.rag.candidates import Candidate
-from backend.rag.finalize import finalize
-from backend.types import Chunk
+from strata.rag.candidates import Candidate
+from strata.rag.finalize import finalize
+from strata.types import Chunk
 
 
 def cand(chunk_id: str, score: float) -> Candidate:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backend.rag.format import format_for_context, format_for_tool_output
-from backend.types import RetrievedDocument
+from strata.rag.format import format_for_context, format_for_tool_output
+from strata.types import RetrievedDocument
 
 
 def doc(content: str, score: float = 0.5, **metadata: Any) -> RetrievedDocument:

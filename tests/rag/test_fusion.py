@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backend.rag.candidates import Candidate
-from backend.rag.fusion import FusionWeights, rrf_fuse, single_route
-from backend.types import Chunk, LeafHit
+from strata.rag.candidates import Candidate
+from strata.rag.fusion import FusionWeights, rrf_fuse, single_route
+from strata.types import Chunk, LeafHit
 
 
 def leaf(chunk_id: str) -> Chunk:

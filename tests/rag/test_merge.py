@@ -15,9 +15,9 @@ from typing import Collection
 
 import pytest
 
-from backend.rag.candidates import Candidate, Trace
-from backend.rag.merge import ScoreMode, apply_merge, collapse, parents_to_fetch
-from backend.types import Chunk, MergeRound
+from strata.rag.candidates import Candidate, Trace
+from strata.rag.merge import ScoreMode, apply_merge, collapse, parents_to_fetch
+from strata.types import Chunk, MergeRound
 
 KB = "kb-a"
 

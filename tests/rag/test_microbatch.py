@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from backend.rag.microbatch import MicroBatcher
+from strata.rag.microbatch import MicroBatcher
 
 
 class RecordingEncoder:

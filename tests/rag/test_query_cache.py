@@ -11,9 +11,9 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from backend.config import RedisSettings
-from backend.rag import query_cache
-from backend.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
+from strata.config import RedisSettings
+from strata.rag import query_cache
+from strata.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
 from tests.rag.rerank_server import unused_port
 
 
@@ -262,7 +262,7 @@ def test_an_unreachable_redis_falls_back_to_the_local_cache(caplog: pytest.LogCa
     settings = RedisSettings(url=f"redis://127.0.0.1:{unused_port()}/0", key_prefix="strata-test-down")
     cache = QueryCache(size=8, ttl_s=60, redis_settings=settings)
 
-    with caplog.at_level(logging.WARNING, logger="backend.rag.query_cache"):
+    with caplog.at_level(logging.WARNING, logger="strata.rag.query_cache"):
         first = cache.get_or_compute("k", Compute(result("k")))
         assert ask(cache, "k") is True
 

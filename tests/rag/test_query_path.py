@@ -12,9 +12,9 @@ from typing import Iterator
 import pytest
 from sqlalchemy import event
 
-from backend.indexing.pipeline import Indexer
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
+from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB
 from tests.rag.conftest import examples_kb
 from tests.rag.test_retrieve import RESET_QUERY, make_settings

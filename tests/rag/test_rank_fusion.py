@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.rag.candidates import Candidate, Trace
-from backend.rag.fusion import FusionWeights, rrf_fuse
-from backend.rag.rank_fusion import Fused, fuse_candidates, fuse_documents, reciprocal_rank_fusion
-from backend.types import LeafHit
-from backend.types import Chunk, RetrievedDocument
+from strata.rag.candidates import Candidate, Trace
+from strata.rag.fusion import FusionWeights, rrf_fuse
+from strata.rag.rank_fusion import Fused, fuse_candidates, fuse_documents, reciprocal_rank_fusion
+from strata.types import LeafHit
+from strata.types import Chunk, RetrievedDocument
 
 ranked_ids = st.lists(st.sampled_from("abcdefghij"), max_size=8)
 

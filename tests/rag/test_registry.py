@@ -7,8 +7,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from backend.config import ConfigError, Settings
-from backend.rag.registry import (
+from strata.config import ConfigError, Settings
+from strata.rag.registry import (
     STRATEGIES,
     RetrieverProtocol,
     StrategyRetriever,
@@ -18,7 +18,7 @@ from backend.rag.registry import (
     retrieve_fused,
     unregister_retriever,
 )
-from backend.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
+from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 from tests.integrations.kb import RESET_QUERY, engine, index_demo_and_garden
 
 HANDBOOK = "Password reset links from the partner wiki expire after one hour."

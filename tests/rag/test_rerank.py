@@ -8,10 +8,10 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from backend.config import RerankSettings
-from backend.config import ConfigError
-from backend.errors import RerankError
-from backend.rag.rerank import HttpReranker, Reranker, RerankScore, build_reranker
+from strata.config import RerankSettings
+from strata.config import ConfigError
+from strata.errors import RerankError
+from strata.rag.rerank import HttpReranker, Reranker, RerankScore, build_reranker
 from tests.rag.rerank_server import (
     RerankServer,
     answer,

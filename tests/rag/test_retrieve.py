@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.config import Settings
-from backend.encoders.openai_http import OpenAIEmbeddingEncoder
-from backend.indexing.pipeline import Indexer
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
-from backend.stores.sql_schema import chunks as chunks_table
-from backend.types import Filters, RetrievalResult
+from strata.config import Settings
+from strata.encoders.openai_http import OpenAIEmbeddingEncoder
+from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.stores.sql_schema import chunks as chunks_table
+from strata.types import Filters, RetrievalResult
 from tests.conftest import EXAMPLES_KB, REDIS_URL, free_port
 from tests.rag.rerank_server import RerankServer, hang, raw, status
 
@@ -216,7 +216,7 @@ def test_everything_failing_is_reported_as_failed(tmp_path: Path, pg_url: str, m
     doc.write_text("# One\n\nA single short document.", encoding="utf-8")
     Indexer(resources).index_paths([doc], kb_id="outage")
     server_manager_instance.release_server(str(settings.milvus.uri))  # Milvus Lite is gone
-    with caplog.at_level(logging.ERROR, logger="backend.rag"):
+    with caplog.at_level(logging.ERROR, logger="strata.rag"):
         result = Retriever(resources).retrieve("single document", 3, kb_ids=["outage"])
     meta = result.meta
     assert result.docs == () and (meta.status, meta.mode) == ("failed", "failed")

@@ -15,15 +15,15 @@ import redis
 from pydantic import SecretStr
 from sqlalchemy import create_engine
 
-from backend.config import Settings
-from backend.encoders.openai_http import OpenAIEmbeddingEncoder
-from backend.errors import EncoderError
-from backend.indexing.embedding import search_text
-from backend.indexing.pipeline import Indexer
-from backend.rag.fingerprint import config_fingerprint
-from backend.rag.retrieve import Retriever, get_retriever
-from backend.resources import Resources
-from backend.stores.sql import DocumentVersion
+from strata.config import Settings
+from strata.encoders.openai_http import OpenAIEmbeddingEncoder
+from strata.errors import EncoderError
+from strata.indexing.embedding import search_text
+from strata.indexing.pipeline import Indexer
+from strata.rag.fingerprint import config_fingerprint
+from strata.rag.retrieve import Retriever, get_retriever
+from strata.resources import Resources
+from strata.stores.sql import DocumentVersion
 from tests.conftest import EXAMPLES_KB, REDIS_URL, free_port
 from tests.rag.rerank_server import RerankServer, hang, raw
 from tests.rag.test_retrieve import RESET_QUERY, RejectingSparseIndex, make_settings, retriever
@@ -81,8 +81,8 @@ def half_written(tmp_path: Path, pg_url: str, memo_encoder) -> Settings:
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([write(tmp_path / "half", "a.md", "# Old\n\nThe old launch code is ALPHA-1.\n")], kb_id="half")
     pending = "# New\n\nThe pending launch code is OMEGA-9, not yet released.\n"
-    from backend.indexing.chunking import chunk_document
-    from backend.indexing.loaders import load_document
+    from strata.indexing.chunking import chunk_document
+    from strata.indexing.loaders import load_document
 
     doc = load_document(write(tmp_path / "next", "a.md", pending) / "a.md", root=tmp_path / "next")
     chunks = chunk_document(doc, kb_id="half", version=2, settings=settings.chunking)

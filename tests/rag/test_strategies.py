@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from backend.config import Settings
-from backend.rag import get_retriever as registered
-from backend.rag.expansion import SynonymDictionary
-from backend.rag.retrieve import Retriever
-from backend.rag.strategies import STRATEGIES, plan_for, query_variants
-from backend.resources import Resources
+from strata.config import Settings
+from strata.rag import get_retriever as registered
+from strata.rag.expansion import SynonymDictionary
+from strata.rag.retrieve import Retriever
+from strata.rag.strategies import STRATEGIES, plan_for, query_variants
+from strata.resources import Resources
 from tests.rag.test_retrieve import RESET_QUERY
 
 

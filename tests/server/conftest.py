@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pymilvus import MilvusClient
 
-from backend.config import MilvusSettings
+from strata.config import MilvusSettings
 from tests.conftest import REPO
 
 COMPOSE = REPO / "deploy" / "compose.yml"

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from pymilvus import MilvusClient
 
-from backend.config import MilvusSettings
-from backend.errors import EncoderMismatchError
-from backend.stores import filters as F
-from backend.stores.milvus import LeafIndex
-from backend.types import LeafHit
+from strata.config import MilvusSettings
+from strata.errors import EncoderMismatchError
+from strata.stores import filters as F
+from strata.stores.milvus import LeafIndex
+from strata.types import LeafHit
 from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
 from tests.stores.test_milvus import _leaf  # the store suite's leaf shape, on the server

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.config import MilvusSettings, Settings, load_settings
-from backend.indexing.pipeline import Indexer
-from backend.indexing.rebuild import Rebuilder
-from backend.rag.retrieve import Retriever
-from backend.resources import Resources
+from strata.config import MilvusSettings, Settings, load_settings
+from strata.indexing.pipeline import Indexer
+from strata.indexing.rebuild import Rebuilder
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
 

@@ -16,10 +16,10 @@ from typing import Any, Iterator
 import pytest
 from pymilvus import MilvusClient
 
-from backend.config import MilvusSettings, Settings
-from backend.indexing.pipeline import Indexer
-from backend.resources import Resources
-from backend.stores.milvus import LeafIndex
+from strata.config import MilvusSettings, Settings
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
+from strata.stores.milvus import LeafIndex
 from tests.conftest import EXAMPLES_KB
 from tests.rag import test_retrieve as retrieval_suite
 from tests.rag.test_retrieve import (  # noqa: F401 - collected here, against the server

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from milvus_lite.analyzer.factory import create_analyzer
 
-from backend.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation
-from backend.stores.leaf_schema import analyzer_with_dictionary
+from strata.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation
+from strata.stores.leaf_schema import analyzer_with_dictionary
 
 TEXTS = [
     "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？",

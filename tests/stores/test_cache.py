@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from backend.config import RedisSettings
-from backend.errors import CacheError
-from backend.stores.cache import LocalParentCache, RedisParentCache
-from backend.types import Chunk
+from strata.config import RedisSettings
+from strata.errors import CacheError
+from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.types import Chunk
 
 
 def chunk(kb: str, cid: str, text: str = "父块文本") -> Chunk:

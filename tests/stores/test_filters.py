@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymilvus import DataType, MilvusClient
 
-from backend.stores import filters as F
-from backend.types import Filters
+from strata.stores import filters as F
+from strata.types import Filters
 
 INJECTIONS = [
     '" or kb_id != "',

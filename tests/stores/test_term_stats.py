@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect, select
 
-from backend.stores.sql import DocumentStore, DocumentVersion
-from backend.stores.sql_schema import version_terms
-from backend.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
+from strata.stores.sql import DocumentStore, DocumentVersion
+from strata.stores.sql_schema import version_terms
+from strata.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
 from tests.stores.test_sql import make_chunks
 from tests.strata_support import term_frequencies
 

@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from backend.api import create_app
-from backend.api.routes.ui import STATIC
-from backend.api.schemas import RetrieveRequest
-from backend.config import ApiKeyGrant, Settings
+from strata.api import create_app
+from strata.api.routes.ui import STATIC
+from strata.api.schemas import RetrieveRequest
+from strata.config import ApiKeyGrant, Settings
 
 
 @pytest.fixture

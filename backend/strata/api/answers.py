@@ -1,0 +1,151 @@
+"""What the retrieval routes do besides calling the engine: scope, limits, matching, answers."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from starlette.responses import JSONResponse
+
+from strata.api.auth import Principal
+from strata.api.deps import not_found
+from strata.api.problems import Problem
+from strata.api.service import Service
+from strata.types import Chunk, Filters, RetrievalResult
+
+CLOSEST_SHOWN = 5
+
+
+def check_limits(service: Service, query: str, top_k: int) -> None:
+    """The settings' limits (``max_query_chars``, ``max_top_k``) as 422 problems."""
+    cfg = service.settings.retrieval
+    max_top_k, max_chars = cfg.max_top_k, cfg.max_query_chars
+    if top_k > max_top_k:
+        raise Problem(422, f"top_k must be at most {max_top_k} (got {top_k})", title="Invalid Input")
+    if len(query) > max_chars:
+        raise Problem(422, f"the query must be at most {max_chars} characters (got {len(query)})", title="Invalid Input")
+
+
+def search_scope(service: Service, principal: Principal, requested: Sequence[str] | None) -> list[str] | None:
+    """Requested ∩ readable kbs; a kb the key may not read is a 404, as if it did not exist.
+
+    Without requested kbs a restricted key searches those of its kbs that exist (a grant may
+    name a kb before its first upload).
+    """
+    try:
+        scope = principal.search_scope(requested)
+    except KeyError as exc:
+        raise not_found(str(exc.args[0])) from None
+    if not requested and scope is not None:
+        existing = {kb.kb_id for kb in service.resources.documents.list_kbs()}
+        scope = [kb for kb in scope if kb in existing]
+    if scope == []:
+        raise Problem(404, "this key may read no knowledge base", title="Not Found")
+    return scope
+
+
+def retrieval(result: RetrievalResult, *, explain: bool, **extra: Any) -> JSONResponse:
+    """``{docs, meta}`` as ``retrieve_documents`` returns it; unknown kbs 404, a failed retrieval 503."""
+    meta = result.meta
+    unknown = [e.message for e in meta.errors if e.stage == "kb"]
+    if unknown:
+        raise Problem(404, unknown[0], title="Not Found")
+    body = result.to_dict()
+    if meta.status == "failed":
+        raise Problem(
+            503, "retrieval failed: " + "; ".join(e.message for e in meta.errors)[:500] if meta.errors else "retrieval failed",
+            title="Retrieval Failed", headers={"Retry-After": "5"}, meta=body["meta"],
+        )  # fmt: skip
+    if not explain:
+        for doc in body["docs"]:
+            doc["metadata"].pop("trace", None)
+    return JSONResponse({**body, **extra})
+
+
+# -- by skill -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SkillSelection:
+    """The skill's synonym group and the known skill points it names."""
+
+    terms: tuple[str, ...]
+    matched: tuple[str, ...]
+
+    @property
+    def query(self) -> str:
+        return " ".join(self.terms)
+
+    @property
+    def filters(self) -> Filters | None:
+        return Filters(skill_points=self.matched) if self.matched else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"terms": list(self.terms), "matched_skill_points": list(self.matched), "filtered": bool(self.matched)}
+
+
+def skill_selection(service: Service, skill: str, scope: Sequence[str] | None) -> SkillSelection:
+    terms = service.synonyms.group_of(skill)
+    wanted = {t.casefold() for t in terms}
+    known = service.catalog.vocabulary(scope).skill_points
+    return SkillSelection(terms, tuple(p for p in known if p.casefold() in wanted))
+
+
+# -- by module ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleMatch:
+    requested: str
+    module: str
+    score: float
+
+    @property
+    def filters(self) -> Filters:
+        return Filters(modules=(self.module,))
+
+    def describe(self) -> dict[str, Any]:
+        return {"requested": self.requested, "matched": self.module, "score": round(self.score, 3)}
+
+
+def similarity(a: str, b: str) -> float:
+    a, b = a.casefold().strip(), b.casefold().strip()
+    return 1.0 if a == b else difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def match_module(service: Service, requested: str, scope: Sequence[str] | None) -> ModuleMatch:
+    """The known module closest to ``requested``; a 404 naming the closest ones when none is close enough."""
+    known = service.catalog.vocabulary(scope).modules
+    ranked = sorted(((similarity(requested, m), m) for m in known), key=lambda sm: (-sm[0], sm[1]))
+    threshold = service.settings.retrieval.module_match_threshold
+    if not ranked or ranked[0][0] < threshold:
+        closest = [{"module": m, "score": round(s, 3)} for s, m in ranked[:CLOSEST_SHOWN]]
+        names = ", ".join(c["module"] for c in closest) or "none"
+        raise Problem(
+            404, f"no module matches {requested!r} (similarity >= {threshold}); closest: {names}",
+            title="Module Not Found", closest=closest,
+        )  # fmt: skip
+    score, module = ranked[0]
+    return ModuleMatch(requested, module, score)
+
+
+def module_listing(service: Service, match: ModuleMatch, scope: Sequence[str] | None, *, top_k: int, level: int) -> JSONResponse:
+    """The module's chunks of one level in document order (no query to rank by)."""
+    chunks = service.catalog.module_chunks(scope, match.module, level=level, limit=top_k)
+    docs = [_listed(c) for c in chunks]
+    meta = {
+        "status": "ok", "mode": "document_order", "top_k": top_k, "level": level,
+        "kb_ids": list(scope) if scope is not None else None, "returned": len(docs),
+    }  # fmt: skip
+    return JSONResponse({"docs": docs, "meta": meta, "module": match.describe()})
+
+
+def _listed(chunk: Chunk) -> dict[str, Any]:
+    metadata = {
+        **dict(chunk.metadata), "chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "kb_id": chunk.kb_id,
+        "version": chunk.version, "level": chunk.level, "heading_path": chunk.heading_path,
+        "source": chunk.metadata.get("source", ""), "char_start": chunk.char_start, "char_end": chunk.char_end,
+        "ordinal": chunk.ordinal,
+    }  # fmt: skip
+    return {"content": chunk.text, "score": None, "metadata": metadata}

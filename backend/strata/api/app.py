@@ -1,0 +1,65 @@
+"""The app factory: ``create_app(settings)`` builds the FastAPI app of strata's service.
+
+The lifespan builds the engine parts once (or takes the caller's
+``Resources``), warms them with one query so the first request does not pay
+for loading the encoder and jieba's dictionary, and closes them on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+
+from strata.api import problems
+from strata.api.middleware import BodyLimit, ConcurrencyLimit, RequestContext
+from strata.api.metrics import Metrics
+from strata.api.routes import health, kbs, retrieve, ui
+from strata.api.service import Service
+from strata.config import Settings, get_settings
+from strata.resources import Resources
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, *, resources: Resources | None = None, warm_up: bool = True) -> FastAPI:
+    """The service for ``settings``; with ``resources`` it shares them (and leaves closing them to the caller)."""
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = Service(settings, resources or Resources(settings), owns_resources=resources is None, metrics=metrics)
+        app.state.service = service
+        if warm_up:
+            await run_in_threadpool(service.warm_up)
+        logger.info("strata service ready (%s)", "API keys required" if service.keys.enabled else "no API keys")
+        try:
+            yield
+        finally:
+            service.close()
+            logger.info("strata service stopped")
+
+    app = FastAPI(
+        title="strata",
+        summary="Hierarchical RAG retrieval over Milvus: evidence plus a meta record",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    routers = (health.router, retrieve.router, kbs.router, ui.router)
+    for router in routers:
+        app.include_router(router)
+    routes = [route for router in routers for route in router.routes]  # route templates label the metrics
+    problems.install(app)
+    api = settings.api
+    app.add_middleware(ConcurrencyLimit, limit=api.max_concurrency, wait_s=api.queue_timeout_s, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=api.max_upload_bytes, metrics=metrics)
+    app.add_middleware(RequestContext, metrics=metrics, header=api.request_id_header, routes=lambda: routes)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """For ``uvicorn --factory`` (one app per worker process): the settings of the environment."""
+    return create_app(get_settings())

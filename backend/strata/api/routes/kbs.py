@@ -1,0 +1,76 @@
+"""Knowledge bases: list, create, documents (list, upload, delete) and stats."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Query, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+
+from strata.api import uploads
+from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, not_found
+from strata.api.problems import Problem
+from strata.api.schemas import PROBLEMS, DocumentList, KbCreate, KbList
+from strata.errors import EncoderMismatchError
+
+router = APIRouter(prefix="/kbs", tags=["knowledge bases"], responses=PROBLEMS)
+
+
+@router.get("", summary="the knowledge bases this key may read", response_model=KbList)
+def list_kbs(service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
+    kbs = [kb for kb in service.resources.documents.list_kbs() if principal.can_read(kb.kb_id)]
+    return {"kbs": [{"kb_id": k.kb_id, "encoder": k.encoder, "dim": k.dim, "generation": k.generation} for k in kbs]}
+
+
+@router.post("", summary="create an empty knowledge base", status_code=201)
+def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
+    if not principal.can_read(body.kb_id):
+        raise not_found(body.kb_id)
+    if not principal.write:
+        raise Problem(403, f"this key may not write to {body.kb_id!r}", title="Forbidden")
+    created = service.create_kb(body.kb_id)
+    return JSONResponse({"kb_id": body.kb_id, "created": created}, status_code=201 if created else 200)
+
+
+@router.get("/{kb}/documents", summary="the documents a knowledge base serves", response_model=DocumentList)
+def list_documents(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
+    entries = service.catalog.documents(kb)
+    return {"kb": kb, "documents": [uploads.entry_dict(e) for e in entries]}
+
+
+@router.post("/{kb}/documents", summary="upload files and index them (the report of strata index)")
+async def upload_documents(
+    kb: WritableKb,
+    service: ServiceDep,
+    files: Annotated[list[UploadFile], File(description="files; a name may be a relative path (folder/file.md)")],
+    delete_missing: Annotated[bool, Query(description="delete documents whose files were not sent")] = False,
+    recreate: Annotated[bool, Query(description="drop the knowledge base first")] = False,
+    dry_run: Annotated[bool, Query(description="report what would change, write nothing")] = False,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="strata-upload-") as folder:
+        await run_in_threadpool(uploads.save_all, files, Path(folder))
+        try:
+            report = await run_in_threadpool(
+                service.index_folder, kb, Path(folder), delete_missing=delete_missing, recreate=recreate, dry_run=dry_run
+            )
+        except EncoderMismatchError as exc:
+            raise Problem(409, str(exc), title="Encoder Mismatch") from None
+    return report.to_dict()
+
+
+@router.delete("/{kb}/documents/{doc_id:path}", summary="delete a document from every store")
+def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
+    if not principal.can_write(kb):
+        raise Problem(403, f"this key may not write to {kb!r}", title="Forbidden")
+    uploads.check_name(doc_id)
+    if not service.delete_document(kb, doc_id):
+        raise Problem(404, f"no document {doc_id!r} in knowledge base {kb!r}", title="Not Found")
+    return {"kb": kb, "deleted": doc_id}
+
+
+@router.get("/{kb}/stats", summary="documents, chunks per level and Milvus leaves (they must agree)")
+def kb_stats(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
+    return service.kb_stats(kb)

@@ -1,0 +1,158 @@
+"""HTTP request and response schemas (pydantic lives here, at the edge only).
+
+Strings reject control characters (a query may hold tabs and newlines) and
+lone surrogates; unknown fields are refused, so the filter keys are an
+allowlist. Limits that come from settings (``max_top_k``,
+``max_query_chars``) are checked in the routes against the running settings.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from strata.types import Filters
+
+KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+HARD_MAX_QUERY_CHARS = 20000  # the settings' max_query_chars is checked in the routes
+HARD_MAX_TOP_K = 1000
+
+
+def _no_control(value: str, *, allowed: str = "") -> str:
+    for ch in value:
+        if ch not in allowed and unicodedata.category(ch) in ("Cc", "Cs"):
+            raise ValueError(f"control character U+{ord(ch):04X} is not allowed")
+    return value
+
+
+def _text(value: str) -> str:
+    _no_control(value, allowed="\t\n\r")
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+QueryText = Annotated[str, StringConstraints(min_length=1, max_length=HARD_MAX_QUERY_CHARS), AfterValidator(_text)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_no_control)]
+KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
+TopK = Annotated[int, Field(ge=1, le=HARD_MAX_TOP_K, description="results wanted (at most the service's max_top_k)")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FiltersIn(_Strict):
+    """Restrictions of a search, ANDed; the only filter keys accepted."""
+
+    modules: list[Name] = Field(default_factory=list, max_length=50)
+    skill_points: list[Name] = Field(default_factory=list, max_length=50)
+    doc_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=2048), AfterValidator(_no_control)]] = Field(
+        default_factory=list, max_length=200
+    )
+    source_prefix: Name | None = None
+
+    def to_filters(self) -> Filters | None:
+        filters = Filters(tuple(self.modules), tuple(self.skill_points), tuple(self.doc_ids), self.source_prefix)
+        return None if filters.is_empty() else filters
+
+
+class RetrieveRequest(_Strict):
+    query: QueryText
+    top_k: TopK = 5
+    kb_ids: list[KbId] | None = Field(
+        None, min_length=1, max_length=100, description="knowledge bases to search; default all you may read"
+    )
+    filters: FiltersIn | None = None
+    rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
+    expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
+    explain: bool = Field(False, description="keep the per-document score trace")
+    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] | None = Field(
+        None, description="retrieval strategy; default as configured"
+    )
+    queries: list[QueryText] | None = Field(
+        None, max_length=8, description="the fusion strategy's extra query variants"
+    )
+
+
+class SkillRequest(_Strict):
+    skill: Name
+    query: QueryText | None = None
+    top_k: TopK = 5
+    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
+    explain: bool = False
+
+
+class ModuleRequest(_Strict):
+    module: Name
+    query: QueryText | None = None
+    top_k: TopK = 5
+    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
+    level: Literal[1, 2, 3] = Field(1, description="chunk level listed when no query is given")
+    explain: bool = False
+
+
+class KbCreate(_Strict):
+    kb_id: KbId
+
+
+class DocumentOut(BaseModel):
+    content: str
+    score: float | None
+    metadata: dict[str, Any]
+
+
+class RetrieveResponse(BaseModel):
+    """Exactly ``RetrievalResult.to_dict()``; ``metadata.trace`` only with ``explain``."""
+
+    docs: list[DocumentOut]
+    meta: dict[str, Any]
+
+
+class SkillResponse(RetrieveResponse):
+    skill: dict[str, Any]
+
+
+class ModuleResponse(RetrieveResponse):
+    module: dict[str, Any]
+
+
+class KbOut(BaseModel):
+    kb_id: str
+    encoder: str
+    dim: int
+    generation: int
+
+
+class KbList(BaseModel):
+    kbs: list[KbOut]
+
+
+class DocumentEntryOut(BaseModel):
+    doc_id: str
+    version: int
+    source: str
+    leaf_count: int
+    chunk_count: int
+    metadata: dict[str, Any]
+    updated_at: str | None
+
+
+class DocumentList(BaseModel):
+    kb: str
+    documents: list[DocumentEntryOut]
+
+
+class ProblemOut(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    request_id: str | None
+
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ProblemOut, "content": {"application/problem+json": {}}} for code in (401, 404, 422, 503)
+}

@@ -1,0 +1,142 @@
+"""What the service process holds: one ``Resources`` shared by retrieval and indexing.
+
+Milvus Lite lets one process own its file, so the service builds the encoder
+and the stores once and every route goes through them. Indexing runs in a
+worker thread (retrieval keeps answering) and never twice at once on one kb.
+"""
+
+from __future__ import annotations
+
+import os
+import logging
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from strata.api.auth import KeyRing
+from strata.api.metrics import Metrics
+from strata.api.problems import Problem
+from strata.config import Settings
+from strata.indexing.pipeline import Indexer, chunking_signature
+from strata.indexing.report import IndexReport
+from strata.rag.expansion import SynonymDictionary, load_synonyms
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+from strata.stores.catalog import Catalog
+from strata.types import Filters, RetrievalResult
+
+logger = logging.getLogger(__name__)
+
+WARM_UP_QUERY = "warm-up 预热"
+
+
+class Service:
+    """The engine parts of one app, built once in its lifespan."""
+
+    def __init__(
+        self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None
+    ) -> None:
+        self.settings = settings
+        self.resources = resources
+        self.owns_resources = owns_resources
+        self.keys = KeyRing.from_settings(settings.api)
+        self.metrics = metrics or Metrics()
+        self.synonyms: SynonymDictionary = load_synonyms(settings.retrieval.synonyms)
+        self.retriever = Retriever(resources)
+        self.indexer = Indexer(resources)
+        self._kb_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._kb_locks_guard = threading.Lock()
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self.resources.documents.engine)
+
+    def warm_up(self) -> None:
+        """Loads the encoder and opens the stores, then runs one query (Milvus loads jieba's dictionary)."""
+        started = time.perf_counter()
+        try:
+            self.resources.encoder.encode_queries([WARM_UP_QUERY])
+            _ = self.resources.leaf_index
+            result = self.retriever.retrieve(WARM_UP_QUERY, 1)
+            logger.info("warm-up query: status %s in %.0f ms", result.meta.status, (time.perf_counter() - started) * 1000)
+        except Exception as exc:  # the service still starts; /ready shows what is wrong
+            logger.warning("warm-up failed: %s: %s", type(exc).__name__, exc)
+
+    def retrieve(
+        self, query: str, top_k: int, *, kb_ids: Sequence[str] | None, filters: Filters | None,
+        rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
+        queries: Sequence[str] | None = None,
+    ) -> RetrievalResult:  # fmt: skip
+        """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults)."""
+        switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries}
+        options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
+        kbs = list(kb_ids) if kb_ids is not None else None
+        try:
+            result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
+        except ValueError as exc:  # the engine's own argument checks
+            raise Problem(422, str(exc), title="Invalid Input") from None
+        self.metrics.observe_retrieval(result)
+        return result
+
+    def index_folder(self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool) -> IndexReport:
+        """Indexes an uploaded folder into ``kb_id`` (call from a worker thread)."""
+        with self._kb_lock(kb_id):
+            report = self.indexer.index_paths(
+                [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run
+            )
+        _relative_sources(report, folder)
+        return report
+
+    def delete_document(self, kb_id: str, doc_id: str) -> bool:
+        with self._kb_lock(kb_id):
+            return self.indexer.delete_document(kb_id, doc_id)
+
+    def create_kb(self, kb_id: str) -> bool:
+        """Creates an empty kb for the configured encoder; False when it existed."""
+        documents, encoder = self.resources.documents, self.resources.encoder
+        with self._kb_lock(kb_id):
+            if documents.get_kb(kb_id) is not None:
+                return False
+            signature = chunking_signature(self.settings.chunking)
+            documents.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+        return True
+
+    def kb_stats(self, kb_id: str) -> dict[str, Any]:
+        """The counts ``strata stats`` prints."""
+        kb = self.resources.documents.get_kb(kb_id)
+        assert kb is not None
+        sql = self.resources.documents.stats(kb_id)
+        leaves = self.resources.leaf_index.count(kb_id)
+        return {
+            "kb": kb_id, "documents": sql["documents_by_status"].get("active", 0),
+            "documents_by_status": sql["documents_by_status"], "chunks_by_level": sql["chunks_by_level"],
+            "leaves_in_milvus": leaves, "encoder": {"name": kb.encoder, "dim": kb.dim},
+            "generation": kb.generation, "consistent": leaves == sql["chunks_by_level"]["3"],
+        }  # fmt: skip
+
+    @property
+    def reranker(self) -> Any:
+        """The configured reranker or None (the retriever owns it; older engines kept it on ``Resources``)."""
+        owner = self.retriever if hasattr(self.retriever, "reranker") else self.resources
+        return getattr(owner, "reranker", None)
+
+    def close(self) -> None:
+        closer = getattr(self.retriever, "close", None)
+        if closer is not None:
+            closer()
+        if self.owns_resources:
+            self.resources.close()
+
+    def _kb_lock(self, kb_id: str) -> threading.Lock:
+        with self._kb_locks_guard:
+            return self._kb_locks[kb_id]
+
+
+def _relative_sources(report: IndexReport, folder: Path) -> None:
+    """Failures and skipped files named as uploaded (the temporary folder means nothing to the caller)."""
+    prefix = f"{folder}{os.sep}"
+    for entry in (*report.failures, *report.skipped):
+        if entry["source"].startswith(prefix):
+            entry["source"] = entry["source"][len(prefix) :]

@@ -1,0 +1,171 @@
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild.
+
+Each sub-command lives in a module of this package, imported only when run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from strata.config import ConfigError, Settings, get_settings
+from strata.errors import StrataError
+
+logger = logging.getLogger("strata")
+
+
+def configure_logging(settings: Settings, *, verbose: bool = False) -> None:
+    """Entry-point logging: strata at the configured level, libraries at WARNING."""
+    level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("strata").setLevel(level)
+    # pymilvus logs every failed RPC with a traceback and Milvus Lite's gRPC server logs the RPCs it
+    # does not implement; strata translates and reports the errors that matter itself. pymilvus sets
+    # its own levels when imported, so it is imported first.
+    try:
+        import pymilvus  # noqa: F401
+    except ImportError:
+        pass
+    for name in ("pymilvus", "milvus_lite", "grpc"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def add_index_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``strata index`` after its paths (shared with ``scripts/build_index.py``)."""
+    p.add_argument("--kb", required=True, help="knowledge base id")
+    p.add_argument("--delete-missing", action="store_true", help="delete documents whose files are gone")
+    p.add_argument("--recreate", action="store_true", help="drop the knowledge base and rebuild it")
+    p.add_argument("--batch-size", type=int, help="passages per encoder call (STRATA_EMBEDDING__BATCH_SIZE)")
+    p.add_argument("--dry-run", action="store_true", help="report what would change, write nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="index files/folders into a knowledge base (incremental)")
+    p.add_argument("paths", nargs="+", type=Path)
+    add_index_options(p)
+    p.add_argument("--server", metavar="URL", help="send the files to a running `strata serve` (STRATA_SERVER__URL)")
+    p.add_argument("--api-key", metavar="KEY", help="bearer key for --server (STRATA_SERVER__API_KEY)")
+    p.set_defaults(handler=_lazy("strata.cli.index", "cmd_index"))
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the HTTP service (retrieval, knowledge bases, uploads)")
+    p.add_argument("--host", help="address to bind (STRATA_API__HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (STRATA_API__PORT, default 8080)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (more than 1 needs a Milvus server)")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
+    p.set_defaults(handler=_lazy("strata.cli.serve", "cmd_serve"))
+
+
+def _add_maintenance(sub: Any) -> None:
+    p = sub.add_parser("delete", help="delete a document from a knowledge base")
+    p.add_argument("doc_id", nargs="?")
+    p.add_argument("--source", help="the document's source path instead of its id")
+    p.add_argument("--kb", required=True)
+    p.set_defaults(handler=_lazy("strata.cli.index", "cmd_delete"))
+    p = sub.add_parser("stats", help="counts per store, to check that they agree")
+    p.add_argument("--kb", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_lazy("strata.cli.index", "cmd_stats"))
+    p = sub.add_parser("reconcile", help="compare Milvus and the cache with SQL; --repair makes them agree")
+    p.add_argument("--kb", required=True)
+    p.add_argument("--repair", action="store_true", help="fix what differs (without it: report only)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_lazy("strata.cli.index", "cmd_reconcile"))
+
+
+def _add_query(sub: Any) -> None:
+    p = sub.add_parser("query", help="retrieve evidence for a query")
+    p.add_argument("query")
+    p.add_argument("--kb", action="append", help="knowledge base id (repeat for several; default all)")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--module", action="append", default=[], help="filter: front-matter module")
+    p.add_argument("--skill-point", action="append", default=[], help="filter: skill point")
+    p.add_argument("--source-prefix", help="filter: source path prefix")
+    p.add_argument("--json", action="store_true", help="print the RetrievalResult as JSON")
+    p.add_argument("--explain", action="store_true", help="print stages, merges and per-doc traces")
+    p.add_argument("--strategy", choices=["basic", "hybrid", "auto_merge", "fusion", "adjacent"],
+                   help="retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, auto_merge)")
+    p.add_argument("--query-variant", action="append", default=[], help="fusion: another phrasing to search (repeat)")
+    p.set_defaults(handler=_lazy("strata.cli.query", "cmd_query"))
+
+
+def _add_eval(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate retrieval on a SQuAD-style data set (shared/eval/SPEC.md)")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--sample", type=int, help="questions to sample (seed 13); default all")
+    p.add_argument("--k", default="5,10", help="comma-separated k values (default 5,10)")
+    p.add_argument("--modes", default="bm25,dense,hybrid,hybrid+merge,full")
+    p.add_argument("--out", type=Path, default=Path("eval-out"))
+    p.add_argument("--kb", default="eval", help="knowledge base id for the corpus")
+    p.add_argument("--reuse-index", action="store_true", help="skip indexing when the kb is already built")
+    p.set_defaults(handler=_lazy("strata.cli.evaluate", "cmd_eval"))
+
+
+def _add_rebuild(sub: Any) -> None:
+    p = sub.add_parser(
+        "rebuild",
+        help="write a kb's Milvus leaves again from SQL (in place, or into another Milvus with --to-uri)",
+        description="Rebuilds a knowledge base's leaves in Milvus from SQL, the source of truth: vectors come from "
+        "the SQL embedding cache (only what it lacks is encoded), the result is flushed and verified against SQL. "
+        "Without --to-uri it rebuilds IN PLACE: the kb's leaves are deleted first, so queries of the kb find "
+        "nothing until it finishes. With --to-uri the configured Milvus is not touched; point "
+        "STRATA_MILVUS__URI at the verified copy afterwards.",
+    )
+    p.add_argument("--kb", required=True, help="knowledge base id")
+    p.add_argument("--to-uri", metavar="URI", help="write a copy into this Milvus: a Lite file *.db or http://host:19530")
+    p.add_argument("--collection", metavar="NAME", help="collection of the copy (default STRATA_MILVUS__COLLECTION)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=_lazy("strata.cli.rebuild", "cmd_rebuild"))
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(args, settings)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = get_settings()
+        configure_logging(settings, verbose=args.verbose)
+        return int(args.handler(args, settings))
+    except ConfigError as exc:
+        print(f"strata: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a bad argument the parser could not see (an empty query, top_k out of range)
+        print(f"strata {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except StrataError as exc:
+        print(f"strata: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("strata: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

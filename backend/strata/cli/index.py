@@ -1,0 +1,130 @@
+"""``strata index``, ``delete``, ``stats`` and ``reconcile``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from strata.cli.progress import make_progress
+from strata.config import ConfigError, Settings
+from strata.indexing.pipeline import Indexer
+from strata.resources import Resources
+
+
+def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
+    server_url = getattr(args, "server", None) or settings.server.url
+    if server_url:  # a running `strata serve` owns the stores: send it the files
+        from strata.cli.remote_index import cmd_remote_index
+
+        api_key = getattr(args, "api_key", None) or settings.server.api_key.get_secret_value() or None
+        return cmd_remote_index(args, settings, url=server_url, api_key=api_key)
+    if args.batch_size:
+        settings = settings.model_copy(
+            update={"embedding": settings.embedding.model_copy(update={"batch_size": args.batch_size})}
+        )
+    resources = Resources(settings)
+    progress = make_progress(enabled=not args.json)
+    try:
+        report = Indexer(resources).index_paths(
+            args.paths, kb_id=args.kb, delete_missing=args.delete_missing, recreate=args.recreate,
+            dry_run=args.dry_run, progress=progress,
+        )  # fmt: skip
+    finally:
+        progress.close()
+    _print_report(report.to_dict(), as_json=args.json)
+    return 1 if report.failed else 0
+
+
+def _print_report(report: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+        return
+    verb = "would change" if report["dry_run"] else "indexed"
+    print(
+        f"{verb} kb {report['kb']}: {report['added']} added, {report['updated']} updated, "
+        f"{report['unchanged']} unchanged, {report['deleted']} deleted, {report['failed']} failed; "
+        f"{report['passages_encoded']} passages encoded ({report['embeddings_reused']} reused), "
+        f"{report['chunks_written']} chunks written in {report['seconds']:.1f}s ({report['chunks_per_s']:.1f} chunks/s)"
+    )
+    for failure in report["failures"]:
+        print(f"  FAILED {failure['source']}: {failure['reason']}")
+    for skipped in report["skipped"]:
+        print(f"  skipped {skipped['source']}: {skipped['reason']}")
+    for note in report["notes"]:
+        print(f"  note: {note}")
+
+
+def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:
+    if bool(args.doc_id) == bool(args.source):
+        raise ConfigError("give either a DOC_ID or --source PATH")
+    resources = Resources(settings)
+    doc_id = args.doc_id or _doc_id_for_source(resources, args.kb, args.source)
+    if doc_id is None or not Indexer(resources).delete_document(args.kb, doc_id):
+        print(f"no document {args.doc_id or args.source!r} in kb {args.kb}", file=sys.stderr)
+        return 1
+    print(f"deleted {doc_id} from kb {args.kb}")
+    return 0
+
+
+def _doc_id_for_source(resources: Any, kb_id: str, source: str) -> str | None:
+    """The document whose stored source (relative to the indexed folder) ends ``source``; the longest match wins."""
+    wanted = Path(source).parts
+    matches = [
+        (len(parts), version.doc_id)
+        for version in resources.documents.versions(kb_id)
+        if (parts := PurePosixPath(version.source).parts) and wanted[-len(parts) :] == parts
+    ]
+    return max(matches)[1] if matches else None
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    resources = Resources(settings)
+    kb = resources.documents.get_kb(args.kb)
+    if kb is None:
+        print(f"no knowledge base {args.kb!r}", file=sys.stderr)
+        return 1
+    sql = resources.documents.stats(args.kb)
+    leaves = resources.leaf_index.count(args.kb)
+    stats = {
+        "kb": args.kb,
+        "documents": sql["documents_by_status"].get("active", 0),
+        "documents_by_status": sql["documents_by_status"],
+        "chunks_by_level": sql["chunks_by_level"],
+        "leaves_in_milvus": leaves,
+        "encoder": {"name": kb.encoder, "dim": kb.dim},
+        "generation": kb.generation,
+        "consistent": leaves == sql["chunks_by_level"]["3"],
+    }
+    if args.json:
+        print(json.dumps(stats, ensure_ascii=False, indent=2))
+    else:
+        levels = stats["chunks_by_level"]
+        print(
+            f"kb {args.kb}: {stats['documents']} documents; chunks L1 {levels['1']}, L2 {levels['2']}, "
+            f"L3 {levels['3']}; Milvus leaves {leaves} ({'consistent' if stats['consistent'] else 'MISMATCH'}); "
+            f"encoder {kb.encoder} (dim {kb.dim})"
+        )
+    return 0 if stats["consistent"] else 1
+
+
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    """Reports what differs between the stores (exit 1 when something does); ``--repair`` fixes it."""
+    report = Indexer(Resources(settings)).reconcile(args.kb, repair=args.repair).to_dict()
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    else:
+        cache = "unknown" if report["stale_cache"] is None else report["stale_cache"]
+        print(
+            f"kb {args.kb}: {report['leftover_versions']} unfinished or retired versions, "
+            f"{report['missing_in_milvus']} leaves missing in Milvus, {report['orphans_in_milvus']} orphan leaves "
+            f"in Milvus, {cache} stale cache entries, {report['versions_without_term_stats']} versions without "
+            "term statistics" + (" - repaired" if report["repaired"] else "")
+        )
+        for note in report["notes"]:
+            print(f"  note: {note}")
+        if report["differences"] and not report["repaired"]:
+            print("  run again with --repair to fix them")
+    return 0 if report["repaired"] or not report["differences"] else 1

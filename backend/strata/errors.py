@@ -1,0 +1,68 @@
+"""strata's exception tree.
+
+Every error strata raises on purpose derives from ``StrataError``; third-party
+errors are translated where they cross into strata (stores, encoders, the
+rerank client) with ``raise ... from exc`` so the cause stays attached::
+
+    StrataError
+    ├── EncoderError             an encoder could not load or encode
+    ├── StoreError               a store call failed
+    │   ├── IndexLockedError     the Milvus Lite file is held by another process
+    │   ├── EncoderMismatchError a collection/kb was built with another encoder
+    │   └── CacheError           the parent cache (Redis) failed
+    ├── LoaderError              a source file could not be read
+    ├── IndexingError            a document could not be indexed consistently
+    ├── RerankError              the rerank service failed or answered nonsense
+    ├── NotFoundError            a knowledge base or document does not exist
+    └── LeaseHeldError           another indexer holds the knowledge base's lease
+
+``ConfigError`` (a setting is missing or invalid; the message names the
+variable) is a ``ValueError`` defined in ``strata.config``, which imports
+nothing of the package.
+"""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base class of every error strata raises on purpose."""
+
+
+class EncoderError(StrataError):
+    """An encoder could not be loaded or failed to encode."""
+
+
+class StoreError(StrataError):
+    """A store (Milvus, SQL, Redis) call failed."""
+
+
+class IndexLockedError(StoreError):
+    """The Milvus Lite data file is opened by another process."""
+
+
+class EncoderMismatchError(StoreError):
+    """A collection or knowledge base was built with a different encoder."""
+
+
+class CacheError(StoreError):
+    """The parent cache failed; callers fall back to SQL."""
+
+
+class LoaderError(StrataError):
+    """A source file could not be loaded (unsupported, unreadable or empty)."""
+
+
+class IndexingError(StrataError):
+    """A document could not be written consistently to the stores."""
+
+
+class RerankError(StrataError):
+    """The rerank service failed, timed out or answered something unusable."""
+
+
+class NotFoundError(StrataError):
+    """A knowledge base or document does not exist."""
+
+
+class LeaseHeldError(StrataError):
+    """Another process is indexing the knowledge base (its lease names the holder)."""

@@ -1,0 +1,170 @@
+"""``strata eval``: SPEC.md's evaluation of several retrieval modes over one index.
+
+The corpus (one Markdown document per article) is indexed once into a private
+embedded index under ``OUT/index`` (Milvus Lite + SQLite, no Redis), then every
+mode answers every sampled question at each k:
+
+- ``bm25``: the BM25 route only; ``dense``: the dense route only;
+- ``hybrid``: both routes fused with RRF, no merge;
+- ``hybrid+merge``: the full path without rerank (strata's default);
+- ``full``: the full path with rerank (only when ``STRATA_RERANK__URL`` is set);
+- ``basic``, ``auto_merge``, ``adjacent``, ``fusion``: the strategies by name
+  (``fusion`` makes its query variants from ``STRATA_RETRIEVAL__SYNONYMS``; without
+  a dictionary it searches the question alone and equals ``auto_merge``).
+
+Latency is the wall time of each ``retrieve_documents`` call after 5 warm-up
+calls, query encoding included; the encoder's own cost per query is reported
+separately (``query_embed_ms_p50``) so it can be subtracted.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from strata.config import Settings
+from strata.evaluation.dataset import Query, load_squad, subsample, write_corpus
+from strata.evaluation.metrics import Item, QueryOutcome, percentile, summarize
+from strata.indexing.pipeline import Indexer
+from strata.indexing.report import IndexReport, Progress
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
+
+logger = logging.getLogger(__name__)
+
+MODES: dict[str, dict[str, Any]] = {
+    "bm25": {"routes": "sparse", "merge_enabled": False},
+    "dense": {"routes": "dense", "merge_enabled": False},
+    "hybrid": {"routes": "hybrid", "merge_enabled": False},
+    "hybrid+merge": {"routes": "hybrid", "merge_enabled": True},
+    "full": {"routes": "hybrid", "merge_enabled": True},
+    # the strategies by name (strata.rag.strategies)
+    "basic": {"strategy": "basic"},
+    "auto_merge": {"strategy": "auto_merge", "routes": "hybrid", "merge_enabled": True},
+    "adjacent": {"strategy": "adjacent"},
+    "fusion": {"strategy": "fusion", "routes": "hybrid", "merge_enabled": True},
+}
+WARMUP_CALLS = 5
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    outcomes: list[QueryOutcome] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def eval_settings(base: Settings, index_dir: Path) -> Settings:
+    """The caller's settings on a private embedded index (no Redis, no query cache, no deadline)."""
+    return base.model_copy(
+        update={
+            "data_dir": index_dir,
+            "milvus": base.milvus.model_copy(update={"uri": str(index_dir / "milvus.db"), "kb_layout": "auto"}),
+            "database": base.database.model_copy(update={"url": f"sqlite:///{index_dir / 'strata.sqlite3'}"}),
+            "redis": base.redis.model_copy(update={"url": None}),
+            # quality is measured without a deadline: a loaded machine must not turn answers into fallbacks
+            "retrieval": base.retrieval.model_copy(update={"cache_size": 0, "deadline_ms": 600_000}),
+        }
+    )
+
+
+def mode_settings(settings: Settings, mode: str) -> Settings:
+    update = {"retrieval": settings.retrieval.model_copy(update=MODES[mode])}
+    if mode != "full":
+        update["rerank"] = settings.rerank.model_copy(update={"url": ""})
+    return settings.model_copy(update=update)
+
+
+def build_index(settings: Settings, dataset: Path, out_dir: Path, kb_id: str, progress: Progress) -> tuple[Resources, IndexReport, int]:
+    """Writes the corpus and indexes it (incrementally: a rerun re-encodes nothing)."""
+    articles, _ = load_squad(dataset)
+    corpus = out_dir / "corpus"
+    write_corpus(articles, corpus)
+    resources = Resources(settings)
+    report = Indexer(resources).index_paths([corpus], kb_id=kb_id, progress=progress)
+    return resources, report, len(articles)
+
+
+def index_summary(resources: Resources, report: IndexReport, kb_id: str) -> dict[str, Any]:
+    """This run's indexing figures plus what the index holds (a rerun may have changed nothing)."""
+    stats = resources.documents.stats(kb_id)
+    return {
+        **report.to_dict(),
+        "reused": report.chunks_written == 0 and report.unchanged > 0,
+        "leaves_in_index": resources.leaf_index.count(kb_id),
+        "chunks_by_level": stats["chunks_by_level"],
+    }
+
+
+def query_embed_ms_p50(resources: Resources, queries: Sequence[Query], n: int = 50) -> float:
+    """The encoder's cost for one query (single text), p50 over ``n`` questions."""
+    times = []
+    for query in list(queries)[: n + WARMUP_CALLS]:
+        started = time.perf_counter()
+        resources.encoder.encode_queries([query.question])
+        times.append((time.perf_counter() - started) * 1000)
+    return percentile(times[WARMUP_CALLS:] or times, 50)
+
+
+def run_mode(
+    resources: Resources, mode: str, queries: Sequence[Query], ks: Sequence[int], kb_id: str,
+    on_query: Callable[[], None] = lambda: None,
+) -> ModeResult:  # fmt: skip
+    """Every query at every k through one mode's ``Retriever``."""
+    result = ModeResult(mode)
+    if mode == "full" and not resources.settings.rerank.url:
+        result.skipped = "STRATA_RERANK__URL is not set"
+        return result
+    retriever = Retriever(Resources(mode_settings(resources.settings, mode), encoder=resources.encoder))
+    for query in list(queries)[:WARMUP_CALLS]:
+        for k in ks:
+            retriever.retrieve(query.question, k, kb_ids=[kb_id])
+    for query in queries:
+        result.outcomes.append(_ask(retriever, query, ks, kb_id, result))
+        on_query()
+    return result
+
+
+def _ask(retriever: Retriever, query: Query, ks: Sequence[int], kb_id: str, result: ModeResult) -> QueryOutcome:
+    lists: dict[int, tuple[Item, ...]] = {}
+    latency: dict[int, float] = {}
+    for k in ks:
+        started = time.perf_counter()
+        answer = retriever.retrieve(query.question, k, kb_ids=[kb_id])
+        latency[k] = (time.perf_counter() - started) * 1000
+        lists[k] = tuple(Item(text=d.content, doc_id=str(d.metadata["doc_id"])) for d in answer.docs)
+        status = answer.meta.status
+        result.statuses[status] = result.statuses.get(status, 0) + 1
+        if status != "ok" and len(result.errors) < 20:
+            result.errors.append(f"{query.query_id} k={k}: {status} {list(answer.meta.degraded)}")
+    return QueryOutcome(
+        query_id=query.query_id, doc_id=query.doc_id, answers=query.answers,
+        items_at_5=lists.get(5, ()), items_at_10=lists.get(10, ()),
+        latency_ms_at_5=latency.get(5), latency_ms_at_10=latency.get(10),
+    )  # fmt: skip
+
+
+def summarize_modes(results: Sequence[ModeResult]) -> dict[str, Any]:
+    return {r.mode: summarize(r.outcomes) for r in results if r.outcomes}
+
+
+def describe_machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def sampled_queries(dataset: Path, sample: int | None) -> tuple[list[Query], int]:
+    _, queries = load_squad(dataset)
+    return subsample(queries, sample), len(queries)

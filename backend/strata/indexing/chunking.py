@@ -1,0 +1,283 @@
+"""The hierarchical chunker: a ``SourceDocument`` into L1 ⊃ L2 ⊃ L3 chunks.
+
+Pure: no I/O. Structure first, then size:
+
+1. The document's sections become regions. A region that holds nothing but its
+   heading line is joined to the following region (and takes its heading path),
+   so a bare ``# Title`` never becomes a chunk of its own.
+2. Each region is packed into L1 spans, each L1 into L2 spans, each L2 into L3
+   spans, by the same sentence-aware greedy packing (``_pack``): sentence units
+   are added to a chunk while its span stays within the level's maximum; a
+   unit longer than the maximum is cut (after a comma or space late in the
+   window when there is one, else hard).
+
+Every span starts and ends on a non-whitespace character and
+``chunk.text == doc.text[chunk.char_start:chunk.char_end]``. Without overlap,
+siblings are separated by whitespace only, so a parent's text is its children's
+texts joined by the original gaps; a parent that fits in one child still gets
+exactly one child with the same span. With ``l{n}_overlap > 0`` a sibling may
+start before the previous one ends (see ``_overlap_start``).
+
+``chunk_document`` returns the L1 chunks in document order, then the L2s, then
+the L3s. ``ordinal`` counts within a level in tree order (parent by parent),
+which is document order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from strata.config import ChunkingSettings
+from strata.types import Chunk, Section, SourceDocument
+
+Span = tuple[int, int]
+
+# A sentence ends after CJK terminal punctuation, after ASCII terminal
+# punctuation followed by whitespace or the end, and at every newline (a heading
+# or list item is a unit of its own). Closing quotes and brackets stay with the
+# sentence they close.
+_CLOSERS = "”’」』）》)\\]\"'"
+_SENTENCE_END = re.compile(rf"[。！？；…]+[{_CLOSERS}]*|[.!?;]+[{_CLOSERS}]*(?=\s|\Z)|\n")
+_SOFT_BREAKS = "，,、 "  # where an over-long sentence is preferably cut
+_SOFT_WINDOW = 0.3  # ... within the last 30% of the window
+_HEADING_MARKS = re.compile(r"^ {0,3}#{1,6} +| +#+ *$")
+_HEADING_SEPARATOR = " > "
+
+
+@dataclass(frozen=True)
+class _Region:
+    """A span of the text that L1 chunks may not cross, with its heading path."""
+
+    start: int
+    end: int
+    heading_path: tuple[str, ...]
+    page: int | None
+
+
+@dataclass(frozen=True)
+class _L1Plan:
+    """One L1 span, its L2 spans and, for each L2, its L3 spans."""
+
+    region: _Region
+    span: Span
+    children: tuple[tuple[Span, tuple[Span, ...]], ...]
+
+
+def chunk_id(kb_id: str, doc_id: str, version: int, level: int, ordinal: int) -> str:
+    """Deterministic id: 32 hex chars of sha1 over the fields joined by ``\\x1f``.
+
+    The unit separator does not occur in kb or document ids, so different
+    field tuples cannot join to the same string.
+    """
+    key = "\x1f".join((kb_id, doc_id, str(version), str(level), str(ordinal)))
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()[:32]
+
+
+def chunk_document(doc: SourceDocument, *, kb_id: str, version: int, settings: ChunkingSettings) -> list[Chunk]:
+    """All L1, L2 and L3 chunks of ``doc`` (L1s first, then L2s, then L3s)."""
+    plans = [
+        _plan_l1(doc.text, region, span, settings)
+        for region in _regions(doc)
+        for span in _pack(doc.text, (region.start, region.end), settings.l1_max_chars, settings.l1_overlap)
+    ]
+    return _build_chunks(doc, plans, kb_id=kb_id, version=version)
+
+
+def _plan_l1(text: str, region: _Region, span: Span, settings: ChunkingSettings) -> _L1Plan:
+    l2_spans = _pack(text, span, settings.l2_max_chars, settings.l2_overlap)
+    children = tuple((l2, tuple(_pack(text, l2, settings.l3_max_chars, settings.l3_overlap))) for l2 in l2_spans)
+    return _L1Plan(region, span, children)
+
+
+# --- structure --------------------------------------------------------------
+
+
+def _regions(doc: SourceDocument) -> list[_Region]:
+    """Trimmed, non-empty regions in order; heading-only ones joined forward."""
+    regions = [r for r in _raw_regions(doc) if r.start < r.end]
+    joined: list[_Region] = []
+    pending: int | None = None  # start of heading-only regions waiting to be joined
+    for index, region in enumerate(regions):
+        if index + 1 < len(regions) and _is_heading_only(doc.text, region):
+            pending = region.start if pending is None else pending
+            continue
+        start = region.start if pending is None else pending
+        joined.append(_Region(start, region.end, region.heading_path, region.page))
+        pending = None
+    return joined
+
+
+def _raw_regions(doc: SourceDocument) -> list[_Region]:
+    """Sections trimmed of surrounding whitespace.
+
+    Only section starts are trusted: each section runs to the next one's start,
+    and text before the first section is a region without heading, so every
+    character of the text belongs to exactly one region.
+    """
+    sections = sorted(doc.sections, key=lambda s: s.start)
+    if not sections or sections[0].start > 0:
+        sections.insert(0, Section((), 0, 0))
+    ends = [s.start for s in sections[1:]] + [len(doc.text)]
+    return [
+        _Region(*_trim(doc.text, max(s.start, 0), min(end, len(doc.text))), s.heading_path, s.page)
+        for s, end in zip(sections, ends)
+    ]
+
+
+def _is_heading_only(text: str, region: _Region) -> bool:
+    """Whether the region is a single line that is its own heading (``## Title`` or ``Title``)."""
+    line = text[region.start : region.end]
+    if not region.heading_path or "\n" in line:
+        return False
+    return _HEADING_MARKS.sub("", line).strip() == region.heading_path[-1].strip()
+
+
+# --- size -------------------------------------------------------------------
+
+
+def _pack(text: str, span: Span, max_chars: int, overlap: int) -> list[Span]:
+    """Greedy sentence packing of ``span`` into spans of at most ``max_chars``."""
+    units = _fit_units(text, _sentence_units(text, span), max_chars)
+    packed: list[Span] = []
+    index = 0
+    while index < len(units):
+        start = units[index][0] if not packed else _overlap_start(text, units, index, packed[-1], overlap, max_chars)
+        last = index
+        while last + 1 < len(units) and units[last + 1][1] - start <= max_chars:
+            last += 1
+        packed.append((start, units[last][1]))
+        index = last + 1
+    return packed
+
+
+def _sentence_units(text: str, span: Span) -> list[Span]:
+    """The trimmed, non-empty sentence units of ``span``, in order."""
+    units, position = [], span[0]
+    for match in _SENTENCE_END.finditer(text, span[0], span[1]):
+        units.append(_trim(text, position, match.end()))
+        position = match.end()
+    units.append(_trim(text, position, span[1]))
+    return [u for u in units if u[0] < u[1]]
+
+
+def _fit_units(text: str, units: Sequence[Span], max_chars: int) -> list[Span]:
+    fitted: list[Span] = []
+    for unit in units:
+        fitted.extend([unit] if unit[1] - unit[0] <= max_chars else _cut(text, unit, max_chars))
+    return fitted
+
+
+def _cut(text: str, unit: Span, max_chars: int) -> list[Span]:
+    """Cut an over-long unit into trimmed pieces of at most ``max_chars``."""
+    pieces, (start, end) = [], unit
+    while end - start > max_chars:
+        cut = _soft_cut(text, start, max_chars)
+        pieces.append(_trim(text, start, cut))
+        start = _trim(text, cut, end)[0]
+    pieces.append((start, end))
+    return pieces
+
+
+def _soft_cut(text: str, start: int, max_chars: int) -> int:
+    """Cut position after a comma or space in the window's last 30%, else a hard cut."""
+    earliest = start + max(1, max_chars - int(max_chars * _SOFT_WINDOW))
+    for cut in range(start + max_chars, earliest - 1, -1):
+        if text[cut - 1] in _SOFT_BREAKS:
+            return cut
+    return start + max_chars
+
+
+def _overlap_start(text: str, units: Sequence[Span], index: int, previous: Span, overlap: int, max_chars: int) -> int:
+    """Where the chunk opening with ``units[index]`` starts when it overlaps ``previous``.
+
+    The start lies in ``[previous end - overlap, units[index] start]``, after the
+    previous sibling's start, and leaves the first new unit within
+    ``max_chars``. Preferred: the earliest sentence start there; else the
+    earliest non-whitespace character that does not split an ASCII word (CJK
+    text may start at any character); else no overlap.
+    """
+    own_start = units[index][0]
+    lowest = max(previous[1] - overlap, previous[0] + 1, units[index][1] - max_chars)
+    if overlap <= 0 or lowest >= own_start:
+        return own_start
+    earlier = index
+    while earlier > 0 and units[earlier - 1][0] >= lowest:
+        earlier -= 1
+    if earlier < index:
+        return units[earlier][0]
+    for position in range(lowest, own_start):
+        if not text[position].isspace() and not _inside_word(text, position):
+            return position
+    return own_start
+
+
+def _inside_word(text: str, position: int) -> bool:
+    before, here = text[position - 1], text[position]
+    return before.isascii() and before.isalnum() and here.isascii() and here.isalnum()
+
+
+def _trim(text: str, start: int, end: int) -> Span:
+    """``(start, end)`` moved inwards past whitespace; empty spans collapse to ``(end, end)``."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (start, end) if start < end else (end, end)
+
+
+# --- records ----------------------------------------------------------------
+
+
+def _build_chunks(doc: SourceDocument, plans: Sequence[_L1Plan], *, kb_id: str, version: int) -> list[Chunk]:
+    levels: tuple[list[Chunk], list[Chunk], list[Chunk]] = ([], [], [])
+    l1s, l2s, l3s = levels
+
+    def add(level: int, span: Span, region: _Region, parent: Chunk | None, child_count: int) -> Chunk:
+        ordinal = len(levels[level - 1])
+        chunk = _make_chunk(doc, kb_id, version, level, ordinal, span, region, parent, child_count)
+        levels[level - 1].append(chunk)
+        return chunk
+
+    for plan in plans:
+        l1 = add(1, plan.span, plan.region, None, len(plan.children))
+        for l2_span, l3_spans in plan.children:
+            l2 = add(2, l2_span, plan.region, l1, len(l3_spans))
+            for l3_span in l3_spans:
+                add(3, l3_span, plan.region, l2, 0)
+    return l1s + l2s + l3s
+
+
+def _make_chunk(
+    doc: SourceDocument,
+    kb_id: str,
+    version: int,
+    level: int,
+    ordinal: int,
+    span: Span,
+    region: _Region,
+    parent: Chunk | None,
+    child_count: int,
+) -> Chunk:
+    own_id = chunk_id(kb_id, doc.doc_id, version, level, ordinal)
+    metadata = {**doc.metadata, "source": doc.source}
+    if region.page is not None:
+        metadata["page"] = region.page
+    return Chunk(
+        chunk_id=own_id,
+        kb_id=kb_id,
+        doc_id=doc.doc_id,
+        version=version,
+        level=level,
+        parent_id=parent.chunk_id if parent else None,
+        root_id=parent.root_id if parent else own_id,
+        ordinal=ordinal,
+        text=doc.text[span[0] : span[1]],
+        heading_path=_HEADING_SEPARATOR.join(region.heading_path),
+        char_start=span[0],
+        char_end=span[1],
+        child_count=child_count,
+        metadata=metadata,
+    )

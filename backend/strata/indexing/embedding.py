@@ -1,0 +1,60 @@
+"""Leaf vectors for indexing: the search text of a leaf and the embedding cache.
+
+A leaf text encoded once (keyed by encoder name + SHA-256 of the text) is never
+encoded again: across versions, ``--recreate`` and knowledge bases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.encoders import Encoder
+from strata.indexing.report import Progress
+from strata.stores.sql import DocumentStore
+from strata.types import Chunk
+
+
+def search_text(leaf: Chunk, contextualize: bool) -> str:
+    """What BM25 and the encoder see: the leaf, prefixed by its heading path."""
+    if contextualize and leaf.heading_path:
+        return f"{leaf.heading_path}\n{leaf.text}"
+    return leaf.text
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: np.ndarray
+    encoded: int
+    reused: int
+    seconds: float
+
+
+def embed_texts(
+    texts: list[str], *, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress
+) -> Embedded:
+    """Vectors for ``texts``: the embedding cache first, the encoder (in batches) for the rest."""
+    hashes = [text_hash(t) for t in texts]
+    cached = store.cached_embeddings(encoder.name, hashes)
+    missing = list(dict.fromkeys(h for h in hashes if h not in cached))
+    by_hash = dict(zip(hashes, texts))
+    fresh: dict[str, np.ndarray] = {}
+    started = time.perf_counter()
+    for start in range(0, len(missing), batch_size):
+        batch = missing[start : start + batch_size]
+        fresh.update(zip(batch, encoder.encode_passages([by_hash[h] for h in batch])))
+        progress.leaves_encoded(len(batch))
+    seconds = time.perf_counter() - started
+    store.cache_embeddings(encoder.name, fresh)
+    if len(missing) < len(texts):
+        progress.leaves_encoded(len(texts) - len(missing))
+    found = {**cached, **fresh}
+    vectors = np.vstack([found[h] for h in hashes]) if hashes else np.zeros((0, encoder.dim), np.float32)
+    return Embedded(vectors=vectors, encoded=len(fresh), reused=len(texts) - len(fresh), seconds=seconds)

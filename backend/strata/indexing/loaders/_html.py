@@ -1,0 +1,75 @@
+"""HTML loader: the visible text, split into sections at ``<h1>``-``<h3>``.
+
+Scripts, styles and other invisible elements are dropped; block elements break
+lines or paragraphs, and ``<pre>`` keeps its whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+
+from bs4 import BeautifulSoup, NavigableString, Tag
+
+from strata.errors import LoaderError
+from strata.indexing.loaders._text import Parsed, assemble, heading_parts
+
+_HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "head", "title", "iframe", "svg"})
+_HTML_HEADINGS = {"h1": 1, "h2": 2, "h3": 3}
+_HTML_PARAGRAPHS = frozenset(
+    {"p", "pre", "blockquote", "table", "ul", "ol", "dl", "h4", "h5", "h6", "hr", "section", "article",
+     "header", "footer", "figure", "main", "aside", "nav", "address", "details", "form", "fieldset"}
+)
+_HTML_LINES = frozenset({"div", "li", "tr", "td", "th", "dt", "dd", "caption", "figcaption", "summary", "br", "body"})
+# Private-use marks stand for breaks while rendering, so that the whitespace
+# around a break (source indentation) can be dropped in one substitution.
+_LINE_MARK, _PARAGRAPH_MARK, _HEADING_MARK = "\ue000", "\ue001", "\ue002"
+_BREAK_MARKS = _LINE_MARK + _PARAGRAPH_MARK
+_BREAKS = re.compile(f"[ {_BREAK_MARKS}]*[{_BREAK_MARKS}][ {_BREAK_MARKS}]*")
+_MARKS_IN_SOURCE = re.compile("[\ue000-\ue002]")  # removed from the page text so they cannot be misread
+_WHITESPACE_RUN = re.compile(r"\s+")
+
+
+def parse_html(raw: bytes) -> Parsed:
+    """HTML: ``<title>`` as metadata and preamble heading, one section per ``<h1>``-``<h3>``."""
+    if b"\x00" in raw:
+        raise LoaderError("binary file (contains NUL bytes)")
+    soup = BeautifulSoup(raw, "html.parser")  # detects the encoding from <meta charset> or the bytes
+    title = " ".join(soup.title.get_text().split()) if soup.title else ""
+    rendered: list[str] = []
+    try:
+        _render_html(soup, rendered, in_pre=False)
+    except RecursionError:
+        raise LoaderError("HTML nested too deeply") from None
+    text = _BREAKS.sub(lambda m: "\n\n" if _PARAGRAPH_MARK in m.group() else "\n", "".join(rendered))
+    lines = (_html_line(line) for line in text.split("\n"))
+    text, sections = assemble(heading_parts(lines, (title,) if title else ()))
+    return Parsed(text, sections, {"title": title} if title else {})
+
+
+def _html_line(line: str) -> tuple[int | None, str]:
+    if line.startswith(_HEADING_MARK):
+        return int(line[1]), line[2:]
+    return None, line
+
+
+def _render_html(node: Tag, out: list[str], *, in_pre: bool) -> None:
+    """Append the visible text of ``node``, with marks where blocks break lines."""
+    for child in node.children:
+        if isinstance(child, Tag):
+            _render_tag(child, out, in_pre=in_pre)
+        elif type(child) is NavigableString:  # subclasses are comments, doctypes, CDATA
+            visible = _MARKS_IN_SOURCE.sub("", child)
+            out.append(visible if in_pre else _WHITESPACE_RUN.sub(" ", visible))
+
+
+def _render_tag(tag: Tag, out: list[str], *, in_pre: bool) -> None:
+    if tag.name in _HTML_DROPPED:
+        return
+    if tag.name in _HTML_HEADINGS:
+        title = " ".join(tag.get_text(" ").split())
+        out.append(f"{_PARAGRAPH_MARK}{_HEADING_MARK}{_HTML_HEADINGS[tag.name]}{title}{_PARAGRAPH_MARK}")
+        return
+    mark = _PARAGRAPH_MARK if tag.name in _HTML_PARAGRAPHS else _LINE_MARK if tag.name in _HTML_LINES else ""
+    out.append(mark)
+    _render_html(tag, out, in_pre=in_pre or tag.name == "pre")
+    out.append(mark)

@@ -1,0 +1,110 @@
+"""Markdown and plain text loaders.
+
+Markdown may open with YAML front matter (its values become the metadata) and
+is split into sections at ATX headings outside fenced code blocks; plain text
+is one section with heading path ``()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any, Iterator
+
+import yaml
+
+from strata.errors import LoaderError
+from strata.indexing.loaders._text import LINE_BREAKS, Parsed, decode_text, normalize_text, push_heading, tiled
+from strata.types import Section
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?)^---[ \t]*$\n?", re.DOTALL | re.MULTILINE)
+_ATX_HEADING = re.compile(r"^ {0,3}(#{1,6}) +(.*?)(?: +#+)? *$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def parse_text(raw: bytes) -> Parsed:
+    """Plain text: one section covering the whole normalized text."""
+    # Heading path () rather than the file stem: no invented headings; the
+    # source path travels in every chunk's metadata anyway.
+    text = normalize_text(decode_text(raw))
+    return Parsed(text, (Section((), 0, len(text)),) if text else (), {})
+
+
+def parse_markdown(raw: bytes) -> Parsed:
+    """Markdown: front matter as metadata, one section per ATX heading (and one for a preamble)."""
+    text = LINE_BREAKS.sub("\n", decode_text(raw))
+    metadata, body = _split_front_matter(text)
+    body = normalize_text(body)
+    title = metadata.get("title")
+    preamble_path = (str(title).strip(),) if title not in (None, "") else ()
+    return Parsed(body, _markdown_sections(body, preamble_path), metadata)
+
+
+def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        return {}, text
+    try:
+        loaded = yaml.safe_load(match.group(1)) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""  # +2: 1-based, after the '---'
+        raise LoaderError(f"malformed YAML front matter{where}: {getattr(exc, 'problem', None) or exc}") from exc
+    if not isinstance(loaded, dict):
+        raise LoaderError("front matter is not a mapping of keys to values")
+    return _normalized_front_matter(loaded), text[match.end() :]
+
+
+def _normalized_front_matter(loaded: dict[Any, Any]) -> dict[str, Any]:
+    """JSON-safe values; ``module`` a string, point lists lists of strings; nulls dropped for those."""
+    metadata = {str(k): _json_value(v) for k, v in loaded.items()}
+    if metadata.get("module") is not None:
+        if isinstance(metadata["module"], (list, dict)):
+            raise LoaderError("front matter 'module' must be a single value")
+        metadata["module"] = str(metadata["module"]).strip()
+    for key in ("module", "skill_points", "score_points"):
+        if key in metadata and metadata[key] is None:
+            del metadata[key]
+    for key in ("skill_points", "score_points"):
+        if key in metadata:
+            values = metadata[key] if isinstance(metadata[key], list) else [metadata[key]]
+            metadata[key] = [str(v).strip() for v in values if v is not None and str(v).strip()]
+    return metadata
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (dt.date, dt.time)):  # dt.datetime is a dt.date
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, bytes):  # YAML !!binary
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _markdown_sections(body: str, preamble_path: tuple[str, ...]) -> tuple[Section, ...]:
+    if not body:
+        return ()
+    headings = list(_atx_headings(body))
+    sections, stack = [], []  # stack: (level, title) of the enclosing headings
+    if not headings or headings[0][0] > 0:
+        sections.append(Section(preamble_path, 0, 0))
+    for start, level, title in headings:
+        sections.append(Section(push_heading(stack, level, title), start, start))
+    return tiled(sections, len(body))
+
+
+def _atx_headings(body: str) -> Iterator[tuple[int, int, str]]:
+    """(offset, level, title) of each ATX heading outside fenced code blocks."""
+    fence, offset = "", 0
+    for line in body.split("\n"):
+        opener = _FENCE.match(line)
+        if fence and opener and opener.group(1)[0] == fence[0] and len(opener.group(1)) >= len(fence):
+            fence = ""
+        elif not fence and opener:
+            fence = opener.group(1)
+        elif not fence and (heading := _ATX_HEADING.match(line)) and heading.group(2).strip():
+            yield offset, len(heading.group(1)), heading.group(2).strip()
+        offset += len(line) + 1

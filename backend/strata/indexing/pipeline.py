@@ -1,0 +1,390 @@
+"""The indexing pipeline: load → chunk → encode L3 → write, incrementally.
+
+Write order makes partial work invisible and reruns safe (ids are
+deterministic, so a rerun overwrites instead of duplicating):
+
+1. SQL: the new document version as ``pending`` with all its chunks;
+2. Milvus: its leaves (``upsert``), then ``flush``;
+3. verify the leaf count in Milvus equals the L3 count;
+4. SQL: mark the version ``active`` (older versions become ``retired``);
+5. remove retired versions from Milvus, the parent cache and SQL.
+
+Retrieval hides every version that is not ``active``, so a crash at any step
+leaves the previous version serving; the next run first cleans what a crash
+left behind (``reconcile``). Documents are written in groups so Milvus gets
+few, large segments (its BM25 statistics are per segment) and one flush per
+group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Sequence
+
+from strata.config import ChunkingSettings
+from strata.errors import StoreError
+from strata.indexing.chunking import chunk_document
+from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
+from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores
+from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
+from strata.indexing.scan import scan_paths
+from strata.indexing.terms import backfill_term_stats, leaf_term_counts, term_tokenizer
+from strata.resources import Resources
+from strata.stores.lease import KbLease
+from strata.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
+from strata.stores.milvus import LeafIndex
+from strata.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
+
+logger = logging.getLogger(__name__)
+
+KILL_ENV = "STRATA_TEST_KILL_AT"
+WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
+
+
+def chunking_signature(settings: ChunkingSettings) -> str:
+    """Changes whenever chunk boundaries or search texts would change."""
+    return hashlib.sha1(settings.model_dump_json().encode()).hexdigest()[:16]
+
+
+class Indexer:
+    """Indexes folders into one knowledge base, incrementally, holding the kb's lease while it writes."""
+
+    def __init__(self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0) -> None:
+        self._res = resources
+        self._chunking = resources.settings.chunking
+        self._signature = chunking_signature(self._chunking)
+        self._group_leaves = group_leaves
+        self._lease_ttl_s = lease_ttl_s
+        self._leases: dict[str, KbLease] = {}
+        self._kill_at = os.environ.get(KILL_ENV, "")
+        self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
+        if why_not:
+            logger.info(why_not)
+
+    def lease(self, kb_id: str) -> KbLease:
+        """The kb's indexing lease (re-entrant): a second writer of the kb fails at once, naming the holder."""
+        if kb_id not in self._leases:
+            self._leases[kb_id] = KbLease(self._res.documents, kb_id, ttl_s=self._lease_ttl_s)
+        return self._leases[kb_id]
+
+    # -- the batch job ----------------------------------------------------------
+
+    def index_paths(
+        self,
+        paths: Sequence[Path],
+        *,
+        kb_id: str,
+        delete_missing: bool = False,
+        recreate: bool = False,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+    ) -> IndexReport:
+        """Brings ``kb_id`` in line with the files under ``paths``.
+
+        ``delete_missing`` deletes documents that vanished from a folder argument that was
+        read whole; ``recreate`` rebuilds every document as a new version and switches to
+        them all at once at the end, or, if anything failed, keeps the old kb serving.
+        """
+        _check_kb_id(kb_id)
+        progress = progress or NoProgress()
+        started = time.perf_counter()
+        report = IndexReport(kb=kb_id, dry_run=dry_run)
+        if dry_run:
+            self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
+        else:
+            with self.lease(kb_id):
+                self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _run(
+        self, paths: Sequence[Path], kb_id: str, report: IndexReport, progress: Progress, *,
+        delete_missing: bool, recreate: bool, dry_run: bool,
+    ) -> None:  # fmt: skip
+        scan = scan_paths(paths, report)
+        if not dry_run:
+            # Open Milvus before any document write: a Milvus Lite file held by another process must fail
+            # the run before it encodes or writes pending rows. A collection created now gets the scanned
+            # documents' modules and skill points in its BM25 dictionary.
+            index = self._res.open_leaf_index(front_matter_terms(scan.docs))
+            _note_new_terms(report, index, scan)
+        plan = self._plan(kb_id, scan, self._signature, delete_missing, dry_run, recreate)
+        report.unchanged = len(plan.unchanged)
+        progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
+        for doc in plan.unchanged:
+            progress.file_done(doc.source, "unchanged", 0)
+        if dry_run:
+            _count_planned(plan, report)
+            return
+        if self._tokenize is not None and (counted := backfill_term_stats(self._res, kb_id, self._tokenize)):
+            report.notes.append(f"term statistics counted for {counted} version(s) indexed before strata kept them")
+        if plan.moved:
+            self._res.documents.set_roots(kb_id, plan.moved)
+        if recreate:
+            self._recreate(kb_id, scan, plan, report, progress)
+        else:
+            self._write_plan(kb_id, plan, report, progress)
+        if report.failed == 0:  # a partial re-chunk is not stamped: the failed documents re-chunk next run
+            self._res.documents.set_chunking(kb_id, self._signature)
+
+    def _plan(
+        self, kb_id: str, scan: Scan, signature: str, delete_missing: bool, dry_run: bool, recreate: bool
+    ) -> IndexPlan:
+        encoder = self._res.encoder
+        store = self._res.documents
+        kb = store.get_kb(kb_id)
+        if kb is None and not dry_run:
+            kb = store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+        elif kb is not None and not recreate:  # --recreate may change the encoder; it switches at the end
+            store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+        if not dry_run:
+            self._remove_leftovers(kb_id)
+        versions = store.versions(kb_id) if kb is not None else []
+        rechunk = kb is not None and kb.chunking != signature
+        if rechunk:
+            logger.info("chunking settings of %s changed: its documents are re-chunked", kb_id)
+        return plan_changes(
+            scan, versions, chunking=signature, legacy_ok=not rechunk, delete_missing=delete_missing and not recreate,
+            force=recreate,
+        )  # fmt: skip
+
+    def _recreate(self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress) -> None:
+        """Builds every document as a pending version, then switches the whole kb in one transaction."""
+        ready = self._write_plan(kb_id, plan, report, progress, defer=True)
+        store = self._res.documents
+        if report.failed or not scan.all_complete:
+            self._remove_versions([_version_row(kb_id, item, chunks, self._signature) for item, chunks in ready])
+            report.notes.append(f"--recreate not switched ({report.failed} failed): the previous knowledge base keeps serving")
+            return
+        new_ids = {item.doc.doc_id for item, _ in ready}
+        gone = sorted({v.doc_id for v in store.versions(kb_id) if v.status == ACTIVE} - new_ids)
+        store.switch(kb_id, [(item.doc.doc_id, item.version) for item, _ in ready], retire=gone)
+        encoder = self._res.encoder
+        store.set_encoder(kb_id, encoder=encoder.name, dim=encoder.dim)
+        self._checkpoint("activate")
+        for item, chunks in ready:
+            self._served(item, chunks, report, progress)
+        report.deleted += len(gone)
+        self._remove_leftovers(kb_id)
+
+    # -- writing ----------------------------------------------------------------
+
+    def _write_plan(
+        self, kb_id: str, plan: IndexPlan, report: IndexReport, progress: Progress, *, defer: bool = False
+    ) -> list[tuple[DocumentPlan, list[Chunk]]]:
+        """Writes the plan in groups; with ``defer`` the versions stay pending and are returned."""
+        ready: list[tuple[DocumentPlan, list[Chunk]]] = []
+        group: list[tuple[DocumentPlan, list[Chunk]]] = []
+        leaves_in_group = 0
+        for item in plan.to_write:
+            chunks = self._chunks(kb_id, item, report)
+            if chunks is None:
+                continue
+            group.append((item, chunks))
+            leaves_in_group += sum(c.is_leaf for c in chunks)
+            if leaves_in_group >= self._group_leaves:
+                ready += self._write_group(kb_id, group, report, progress, defer=defer)
+                group, leaves_in_group = [], 0
+        if group:
+            ready += self._write_group(kb_id, group, report, progress, defer=defer)
+        for version in plan.to_delete:
+            self.delete_document(kb_id, version.doc_id)
+            report.deleted += 1
+            progress.file_done(version.source, "deleted", 0)
+        return ready
+
+    def _chunks(self, kb_id: str, item: DocumentPlan, report: IndexReport) -> list[Chunk] | None:
+        """The document's chunks, or None when it cannot be indexed (reported; the rest of the run goes on)."""
+        try:
+            chunks = chunk_document(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
+        except Exception as exc:  # a chunker bug on one file must not stop the batch
+            logger.exception("chunking %s failed", item.doc.source)
+            record_failure(report, item.doc.source, f"chunking failed: {exc}")
+            return None
+        for leaf in (c for c in chunks if c.is_leaf):
+            problem = leaf_limit_violation(leaf, search_text(leaf, self._chunking.contextualize))
+            if problem:
+                record_failure(report, item.doc.source, f"cannot be indexed: {problem}")
+                return None
+        return chunks
+
+    def _write_group(
+        self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress,
+        *, defer: bool = False,
+    ) -> list[tuple[DocumentPlan, list[Chunk]]]:  # fmt: skip
+        leaves = [c for _, chunks in group for c in chunks if c.is_leaf]
+        texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
+        embedded = embed_texts(
+            texts, encoder=self._res.encoder, store=self._res.documents,
+            batch_size=self._res.settings.embedding.batch_size, progress=progress,
+        )  # fmt: skip
+        report.passages_encoded += embedded.encoded
+        report.embeddings_reused += embedded.reused
+        report.encode_seconds += embedded.seconds
+        documents = self._res.documents
+        for item, chunks in group:
+            documents.write_pending(_version_row(kb_id, item, chunks, self._signature), chunks, self._term_counts(chunks))
+        self._checkpoint("sql_pending")
+        self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
+        self._checkpoint("milvus_upsert")
+        self._res.leaf_index.flush()
+        self._checkpoint("milvus_flush")
+        verified = [(item, chunks) for item, chunks in group if self._verified(kb_id, item, chunks, report)]
+        if defer:
+            return verified
+        for item, chunks in verified:
+            self._res.documents.activate(kb_id, item.doc.doc_id, item.version)
+            self._checkpoint("activate")
+            self._served(item, chunks, report, progress)
+        self._retire_previous(kb_id, [item for item, _ in group])
+        return verified
+
+    def _term_counts(self, chunks: list[Chunk]) -> dict[str, int] | None:
+        if self._tokenize is None:
+            return None
+        return leaf_term_counts(chunks, self._tokenize, contextualize=self._chunking.contextualize)
+
+    def _verified(self, kb_id: str, item: DocumentPlan, chunks: list[Chunk], report: IndexReport) -> bool:
+        expected = sum(c.is_leaf for c in chunks)
+        found = self._res.leaf_index.count(kb_id, doc_id=item.doc.doc_id, version=item.version)
+        if found != expected:
+            record_failure(report, item.doc.source, f"Milvus holds {found} leaves, expected {expected}; version not activated")
+        return found == expected
+
+    def _served(self, item: DocumentPlan, chunks: list[Chunk], report: IndexReport, progress: Progress) -> None:
+        """Bookkeeping once a version serves: parents into the cache, counts into the report."""
+        self._res.parents.put_many([c for c in chunks if not c.is_leaf])
+        report.chunks_written += len(chunks)
+        report.leaves_written += sum(c.is_leaf for c in chunks)
+        if item.previous is None:
+            report.added += 1
+        else:
+            report.updated += 1
+        progress.file_done(item.doc.source, "updated" if item.previous else "added", len(chunks))
+
+    def _retire_previous(self, kb_id: str, items: list[DocumentPlan]) -> None:
+        retired = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
+        touched = {item.doc.doc_id for item in items}
+        self._remove_versions([v for v in retired if v.doc_id in touched])
+
+    def _remove_versions(self, versions: Sequence[DocumentVersion]) -> None:
+        """Milvus first, then cache, then SQL: SQL rows outlive their leaves, never the reverse."""
+        if not versions:
+            return
+        for v in versions:
+            self._res.leaf_index.delete_version(v.kb_id, v.doc_id, v.version)
+        self._res.leaf_index.flush()
+        self._checkpoint("retire_milvus")
+        documents = self._res.documents
+        for v in versions:
+            # leaves too: retrieval caches the leaves it reads
+            cached = documents.version_chunks(v.kb_id, v.doc_id, v.version)
+            self._res.parents.invalidate([(v.kb_id, c.chunk_id) for c in cached])
+            documents.delete_version(v.kb_id, v.doc_id, v.version)
+        self._checkpoint("retire_sql")
+
+    # -- maintenance ------------------------------------------------------------
+
+    def _remove_leftovers(self, kb_id: str) -> int:
+        """Removes versions a crash left ``pending`` or ``retired``; returns how many."""
+        leftovers = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
+        if leftovers:
+            logger.info("reconcile %s: removing %d unfinished or retired versions", kb_id, len(leftovers))
+        self._remove_versions(leftovers)
+        return len(leftovers)
+
+    def reconcile(self, kb_id: str, *, repair: bool = False) -> ReconcileReport:
+        """Compares the three stores for a kb; with ``repair`` makes Milvus and the cache agree with SQL."""
+        if not repair:
+            return check_stores(self._res, kb_id)
+        with self.lease(kb_id):
+            leftovers = self._remove_leftovers(kb_id)
+            return repair_stores(self._res, kb_id, removed_versions=leftovers)
+
+    def delete_document(self, kb_id: str, doc_id: str) -> bool:
+        """Stops serving a document at once, then removes it from every store."""
+        versions = self._res.documents.versions(kb_id, doc_id)
+        if not versions:
+            return False
+        _ = self._res.leaf_index  # fail on a held Milvus Lite file before touching SQL
+        with self.lease(kb_id):
+            self._res.documents.retire_document(kb_id, doc_id)
+            self._remove_versions(versions)
+        return True
+
+    def drop_kb(self, kb_id: str) -> None:
+        """Deletes a knowledge base everywhere (retire in SQL first, so a crash is recoverable)."""
+        store = self._res.documents
+        if store.get_kb(kb_id) is None:
+            return
+        with self.lease(kb_id):
+            for doc_id in sorted({v.doc_id for v in store.versions(kb_id)}):
+                store.retire_document(kb_id, doc_id)
+            self._res.leaf_index.delete_kb(kb_id)
+            self._res.leaf_index.flush()
+            try:
+                self._res.parents.cache.delete_kb(kb_id)
+            except StoreError as exc:
+                logger.warning("could not clear the parent cache of %s: %s", kb_id, exc)
+            store.drop_kb(kb_id)
+
+    def _checkpoint(self, step: str) -> None:
+        """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``."""
+        if self._kill_at == step:
+            logger.warning("%s=%s: killing the indexer", KILL_ENV, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:
+    """The modules and skill points of documents' front-matter (terms the BM25 analyzer keeps whole)."""
+    terms: dict[str, None] = {}
+    for doc in docs:
+        if isinstance(doc.metadata.get("module"), str):
+            terms[doc.metadata["module"]] = None
+        terms.update(dict.fromkeys(str(p) for p in doc.metadata.get("skill_points") or ()))
+    return [t for t in terms if t.strip()]
+
+
+def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan) -> None:
+    if not index.dictionary and index.analyzer_tokenizer != "jieba":
+        return
+    new = sorted(dictionary_terms(front_matter_terms(scan.docs)) - index.dictionary)
+    if new:
+        shown = ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")
+        report.notes.append(
+            f"{len(new)} front-matter term(s) not in the BM25 dictionary of this collection ({shown}); jieba may split "
+            "them until the leaves are rebuilt into a new collection (strata rebuild --kb KB --collection NEW)"
+        )
+
+
+def _check_kb_id(kb_id: str) -> None:
+    if not kb_id or not kb_id.strip():
+        raise ValueError("the knowledge base id must not be empty")
+    if len(kb_id.encode("utf-8")) > LIMITS["kb_id"]:
+        raise ValueError(f"knowledge base id is {len(kb_id.encode())} bytes, over the limit of {LIMITS['kb_id']}")
+
+
+def _count_planned(plan: IndexPlan, report: IndexReport) -> None:
+    report.added = sum(1 for item in plan.to_write if item.previous is None)
+    report.updated = len(plan.to_write) - report.added
+    report.deleted = len(plan.to_delete)
+
+
+def _version_row(kb_id: str, item: DocumentPlan, chunks: list[Chunk], signature: str) -> DocumentVersion:
+    return DocumentVersion(
+        kb_id=kb_id,
+        doc_id=item.doc.doc_id,
+        version=item.version,
+        source=item.doc.source,
+        content_hash=index_hash(item.doc.content_hash, signature),
+        leaf_count=sum(c.is_leaf for c in chunks),
+        metadata=dict(item.doc.metadata),
+        root=item.root,
+    )
+

@@ -1,0 +1,193 @@
+"""Rebuilding a knowledge base's leaves in Milvus from SQL, the source of truth.
+
+Every L3 chunk of the kb's active versions is written again with its search
+text and its vector from the SQL embedding cache (only what the cache lacks is
+encoded, and stored there), in batches, then flushed, and the leaves in Milvus
+are verified against SQL by id.
+
+Two targets:
+
+- **in place** (no target): the kb's leaves are deleted from the configured
+  collection, then written again. Queries of that kb find nothing meanwhile.
+- **another Milvus** (a target ``MilvusSettings``: a Lite file or a server):
+  the configured Milvus is never opened, so it keeps serving; the copy is
+  written and verified, and the operator switches ``STRATA_MILVUS__URI`` to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Sequence
+
+from strata.config import MilvusSettings
+from strata.errors import EncoderMismatchError, IndexingError, NotFoundError
+from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.report import NoProgress, Progress
+from strata.resources import Resources
+from strata.stores.catalog import Catalog
+from strata.stores.lease import KbLease
+from strata.stores.milvus import LeafIndex
+from strata.stores.sql import ACTIVE, DocumentVersion
+from strata.types import LEAF_LEVEL, Chunk
+
+logger = logging.getLogger(__name__)
+
+_SERVER_READ_BACK_S = 15.0  # three times Milvus's default graceful time (common.gracefulTime, 5 s)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """The outcome of one rebuild (also the ``--json`` output of ``strata rebuild``)."""
+
+    kb: str
+    target_uri: str
+    collection: str
+    in_place: bool
+    documents: int
+    leaves_written: int
+    encoded: int
+    reused: int
+    sql_leaves: int
+    milvus_leaves: int
+    verified: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+
+class Rebuilder:
+    """Writes a kb's leaves from SQL into the configured Milvus (in place) or into ``target``."""
+
+    def __init__(self, resources: Resources, target: MilvusSettings | None = None, *, batch_leaves: int = 2000) -> None:
+        self._res = resources
+        self._target = target
+        self._batch = batch_leaves
+
+    @property
+    def target_settings(self) -> MilvusSettings:
+        return self._target or self._res.settings.milvus
+
+    def rebuild(self, kb_id: str, *, progress: Progress | None = None) -> RebuildReport:
+        """Rebuilds ``kb_id``; ``NotFoundError`` when SQL has no such kb, ``IndexingError`` when the copy disagrees."""
+        progress = progress or NoProgress()
+        started = time.perf_counter()
+        self._check_kb(kb_id)
+        with KbLease(self._res.documents, kb_id):  # no `strata index` writes the kb while it is rebuilt
+            versions = [v for v in self._res.documents.versions(kb_id) if v.status == ACTIVE]
+            index = self._open_target()
+            try:
+                if self._target is None:
+                    logger.info("rebuilding kb %s in place: deleting its leaves first", kb_id)
+                    index.delete_kb(kb_id)
+                    index.flush()
+                expected, encoded, reused = self._write(index, kb_id, versions, progress)
+                index.flush()
+                report = self._verify(index, kb_id, len(versions), expected, encoded, reused, started)
+            finally:
+                if self._target is not None:
+                    index.close()
+        return report
+
+    def _check_kb(self, kb_id: str) -> None:
+        kb = self._res.documents.get_kb(kb_id)
+        if kb is None:
+            raise NotFoundError(f"no knowledge base {kb_id!r}")
+        encoder = self._res.encoder
+        if kb.encoder != encoder.name or kb.dim != encoder.dim:
+            raise EncoderMismatchError(
+                f"knowledge base {kb_id!r} was built with encoder {kb.encoder} (dim {kb.dim}); the configured encoder "
+                f"is {encoder.name} (dim {encoder.dim}). Rebuild with the kb's encoder (STRATA_EMBEDDING__*)."
+            )
+
+    def _open_target(self) -> LeafIndex:
+        if self._target is None:
+            return self._res.leaf_index
+        encoder = self._res.encoder
+        # A collection created here gets the BM25 dictionary a collection created by `strata index`
+        # gets (every front-matter module and skill point SQL knows), so the copy tokenizes alike.
+        catalog = Catalog(self._res.documents.engine)
+        return LeafIndex(
+            self._target, encoder_name=encoder.name, dim=encoder.dim, vocabulary=lambda: catalog.vocabulary(None).terms
+        )
+
+    def _write(
+        self, index: LeafIndex, kb_id: str, versions: Sequence[DocumentVersion], progress: Progress
+    ) -> tuple[set[str], int, int]:
+        """Writes every leaf of ``versions``; returns the ids written and the passages encoded and reused."""
+        contextualize = self._res.settings.chunking.contextualize
+        progress.files_planned(len(versions))
+        written: set[str] = set()
+        encoded = reused = 0
+        for batch, done in self._batches(kb_id, versions):
+            texts = [search_text(leaf, contextualize) for leaf in batch]
+            embedded = embed_texts(
+                texts, encoder=self._res.encoder, store=self._res.documents,
+                batch_size=self._res.settings.embedding.batch_size, progress=progress,
+            )  # fmt: skip
+            index.upsert(batch, embedded.vectors, texts)
+            written.update(leaf.chunk_id for leaf in batch)
+            encoded, reused = encoded + embedded.encoded, reused + embedded.reused
+            for version, leaves in done:
+                progress.file_done(version.source, "rebuilt", leaves)
+        return written, encoded, reused
+
+    def _batches(
+        self, kb_id: str, versions: Sequence[DocumentVersion]
+    ) -> Iterator[tuple[list[Chunk], list[tuple[DocumentVersion, int]]]]:
+        """Leaves in batches of about ``batch_leaves``, with the versions each batch completes."""
+        batch: list[Chunk] = []
+        done: list[tuple[DocumentVersion, int]] = []
+        for version in versions:
+            leaves = self._res.documents.version_chunks(kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,))
+            batch.extend(leaves)
+            done.append((version, len(leaves)))
+            if len(batch) >= self._batch:
+                yield batch, done
+                batch, done = [], []
+        if batch or done:
+            yield batch, done
+
+    @staticmethod
+    def _read_back(index: LeafIndex, kb_id: str, expected: set[str], *, patient: bool) -> tuple[set[str], int]:
+        """The kb's leaf ids and count as the target answers them.
+
+        A Milvus server reads at Bounded consistency (pymilvus's default, which strata keeps): rows
+        flushed a moment ago may be missing from a read for up to the server's graceful time (5 s by
+        default), so a server is asked again for a while before the copy is called wrong.
+        """
+        deadline = time.monotonic() + (_SERVER_READ_BACK_S if patient else 0.0)
+        while True:
+            found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)
+            if (found == expected and count == len(expected)) or time.monotonic() >= deadline:
+                return found, count
+            time.sleep(0.5)
+
+    def _verify(
+        self, index: LeafIndex, kb_id: str, documents: int, expected: set[str], encoded: int, reused: int,
+        started: float,
+    ) -> RebuildReport:  # fmt: skip
+        """The target must hold exactly the leaves of the active versions in SQL (read under the kb's lease)."""
+        found = set(index.leaf_ids(kb_id))
+        stale = found - expected
+        if stale:  # a copy target written before: leaves SQL no longer has
+            logger.info("removing %d leaves of kb %s that SQL no longer has", len(stale), kb_id)
+            index.delete_leaves(kb_id, sorted(stale))
+            index.flush()
+        target = self.target_settings
+        found, count = self._read_back(index, kb_id, expected, patient=not target.is_lite)
+        verified = found == expected and count == len(expected)
+        report = RebuildReport(
+            kb=kb_id, target_uri=str(target.uri), collection=target.collection, in_place=self._target is None,
+            documents=documents, leaves_written=len(expected), encoded=encoded, reused=reused, sql_leaves=len(expected),
+            milvus_leaves=count, verified=verified, seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        if not verified:
+            missing = len(expected - found)
+            raise IndexingError(
+                f"rebuild of kb {kb_id!r} into {target.uri} does not match SQL: {count} leaves in Milvus, "
+                f"{len(expected)} in SQL ({missing} missing)"
+            )
+        return report

@@ -1,0 +1,130 @@
+"""``strata reconcile``: compare the three stores of a kb with SQL, and repair them on request.
+
+SQL is the source of truth. Milvus must hold exactly the leaves of the active
+versions; the parent cache may hold only parents of active versions; every
+active version has its term statistics (BM25 query hygiene). Repair deletes
+orphan leaves, writes missing ones again (vectors from the embedding cache,
+encoding only what is not cached), drops stale cache entries and counts the
+terms of versions that lack them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.errors import CacheError
+from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.report import NoProgress
+from strata.indexing.terms import backfill_term_stats, term_tokenizer
+from strata.resources import Resources
+from strata.stores.analyzer import Tokenize
+from strata.types import ACTIVE
+
+logger = logging.getLogger(__name__)
+
+_SHOWN = 10
+
+
+@dataclass
+class ReconcileReport:
+    """What differs between the stores of one kb (ids: up to ten of each, as examples)."""
+
+    kb: str
+    leftover_versions: int = 0
+    missing_in_milvus: int = 0
+    orphans_in_milvus: int = 0
+    stale_cache: int | None = 0  # None: the cache could not be read
+    versions_without_term_stats: int = 0
+    repaired: bool = False
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def differences(self) -> int:
+        found = self.leftover_versions + self.missing_in_milvus + self.orphans_in_milvus + (self.stale_cache or 0)
+        return found + self.versions_without_term_stats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "differences": self.differences}
+
+
+@dataclass(frozen=True)
+class _Diff:
+    missing: set[str]
+    orphans: set[str]
+    stale: set[str] | None
+
+
+def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
+    """The differences, without changing anything."""
+    report = ReconcileReport(kb=kb_id)
+    report.leftover_versions = sum(v.status != ACTIVE for v in resources.documents.versions(kb_id))
+    _fill(report, _diff(resources, kb_id, report))
+    if _tokenizer(resources, report) is not None:
+        report.versions_without_term_stats = len(resources.documents.uncounted_versions(kb_id))
+    return report
+
+
+def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0) -> ReconcileReport:
+    """Makes Milvus and the cache agree with SQL; the report counts what was found (and fixed)."""
+    report = ReconcileReport(kb=kb_id, leftover_versions=removed_versions, repaired=True)
+    diff = _diff(resources, kb_id, report)
+    _fill(report, diff)
+    if diff.orphans:
+        resources.leaf_index.delete_leaves(kb_id, sorted(diff.orphans))
+    if diff.missing:
+        _rewrite_leaves(resources, sorted(diff.missing))
+    if diff.orphans or diff.missing:
+        resources.leaf_index.flush()
+    if diff.stale:
+        error = resources.parents.invalidate([(kb_id, cid) for cid in sorted(diff.stale)])
+        if error:
+            report.notes.append(f"stale cache entries not removed: {error}")
+    tokenize = _tokenizer(resources, report)
+    if tokenize is not None:
+        report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
+        resources.documents.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
+    return report
+
+
+def _tokenizer(resources: Resources, report: ReconcileReport) -> Tokenize | None:
+    tokenize, why_not = term_tokenizer(resources)
+    if why_not:
+        report.notes.append(why_not)
+    return tokenize
+
+
+def _diff(resources: Resources, kb_id: str, report: ReconcileReport) -> _Diff:
+    documents = resources.documents
+    leaves = documents.active_chunk_ids(kb_id, levels=(3,))
+    in_milvus = set(resources.leaf_index.leaf_ids(kb_id))
+    try:
+        cached = set(resources.parents.cache.keys(kb_id))
+        stale: set[str] | None = cached - documents.active_chunk_ids(kb_id, levels=(1, 2, 3)) if cached else set()
+    except CacheError as exc:
+        report.notes.append(f"parent cache not checked: {exc}")
+        stale = None
+    return _Diff(missing=leaves - in_milvus, orphans=in_milvus - leaves, stale=stale)
+
+
+def _fill(report: ReconcileReport, diff: _Diff) -> None:
+    report.missing_in_milvus = len(diff.missing)
+    report.orphans_in_milvus = len(diff.orphans)
+    report.stale_cache = None if diff.stale is None else len(diff.stale)
+    for name, ids in (("missing_in_milvus", diff.missing), ("orphans_in_milvus", diff.orphans), ("stale_cache", diff.stale)):
+        if ids:
+            report.examples[name] = sorted(ids)[:_SHOWN]
+
+
+def _rewrite_leaves(resources: Resources, chunk_ids: list[str]) -> None:
+    settings = resources.settings
+    leaves = list(resources.documents.get_chunks(chunk_ids).values())
+    texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
+    embedded = embed_texts(
+        texts, encoder=resources.encoder, store=resources.documents, batch_size=settings.embedding.batch_size,
+        progress=NoProgress(),
+    )  # fmt: skip
+    logger.info("reconcile: writing %d missing leaves (%d encoded)", len(leaves), embedded.encoded)
+    resources.leaf_index.upsert(leaves, embedded.vectors, texts)

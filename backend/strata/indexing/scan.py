@@ -1,0 +1,69 @@
+"""Reading the paths of an indexing run into a ``Scan``: documents, their roots and what may be deleted.
+
+A folder argument is a root: its documents record it, and ``--delete-missing``
+may delete only documents of roots that exist and were walked without an
+error. A file argument is indexed but scopes no deletion. A file that fails
+to load is reported and keeps its active version.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from strata.errors import LoaderError
+from strata.indexing.loaders import is_supported, load_document, walk_folder
+from strata.indexing.plan import Scan
+from strata.indexing.report import IndexReport, record_failure
+from strata.types import SourceDocument
+
+
+def scan_paths(paths: Sequence[Path], report: IndexReport) -> Scan:
+    docs: dict[str, SourceDocument] = {}
+    roots: dict[str, str] = {}
+    complete: set[str] = set()
+    kept: set[str] = set()
+    all_complete = True
+    for path in paths:
+        files, root, whole = _files(path, report)
+        all_complete &= whole
+        if whole and path.is_dir():
+            complete.add(root)
+        for file in files:
+            doc = _load(file, Path(root), report, docs, kept)
+            if doc is not None:
+                docs[doc.doc_id], roots[doc.doc_id] = doc, root
+    return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete)
+
+
+def _files(path: Path, report: IndexReport) -> tuple[list[Path], str, bool]:
+    """The files of one argument, its root folder, and whether it was read whole."""
+    if path.is_dir():
+        files, errors = walk_folder(path)
+        for error in errors:
+            record_failure(report, str(path), error)
+        return files, os.path.abspath(path), not errors
+    if path.is_file():
+        return [path], os.path.abspath(path.parent), True
+    record_failure(report, str(path), "no such file or directory (nothing under it was deleted)")
+    return [], os.path.abspath(path), False
+
+
+def _load(path: Path, root: Path, report: IndexReport, docs: dict[str, SourceDocument], kept: set[str]) -> SourceDocument | None:
+    """The loaded document, or None (reported; a file that failed keeps its indexed version)."""
+    if not is_supported(path):
+        report.skipped.append({"source": str(path), "reason": f"unsupported file type {path.suffix!r}"})
+        return None
+    source = Path(os.path.abspath(path)).relative_to(root).as_posix()
+    try:
+        doc = load_document(path, root=root)
+    except LoaderError as exc:
+        record_failure(report, str(path), f"{exc} (its indexed version, if any, is kept)")
+        kept.add(source)
+        return None
+    if doc.doc_id in docs:
+        record_failure(report, str(path), f"duplicate doc_id {doc.doc_id!r} (also {docs[doc.doc_id].source})")
+        kept.add(source)
+        return None
+    return doc

@@ -1,0 +1,71 @@
+"""What both adapters share: running a registered retriever and shaping document metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping, Sequence
+
+from strata.config import Settings, get_settings
+from strata.rag.registry import get_retriever
+from strata.types import Filters, RetrievalResult, RetrievedDocument
+
+META_KEY = "strata_meta"
+"""The metadata key under which every returned document carries the call's meta record (one dict, shared)."""
+
+ResultCallback = Callable[[RetrievalResult], None]
+
+
+@dataclass(frozen=True)
+class RetrievalCall:
+    """One adapter's configuration: which retriever, over which kbs and filters, how many results.
+
+    ``strategy`` None means the configured one (``STRATA_RETRIEVAL__STRATEGY`` of the engine's
+    settings, else of ``settings`` or the environment's), as ``retrieve_documents`` would use.
+    """
+
+    strategy: str | None = None
+    kb_ids: Sequence[str] | None = None
+    filters: Filters | None = None
+    top_k: int = 5
+    settings: Settings | None = None
+    engine: Any = None
+    on_result: ResultCallback | None = None
+
+    def run(self, query: str) -> RetrievalResult:
+        """The registered retriever's result for ``query``; ``on_result`` sees it first (even when empty)."""
+        config = {name: value for name, value in (("settings", self.settings), ("engine", self.engine)) if value is not None}
+        scope = {name: value for name, value in (("kb_ids", self.kb_ids), ("filters", self.filters)) if value is not None}
+        result = get_retriever(self.retriever_name(), **config).retrieve(query, self.top_k, **scope)
+        if self.on_result is not None:
+            self.on_result(result)
+        return result
+
+    def retriever_name(self) -> str:
+        """The registered retriever this call runs: the given strategy, or the configured one."""
+        if self.strategy is not None:
+            return self.strategy
+        settings = self.engine.settings if self.engine is not None else self.settings or get_settings()
+        return settings.retrieval.strategy
+
+
+def as_filters(value: Filters | Mapping[str, Any] | None) -> Filters | None:
+    """``Filters`` from a ``Filters`` or a plain dict (``{"modules": ["billing"]}``).
+
+    An unknown key is refused: a misspelt filter must not silently widen the search.
+    """
+    if value is None or isinstance(value, Filters):
+        return value
+    known = {f.name for f in fields(Filters)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return Filters(**{name: _as_tuple(v) if name != "source_prefix" else v for name, v in value.items()})
+
+
+def _as_tuple(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def document_metadata(doc: RetrievedDocument, meta: dict[str, Any]) -> dict[str, Any]:
+    """strata's metadata of ``doc`` (heading path, source, level, merged_from, trace, ...), its score and the meta record."""
+    return {**doc.metadata, "score": doc.score, META_KEY: meta}

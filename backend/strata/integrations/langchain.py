@@ -1,0 +1,84 @@
+"""strata as a LangChain retriever (``pip install 'strata-rag[langchain]'``).
+
+    from strata.integrations.langchain import StrataRetriever
+
+    retriever = StrataRetriever(kb_ids=["demo"], top_k=5)
+    docs = retriever.invoke("密码重置链接多久失效？")
+    docs[0].metadata["heading_path"], docs[0].metadata["strata_meta"]["status"]
+
+Each ``Document`` carries strata's metadata (``heading_path``, ``source``,
+``level``, ``merged_from``, ``trace``, ``score``, ...) and the call's meta
+record under ``META_KEY``; ``on_result`` receives the whole
+``RetrievalResult``, which is how an empty result still shows why it is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+try:
+    from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "strata.integrations.langchain needs langchain-core: pip install 'strata-rag[langchain]'"
+    ) from exc
+
+from pydantic import Field, field_validator
+
+from strata.config import Settings
+from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
+from strata.types import Filters, RetrievalResult
+
+__all__ = ["META_KEY", "StrataRetriever"]
+
+
+class StrataRetriever(BaseRetriever):
+    """A LangChain ``BaseRetriever`` over a registered strata retriever (by default the configured
+    strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
+
+    ``engine`` is a ``strata.rag.retrieve.Retriever`` of the caller's own
+    ``Resources``; without it ``settings`` (or the environment's) choose the stores.
+    """
+
+    strategy: str | None = None
+    kb_ids: list[str] | None = None
+    filters: Filters | None = None
+    top_k: int = Field(5, ge=1)
+    settings: Settings | None = None
+    engine: Any = None
+    on_result: ResultCallback | None = None
+
+    @field_validator("filters", mode="before")
+    @classmethod
+    def _filters(cls, value: Any) -> Filters | None:
+        return as_filters(value)
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        return self._documents(query)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return await asyncio.to_thread(self._documents, query)
+
+    def _documents(self, query: str) -> list[Document]:
+        result = self._call().run(query)
+        return to_documents(result)
+
+    def _call(self) -> RetrievalCall:
+        return RetrievalCall(
+            strategy=self.strategy, kb_ids=self.kb_ids, filters=self.filters, top_k=self.top_k,
+            settings=self.settings, engine=self.engine, on_result=self.on_result,
+        )  # fmt: skip
+
+
+def to_documents(result: RetrievalResult) -> list[Document]:
+    """strata's documents as LangChain ``Document``s (id = chunk id), best first."""
+    meta = result.meta.to_dict()
+    return [
+        Document(page_content=doc.content, metadata=document_metadata(doc, meta), id=doc.metadata.get("chunk_id"))
+        for doc in result.docs
+    ]

@@ -1,0 +1,86 @@
+"""strata as a LlamaIndex retriever (``pip install 'strata-rag[llamaindex]'``).
+
+    from strata.integrations.llamaindex import StrataRetriever
+
+    retriever = StrataRetriever(kb_ids=["demo"], top_k=5)
+    nodes = retriever.retrieve("密码重置链接多久失效？")
+    nodes[0].score, nodes[0].node.metadata["heading_path"], nodes[0].node.metadata["strata_meta"]
+
+Each ``NodeWithScore`` holds a ``TextNode`` (id = chunk id) with strata's
+metadata and the call's meta record under ``META_KEY``. Only ``source`` and
+``heading_path`` reach an LLM or embedding prompt; the rest (trace, meta
+record, offsets) is excluded there. ``on_result`` receives the whole
+``RetrievalResult``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Sequence
+
+try:
+    from llama_index.core.callbacks import CallbackManager
+    from llama_index.core.retrievers import BaseRetriever
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "strata.integrations.llamaindex needs llama-index-core: pip install 'strata-rag[llamaindex]'"
+    ) from exc
+
+from strata.config import Settings
+from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
+from strata.types import Filters, RetrievalResult
+
+__all__ = ["META_KEY", "StrataRetriever"]
+
+PROMPT_METADATA = ("source", "heading_path")  # what an LLM or embedding prompt sees of a node's metadata
+
+
+class StrataRetriever(BaseRetriever):
+    """A LlamaIndex ``BaseRetriever`` over a registered strata retriever (by default the configured
+    strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
+
+    ``engine`` is a ``strata.rag.retrieve.Retriever`` of the caller's own
+    ``Resources``; without it ``settings`` (or the environment's) choose the stores.
+    """
+
+    def __init__(
+        self,
+        *,
+        strategy: str | None = None,
+        kb_ids: Sequence[str] | None = None,
+        filters: Filters | Mapping[str, Any] | None = None,
+        top_k: int = 5,
+        settings: Settings | None = None,
+        engine: Any = None,
+        on_result: ResultCallback | None = None,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+        kbs = list(kb_ids) if kb_ids is not None else None
+        self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, settings, engine, on_result)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return to_nodes(self.call.run(query_bundle.query_str))
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)
+
+
+def to_nodes(result: RetrievalResult) -> list[NodeWithScore]:
+    """strata's documents as scored LlamaIndex ``TextNode``s, best first."""
+    meta = result.meta.to_dict()
+    nodes = []
+    for doc in result.docs:
+        metadata = document_metadata(doc, meta)
+        hidden = [key for key in metadata if key not in PROMPT_METADATA]
+        identity = {"id_": str(doc.metadata["chunk_id"])} if doc.metadata.get("chunk_id") else {}
+        node = TextNode(
+            text=doc.content, metadata=metadata, excluded_llm_metadata_keys=hidden, excluded_embed_metadata_keys=hidden,
+            **identity,
+        )  # fmt: skip
+        nodes.append(NodeWithScore(node=node, score=doc.score))
+    return nodes

@@ -1,0 +1,105 @@
+"""The BM25 query hygiene stage: term statistics per kb generation, and the pruned BM25 text.
+
+Term statistics change only when a kb's generation does (indexing bumps it),
+and only the terms over ``max_df`` of the leaves matter (every other term is
+kept), so ``FrequentTermsCache`` reads, once per set of kbs and generations,
+their number of leaves and their frequent terms from the kbs' term sums: no
+SQL per query. A failed lookup never fails a retrieval: BM25 searches the whole
+query and the meta record's ``bm25_query`` says why. On a Milvus server the
+query is not pruned (its analyzers are not the Python ones of Milvus Lite).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
+
+from strata.config import RetrievalSettings
+from strata.rag.bm25_query import PrunedQuery, prune_bm25_query
+from strata.rag.expansion import Expansion
+from strata.rag.recorder import Recorder
+from strata.resources import Resources
+from strata.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
+from strata.stores.term_stats import TermFrequencies
+from strata.types import ServingState
+
+# A server's analyzers (Rust) need not split or lowercase as the Python ones do: a pruned text could miss matches.
+_SERVER = "a Milvus server analyzes BM25 text in its own code; the query is pruned only on Milvus Lite"
+
+# (kb ids, max_df, timeout in seconds) -> the leaves and the frequent terms: ``DocumentStore.frequent_terms``
+Lookup = Callable[[Sequence[str], float, float | None], TermFrequencies]
+
+
+class FrequentTermsCache:
+    """Per set of kbs in their current generations: N and the terms over ``max_df`` of it; bounded, thread-safe.
+
+    A query's other terms are rare by definition, so one read per generation answers every query.
+    """
+
+    def __init__(self, lookup: Lookup, max_df: float, *, max_kb_sets: int = 256) -> None:
+        self._lookup, self._max_df, self._max_kb_sets = lookup, max_df, max_kb_sets
+        self._entries: OrderedDict[tuple[str, ...], tuple[tuple[str, ...], TermFrequencies]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, generations: Mapping[str, Any], *, timeout_s: float | None = None) -> TermFrequencies:
+        """The statistics of the kbs of ``generations`` (kb id -> its generation)."""
+        kbs = tuple(sorted(generations))
+        stamp = tuple(str(generations[k]) for k in kbs)
+        with self._lock:
+            entry = self._entries.get(kbs)
+            if entry is not None and entry[0] == stamp:
+                self._entries.move_to_end(kbs)
+                return entry[1]
+        fetched = self._lookup(kbs, self._max_df, timeout_s)
+        with self._lock:
+            self._entries[kbs] = (stamp, fetched)
+            self._entries.move_to_end(kbs)
+            while len(self._entries) > self._max_kb_sets:
+                self._entries.popitem(last=False)
+        return fetched
+
+
+class BM25QueryHygiene:
+    """Prunes a query's BM25 text by the term statistics of the kbs it searches (``STRATA_RETRIEVAL__BM25_MAX_DF``)."""
+
+    def __init__(self, resources: Resources, settings: RetrievalSettings) -> None:
+        self._max_df = settings.bm25_max_df
+        self._min_leaves = settings.bm25_prune_min_leaves
+        self._tokenize: Tokenize | None = None
+        self._unsupported = "" if resources.settings.milvus.is_lite else _SERVER
+        try:
+            self._tokenize = None if self._unsupported else analyzer_tokenizer(resources.settings.milvus.analyzer)
+        except UnsupportedAnalyzer as exc:
+            self._unsupported = str(exc)
+        self._stats = FrequentTermsCache(
+            lambda kbs, max_df, timeout_s: resources.documents.frequent_terms(kbs, max_df, timeout_s=timeout_s),
+            self._max_df,
+        )
+
+    def apply(self, run: Recorder, state: ServingState, expansion: Expansion, routes: str) -> Expansion:
+        """``expansion`` with its BM25 text pruned; ``run.bm25_query`` records what was left out, or why nothing was."""
+        if routes == "dense" or self._max_df >= 1.0:
+            return expansion
+        if self._tokenize is None:
+            run.bm25_query = {"skipped": self._unsupported}
+            return expansion
+        with run.timed("bm25_query"):
+            try:
+                pruned = self._prune(run, state, expansion.bm25_text, self._tokenize)
+            except Exception as exc:  # term statistics are an optimization: never a reason to fail a query
+                run.error("bm25_query", exc, note="BM25 searched the whole query")
+                run.bm25_query = {"skipped": f"term statistics unavailable ({type(exc).__name__})"}
+                return expansion
+        return replace(expansion, bm25_text=pruned.text) if pruned.dropped else expansion
+
+    def _prune(self, run: Recorder, state: ServingState, text: str, tokenize: Tokenize) -> PrunedQuery:
+        stats = self._stats.get(state.generations, timeout_s=run.deadline.remaining())
+        if stats.leaves < self._min_leaves:
+            run.bm25_query = {"skipped": f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"}
+            return PrunedQuery(text)
+        pruned = prune_bm25_query(text, tokenize=tokenize, df=stats.df, leaves=stats.leaves, max_df=self._max_df)
+        if pruned.dropped:
+            run.bm25_query = {"dropped": list(pruned.dropped), "text": pruned.text, "max_df": self._max_df}
+        return pruned

@@ -1,0 +1,48 @@
+"""Evidence formatted for an LLM prompt or an agent tool's output."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from strata.types import RetrievedDocument
+
+
+def _label(doc: RetrievedDocument) -> str:
+    meta = doc.metadata
+    where = str(meta.get("source") or meta.get("doc_id") or "unknown")
+    heading = str(meta.get("heading_path") or "")
+    return f"{where} — {heading}" if heading else where
+
+
+def format_for_context(docs: Sequence[RetrievedDocument], max_chars: int = 6000) -> str:
+    """Numbered evidence blocks ``[n] source — heading path`` for a prompt, at most ``max_chars``.
+
+    A block that does not fit is cut and marked with "…"; later blocks are left out,
+    never silently truncated without the mark.
+    """
+    blocks: list[str] = []
+    used = 0
+    for n, doc in enumerate(docs, start=1):
+        block = f"[{n}] {_label(doc)}\n{doc.content.strip()}"
+        room = max_chars - used - (2 if blocks else 0)
+        if room <= 0:
+            break
+        if len(block) > room:
+            blocks.append(block[: max(room - 1, 0)] + "…")
+            break
+        blocks.append(block)
+        used += len(block) + (2 if len(blocks) > 1 else 0)
+    return "\n\n".join(blocks)
+
+
+def format_for_tool_output(docs: Sequence[RetrievedDocument], max_chunks: int = 5) -> str:
+    """A compact listing for an agent tool: rank, score, level, source and text."""
+    if not docs:
+        return "No evidence found."
+    lines = []
+    for n, doc in enumerate(docs[:max_chunks], start=1):
+        level = doc.metadata.get("level", "?")
+        lines.append(f"{n}. [score {doc.score:.4f}, L{level}] {_label(doc)}\n   {doc.content.strip()}")
+    if len(docs) > max_chunks:
+        lines.append(f"({len(docs) - max_chunks} more not shown)")
+    return "\n".join(lines)

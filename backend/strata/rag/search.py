@@ -1,0 +1,209 @@
+"""The search stage: query vectors, the dense and BM25 routes, RRF fusion and the fallbacks.
+
+Hybrid search, or the fallbacks the settings allow: dense-only when hybrid
+fails, BM25-only when there is no query vector (or dense failed too). A
+switched-off fallback is a ``failed`` answer with the reason, never a quieter
+route. Every outcome is reported to the run's ``Recorder``.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from strata.config import RetrievalSettings
+from strata.rag.candidates import Candidate
+from strata.rag.deadline import DeadlineExceeded
+from strata.rag.fusion import FusionWeights, as_candidate, rrf_rank, single_rank
+from strata.rag.microbatch import MicroBatcher
+from strata.rag.rank_fusion import Fused
+from strata.rag.recorder import Recorder
+from strata.resources import Resources
+from strata.stores import filters as expr
+from strata.types import Chunk, RouteHit
+
+Ranked = Fused[RouteHit]
+
+
+# Share of the deadline the encoder leaves for the searches after it (BM25 alone, if it timed out).
+ENCODE_KEEPS = 0.4
+
+
+@dataclass(frozen=True)
+class _RouteKey:
+    """What searches must share to run as one Milvus search."""
+
+    route: str
+    kb_ids: tuple[str, ...] | None
+    where: str
+    limit: int
+    exact_prefix: str  # a source prefix checked after the search ("" for none)
+
+
+class RouteSearch:
+    """Runs one query's routes against the leaf index of one ``Resources``."""
+
+    def __init__(self, resources: Resources, settings: RetrievalSettings) -> None:
+        self._res = resources
+        self._cfg = settings
+        # The encoder and the searches run in workers, so a hung one costs a query its share of the
+        # deadline, not forever; queries that arrive together share an encoder call and a search.
+        window_s, most = settings.batch_window_ms / 1000, settings.batch_max
+        self._encodings: MicroBatcher[str, np.ndarray] = MicroBatcher(
+            lambda _, texts: resources.encoder.encode_queries(texts), window_s=window_s, max_batch=most, name="strata-encode",
+        )  # fmt: skip
+        self._searches: MicroBatcher[tuple[Any, float], list[RouteHit]] = MicroBatcher(
+            self._search_batch, window_s=window_s, max_batch=most, name="strata-search", inline_when_idle=True
+        )  # a Milvus search is bounded by its own timeout: one caller runs it in its own thread
+
+    def encode(self, run: Recorder, queries: Sequence[str], routes: str) -> list[np.ndarray] | None:
+        """Query vectors (one encoder call for every query, shared with concurrent queries), or None for BM25-only or when the encoder failed."""
+        if routes == "sparse":
+            return None
+        wait = run.deadline.within(float("inf"), keep_s=ENCODE_KEEPS * run.deadline.budget_s)
+        with run.timed("encode"):
+            try:
+                if wait <= 0:
+                    raise DeadlineExceeded("encode")
+                return list(self._encodings.submit(None, queries).result(timeout=wait))
+            except FutureTimeout:
+                run.error("encode", DeadlineExceeded("encode"), degraded="query_encoder_failed")
+                return None
+            except Exception as exc:
+                run.error("encode", exc, degraded="query_encoder_failed")
+                return None
+
+    def close(self) -> None:
+        self._encodings.close()
+        self._searches.close()
+
+    def search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Candidate]:
+        """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
+        BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
+        (the query plus its synonyms); the dense route embedded the query as given. The routes
+        return ids; the fused candidates' leaves are read in one batch afterwards."""
+        with run.timed("search"):
+            ranked = self._ranked(run, vector, where, bm25_text, routes)
+            return self._with_leaves(run, ranked) if ranked else []
+
+    def weights(self) -> FusionWeights:
+        if self._cfg.fusion == "weighted_rrf":
+            return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
+        return FusionWeights()
+
+    def _ranked(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Ranked]:
+        if routes != "hybrid":
+            return self._single(run, routes, vector, where, bm25_text)
+        if vector is not None:
+            fused = self._hybrid(run, vector, where, bm25_text)
+            if fused is not None:
+                return fused
+            if self._cfg.dense_fallback:
+                dense = self._route(run, "dense", vector, where)
+                if dense is not None:
+                    run.mode = "dense_fallback"
+                    return self._one_route(run, dense, "dense")
+        if not self._cfg.sparse_fallback:
+            return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
+        sparse = self._route(run, "sparse", bm25_text, where)
+        if sparse is None:
+            return run.failed()
+        run.mode = "sparse_fallback"
+        return self._one_route(run, sparse, "sparse")
+
+    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Ranked]:
+        """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
+        query = vector if route == "dense" else bm25_text
+        hits = self._route(run, route, query, where, stage="search") if query is not None else None
+        if hits is None:
+            return run.failed()
+        run.mode = route  # type: ignore[assignment]
+        return self._one_route(run, hits, route)
+
+    def _one_route(self, run: Recorder, hits: list[RouteHit], route: str) -> list[Ranked]:
+        return single_rank(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+
+    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Ranked] | None:
+        try:
+            dense = self._submit("dense", run, vector, where)
+            sparse = self._submit("sparse", run, bm25_text, where)
+            dense_hits, sparse_hits = self._wait("dense", run, dense), self._wait("sparse", run, sparse)
+        except Exception as exc:
+            run.error("search", exc, degraded="hybrid_search_failed")
+            return None
+        run.mode = "hybrid"
+        run.route_counts(dense=len(dense_hits), sparse=len(sparse_hits))
+        fused = rrf_rank(dense_hits, sparse_hits, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+        run.fused = len(fused)
+        return fused
+
+    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[RouteHit] | None:
+        try:
+            hits = self._wait(route, run, self._submit(route, run, query, where))
+        except Exception as exc:
+            run.error(stage or f"{route}_fallback", exc)
+            return None
+        run.route_counts(**{route: len(hits)})
+        run.fused = min(len(hits), run.candidate_k)
+        return hits
+
+    def _submit(self, route: str, run: Recorder, query: Any, where: str) -> Future:
+        """The route's search, queued to share a Milvus search with concurrent queries like it."""
+        if run.deadline.expired():
+            raise DeadlineExceeded(f"the {route} route")
+        key = _RouteKey(route, tuple(run.kb_ids) if run.kb_ids is not None else None, where,
+                        self._cfg.route_limit(run.candidate_k), _exact_prefix(run))  # fmt: skip
+        return self._searches.submit(key, [(query, run.deadline.remaining())])
+
+    def _wait(self, route: str, run: Recorder, search: Future) -> list[RouteHit]:
+        remaining = run.deadline.remaining()
+        try:
+            hits: list[RouteHit] = search.result(timeout=None if math.isinf(remaining) else remaining)[0]
+        except FutureTimeout:
+            raise DeadlineExceeded(f"the {route} route") from None
+        prefix = _exact_prefix(run)
+        return [h for h in hits if h.source.startswith(prefix)] if prefix else hits
+
+    def _search_batch(self, key: _RouteKey, items: list[tuple[Any, float]]) -> list[list[RouteHit]]:
+        """One Milvus search for the queries of concurrent requests with the same key (the longest
+        time any of them has left bounds it)."""
+        index = self._res.leaf_index
+        search = index.search_dense_many if key.route == "dense" else index.search_sparse_many
+        return search(
+            [query for query, _ in items], limit=key.limit, kb_ids=key.kb_ids, where=key.where,
+            timeout=max(left for _, left in items), with_source=bool(key.exact_prefix),
+        )  # fmt: skip
+
+    def _with_leaves(self, run: Recorder, ranked: list[Ranked]) -> list[Candidate]:
+        """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
+        batch, or from the index itself when that fails. A leaf SQL no longer holds (its version was
+        removed after the search) is left out and reported."""
+        refs = [(f.item.kb_id, f.key) for f in ranked]
+        with run.timed("leaf_fetch"):
+            try:
+                fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
+                leaves = dict(fetch.chunks)
+                run.leaf_fetch(fetch)
+            except Exception as exc:
+                run.error("leaf_fetch", exc, note="leaf texts read from the leaf index")
+                leaves = self._from_index(run, refs)
+        return [as_candidate(f, leaves[f.key]) for f in ranked if f.key in leaves]
+
+    def _from_index(self, run: Recorder, refs: list[tuple[str, str]]) -> dict[str, Chunk]:
+        try:
+            return self._res.leaf_index.fetch_leaves(refs, timeout=run.deadline.remaining())
+        except Exception as exc:
+            run.error("leaf_fetch", exc, degraded="leaf_fetch_failed")
+            run.mode = "failed"
+            return {}
+
+
+def _exact_prefix(run: Recorder) -> str:
+    """The source prefix to check on each hit after the search ("" for none): LIKE wildcards in it over-match."""
+    prefix = run.filters.source_prefix if run.filters else ""
+    return prefix if prefix and expr.needs_exact_check(prefix) else ""
