@@ -4,17 +4,25 @@ Every ``STRATA_*`` variable they set is loaded through ``load_settings`` with
 that variable in the environment and must land in the field its name points
 at, with the value given (a misspelt section or field is either refused by
 the settings or silently ignored; both fail here). Every service has a health
-check and every image a pinned version. No Docker engine is needed.
+check and every image a pinned version. The versions of docs/deploy.md's
+"Supported versions" table hold in every file; the Kubernetes install is checked
+statically (credentials, replicas, Secrets, security context) against the chart
+keys recorded in deploy/k8s/milvus-chart-keys.txt. No Docker engine, cluster,
+network or file outside the repository is needed.
 """
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,13 +134,44 @@ def _environment_of(service: Mapping[str, Any]) -> dict[str, str]:
     return {k: resolve(v) for k, v in env.items()}
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines (kustomize's ``envs`` format): comments and blank lines skipped."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def _kustomization() -> dict[str, Any]:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))
+
+
+def _generated_secrets() -> list[dict[str, Any]]:
+    """The Secrets of kustomization.yaml's secretGenerator, from the committed ``*.env.example`` of each env file
+    (the real env files are git-ignored and hold an operator's secrets: never read here)."""
+    secrets = []
+    for generator in _kustomization().get("secretGenerator") or []:
+        values: dict[str, str] = {}
+        for name in generator["envs"]:
+            values.update(_env_file(K8S / f"{name}.example"))
+        metadata = {"name": generator["name"], "namespace": generator.get("namespace", "strata")}
+        secrets.append({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": values})
+    return secrets
+
+
+def _manifests(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((K8S / name).read_text(encoding="utf-8")) if d]
+
+
 def _k8s_documents() -> list[dict[str, Any]]:
+    """Every manifest under deploy/k8s (Helm values and the kustomization aside), and the generated Secrets."""
     docs = []
     for path in sorted(K8S.glob("*.yaml")):
-        if path.name in {"milvus-values.yaml", "kustomization.yaml"}:
-            continue
-        docs.extend(d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d)
-    return docs
+        if path.name not in {"milvus-values.yaml", "kustomization.yaml"}:
+            docs.extend(_manifests(path.name))
+    return docs + _generated_secrets()
+
+
+def _milvus_values() -> dict[str, Any]:
+    return yaml.safe_load((K8S / "milvus-values.yaml").read_text(encoding="utf-8"))
 
 
 def _workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -303,14 +342,22 @@ def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> N
     assert missing.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in missing.stderr
 
 
-def test_kustomize_renders_every_manifest_of_the_service() -> None:
+def test_kustomize_renders_every_manifest_of_the_service(tmp_path: Path) -> None:
     if not shutil.which("kubectl"):
         pytest.skip("kubectl is not installed: `kubectl kustomize deploy/k8s` did not run")
-    done = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    # A copy with the env files an operator makes from the examples (the repository has none: git-ignored).
+    k8s = shutil.copytree(K8S, tmp_path / "k8s", ignore=shutil.ignore_patterns("*.env"))
+    for example in k8s.glob("*.env.example"):
+        shutil.copy(example, k8s / example.name.removesuffix(".example"))
+    done = subprocess.run(["kubectl", "kustomize", str(k8s)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    rendered = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(done.stdout) if d}
-    listed = {(d["kind"], d["metadata"]["name"]) for d in _k8s_documents() if d["kind"] != "Job"}
-    assert rendered == listed  # everything but the indexer Job, which is applied on its own
+    rendered = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
+    apart = {"Job", "ServiceMonitor"}  # applied on their own (kustomization.yaml says why)
+    listed = {(d["kind"], d["metadata"]["name"]) for d in _k8s_documents() if d["kind"] not in apart}
+    assert set(rendered) == listed
+    for secret in _generated_secrets():  # fixed names (the chart and the Job name them), every key of the example
+        made = rendered[("Secret", secret["metadata"]["name"])]
+        assert set(made["data"]) == set(secret["stringData"]) and made["metadata"]["namespace"] == "strata"
 
 
 def _setuptools_major() -> int:
@@ -329,7 +376,9 @@ def test_the_image_install_carries_every_file_of_the_package(tmp_path: Path) -> 
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "backend", source / "backend", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REPO / "backend", source / "backend", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    # listed before the build, which writes its own metadata (*.egg-info) next to the package
+    data_files = {str(f.relative_to(source / "backend")) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
     # pyproject's build-system wants setuptools>=77: build with the installed one when it is that recent
     # (no network), else in pip's isolated build environment.
     isolation = [] if _setuptools_major() >= 77 else ["--use-pep517"]
@@ -341,8 +390,301 @@ def test_the_image_install_carries_every_file_of_the_package(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     packed = set(zipfile.ZipFile(wheel).namelist())
-    data_files = {str(f.relative_to(source / "backend")) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
     assert data_files and data_files <= packed, sorted(data_files - packed)
+
+
+# -- the supported pairing: client, Lite, server image, Helm chart ----------------------------------------
+
+DOCS = REPO / "docs" / "deploy.md"
+MILVUS_COMPONENTS = ("proxy", "mixCoordinator", "queryNode", "dataNode", "streamingNode")
+
+
+def _matrix() -> dict[str, str]:
+    """The row of docs/deploy.md's "Supported versions" table for this strata version: column -> cell."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in DOCS.read_text(encoding="utf-8").splitlines() if line.startswith("|")]  # fmt: skip
+    header = next(r for r in rows if r[:2] == ["strata", "pymilvus"])
+    (row,) = [r for r in rows if r[0] == version]
+    return dict(zip(header, row))
+
+
+def _pins() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    return dict(d.split("==", 1) for d in deps if "==" in d)
+
+
+def _commands(path: Path, program: str) -> list[str]:
+    """Every ``program install|upgrade|rebuild ...`` command of a file: in a Markdown page its ```bash blocks, in a
+    YAML file its lines (comments included); continued lines joined."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".md":
+        text = "\n".join(re.findall(r"^```(?:bash|sh)\n(.*?)^```", text, re.M | re.S))
+    text = re.sub(r"\\\n\s*#?\s*", " ", text)  # a backslash continues the command on the next (comment) line
+    found = []
+    for line in text.splitlines():
+        for match in re.finditer(rf"(?:^|[\s;&(`]){program}\s+(?:install|upgrade|rebuild)\b[^\n`&;|#)]*", line):
+            found.append(" ".join(match.group(0).strip(" ;&(`").split()))
+    return found
+
+
+def test_the_deployed_milvus_is_the_server_line_of_the_pinned_client() -> None:
+    matrix, pins = _matrix(), _pins()
+    assert matrix["pymilvus"] == pins["pymilvus"] and matrix["milvus-lite"] == pins["milvus-lite"]
+    server = matrix["Milvus server image"]
+    # pymilvus's own notes: the 3.0.x client for a Milvus 3.0 server, 2.6.x for 2.6 (the same major.minor).
+    line = re.fullmatch(r"milvusdb/milvus:v(\d+\.\d+)\.\d+", server).group(1)
+    assert line == ".".join(pins["pymilvus"].split(".")[:2])
+    assert _compose()["services"]["milvus"]["image"] == server  # what tests/server/conftest.py starts
+    image = _milvus_values()["image"]["all"]
+    assert f"{image['repository']}:{image['tag']}" == server
+
+
+def test_every_helm_install_pins_the_chart_of_the_matrix() -> None:
+    chart = _matrix()["Milvus Helm chart"]
+    places = [DOCS, DEPLOY / "README.md", *sorted(K8S.glob("*.yaml"))]
+    commands = [(path.name, c) for path in places for c in _commands(path, "helm")]
+    assert {name for name, _ in commands} >= {"deploy.md", "README.md", "milvus-values.yaml"}
+    unpinned = [(name, c) for name, c in commands if not re.search(rf"--version[ =]{re.escape(chart)}(\s|$)", c)]
+    assert unpinned == []
+
+
+def test_the_command_finder_sees_an_unpinned_install(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nhelm install milvus zilliztech/milvus -n strata \\\n  -f values.yaml\n```\n"
+                    "(helm upgrade --install x y --version 5.0.27)\n```\nhelm install in prose\n```\n", encoding="utf-8")  # fmt: skip
+    assert _commands(page, "helm") == ["helm install milvus zilliztech/milvus -n strata -f values.yaml"]
+    values = tmp_path / "values.yaml"
+    values.write_text("#   helm upgrade --install x y \\\n#     --version 5.0.27\n", encoding="utf-8")
+    assert _commands(values, "helm") == ["helm upgrade --install x y --version 5.0.27"]
+
+
+def test_the_milvus_values_use_only_keys_the_chart_reads() -> None:
+    lines = (K8S / "milvus-chart-keys.txt").read_text(encoding="utf-8").splitlines()
+    keys = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+    def paths(node: Any, prefix: str) -> Iterator[str]:
+        if f"{prefix}/*" in keys:
+            yield f"{prefix}/*"
+        elif isinstance(node, dict) and node:
+            for name, value in node.items():
+                yield from paths(value, f"{prefix}.{name}" if prefix else name)
+        else:
+            yield prefix
+
+    used = set(paths(_milvus_values(), ""))
+    assert used - keys == set()
+
+
+# -- the cluster install can come up ----------------------------------------------------------------------
+
+
+def _secret_ref(env: list[dict[str, Any]], name: str) -> tuple[str, str] | None:
+    for entry in env or []:
+        if entry["name"] == name and "secretKeyRef" in entry.get("valueFrom", {}):
+            ref = entry["valueFrom"]["secretKeyRef"]
+            return ref["name"], ref["key"]
+    return None
+
+
+def test_milvus_reaches_minio_with_the_credentials_minio_runs_with() -> None:
+    values = _milvus_values()
+    secret = values["minio"]["existingSecret"]  # read by the MinIO subchart only (keys accesskey, secretkey)
+    assert "accessKey" not in values["minio"] and "secretKey" not in values["minio"]  # no second copy to drift
+    for component in MILVUS_COMPONENTS:  # Milvus's config takes minio.accessKey/secretKey unless the env says otherwise
+        env = values[component]["extraEnv"]
+        assert _secret_ref(env, "MINIO_ACCESS_KEY_ID") == (secret, "accesskey"), component
+        assert _secret_ref(env, "MINIO_SECRET_ACCESS_KEY") == (secret, "secretkey"), component
+    generated = {s["metadata"]["name"]: s["stringData"] for s in _generated_secrets()}
+    assert {"accesskey", "secretkey"} <= set(generated[secret])
+
+
+def test_milvus_auth_is_on_with_the_root_password_strata_sends() -> None:
+    values = _milvus_values()
+    user = yaml.safe_load(values["extraConfigFiles"]["user.yaml"])
+    assert user["common"]["security"]["authorizationEnabled"] is True
+    refs = {_secret_ref(values[c]["extraEnv"], "COMMON_SECURITY_DEFAULTROOTPASSWORD") for c in MILVUS_COMPONENTS}
+    assert len(refs) == 1 and None not in refs
+    ((secret, key),) = refs
+    generated = {s["metadata"]["name"]: s["stringData"] for s in _generated_secrets()}
+    assert generated["strata-secrets"]["STRATA_MILVUS__TOKEN"] == f"root:{generated[secret][key]}"
+
+
+def test_make_secrets_writes_a_token_made_of_the_root_password(tmp_path: Path) -> None:
+    script = K8S / "make-secrets.sh"
+    done = subprocess.run(["sh", str(script), str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    milvus, strata = _env_file(tmp_path / "milvus-credentials.env"), _env_file(tmp_path / "strata-secrets.env")
+    assert set(milvus) == set(_env_file(K8S / "milvus-credentials.env.example"))
+    assert set(strata) == set(_env_file(K8S / "strata-secrets.env.example"))
+    assert strata["STRATA_MILVUS__TOKEN"] == f"root:{milvus['rootpassword']}"
+    assert len(milvus["rootpassword"]) >= 32 and len(milvus["secretkey"]) >= 32  # not Milvus's or MinIO's default
+    again = subprocess.run(["sh", str(script), str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert again.returncode != 0 and _env_file(tmp_path / "strata-secrets.env") == strata  # never overwritten
+
+
+def test_the_secrets_come_from_git_ignored_env_files_not_from_a_manifest() -> None:
+    kustomization = _kustomization()
+    assert not [r for r in kustomization["resources"] if "secret" in r.lower()]  # apply -k would overwrite them
+    assert not [d for path in K8S.glob("*.yaml") if path.name != "milvus-values.yaml" for d in _manifests(path.name)
+                if d.get("kind") == "Secret"]  # fmt: skip
+    assert kustomization["generatorOptions"]["disableNameSuffixHash"] is True  # the chart and the Job name them
+    ignored = (K8S / ".gitignore").read_text(encoding="utf-8").split()
+    for generator in kustomization["secretGenerator"]:
+        for name in generator["envs"]:
+            assert any(fnmatch.fnmatch(name, pattern) for pattern in ignored), name
+            assert not any(fnmatch.fnmatch(f"{name}.example", pattern) for pattern in ignored), name
+
+
+def test_secrets_are_in_the_secret_and_settings_in_the_config_map() -> None:
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")["data"]
+    strata = next(s for s in _generated_secrets() if s["metadata"]["name"] == "strata-secrets")["stringData"]
+    for name in ("STRATA_REDIS__URL", "STRATA_DATABASE__URL", "STRATA_MILVUS__TOKEN", "STRATA_API__API_KEY"):
+        assert name in strata and name not in config, name
+    assert not [k for k, v in config.items() if re.search(r"://[^/@\s]*:[^/@\s]*@", str(v))]  # no user:password@
+
+
+def test_a_query_node_or_streaming_node_can_restart_without_an_outage() -> None:
+    values = _milvus_values()
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")["data"]
+    replicas = int(config["STRATA_MILVUS__REPLICA_NUMBER"])
+    assert replicas == 2 and values["queryNode"]["replicas"] >= replicas  # one in-memory replica per query node
+    assert values["streaming"]["enabled"] is True and values["streamingNode"]["replicas"] >= 2
+    assert values["indexNode"]["enabled"] is False  # gone since Milvus 2.6
+    assert values["pulsarv3"]["enabled"] is True and values["woodpecker"]["enabled"] is False  # one message queue
+
+
+def test_the_hpa_owns_the_replica_count_and_a_pdb_keeps_one_pod() -> None:
+    docs = _k8s_documents()
+    deployment = _workloads(docs)["Deployment/strata"]
+    assert "replicas" not in deployment["spec"]  # each apply would reset what the HPA chose
+    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert 1 <= pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]  # a drain can always move one pod
+    assert "pdb.yaml" in _kustomization()["resources"]
+
+
+def test_compute_threads_follow_the_cpu_request() -> None:
+    for name, workload in _workloads(_k8s_documents()).items():
+        for container in _containers(workload):
+            env = {e["name"]: e for e in container.get("env") or []}
+            for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # torch's intra-op pool reads OMP_NUM_THREADS
+                field = env[variable]["valueFrom"]["resourceFieldRef"]
+                assert field["resource"] == "requests.cpu" and field["containerName"] == container["name"], name
+                assert str(field["divisor"]) == "1", name
+            assert "cpu" in container["resources"]["requests"], name
+
+
+def test_the_pod_drains_before_it_stops() -> None:
+    deployment = _workloads(_k8s_documents())["Deployment/strata"]
+    (container,) = _containers(deployment)
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert command[0] == "sleep" and 0 < int(command[1]) <= grace - 10  # the server still has time to stop
+
+
+def test_every_pod_runs_restricted_with_a_read_only_root() -> None:
+    for name, workload in _workloads(_k8s_documents()).items():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+        for container in _containers(workload):
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True, name
+            assert context["capabilities"]["drop"] == ["ALL"] and not context["capabilities"].get("add"), name
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            for writable in ("/tmp", "/data"):  # jieba's cache and temporary files; STRATA_DATA_DIR
+                assert mounts.get(writable) in empty_dirs, (name, writable)
+
+
+def test_a_service_monitor_scrapes_metrics_with_the_api_key() -> None:
+    (monitor,) = _manifests("servicemonitor.yaml")
+    service = next(d for d in _k8s_documents() if d["kind"] == "Service")
+    assert monitor["kind"] == "ServiceMonitor" and monitor["metadata"]["namespace"] == "strata"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    assert endpoint["authorization"]["credentials"] == {"name": "strata-secrets", "key": "STRATA_API__API_KEY"}
+    assert "servicemonitor.yaml" not in _kustomization()["resources"]  # needs the Prometheus Operator's CRDs
+
+
+def test_the_documented_rebuilds_land_in_the_collection_the_servers_read() -> None:
+    from strata.cli import build_parser
+
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")["data"]
+    served = {
+        config["STRATA_MILVUS__COLLECTION"],
+        _environment_of(_compose()["services"]["strata"])["STRATA_MILVUS__COLLECTION"],
+        _env_file(DEPLOY / "production.env")["STRATA_MILVUS__COLLECTION"],
+    }
+    assert len(served) == 1
+    rebuilds = [c for path in (DOCS, DEPLOY / "README.md") for c in _commands(path, "strata")]
+    copies = [build_parser().parse_args(shlex.split(c)[1:]) for c in rebuilds if "--to-uri" in c]
+    assert len(copies) >= 2  # the standalone and the cluster step
+    assert {args.collection for args in copies} == served  # named, and the name the pods read
+
+
+def test_minio_is_checked_with_its_own_client() -> None:
+    check = _compose()["services"]["minio"]["healthcheck"]["test"]
+    assert check == ["CMD", "mc", "ready", "local"]  # recent MinIO images have no curl
+
+
+def _dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path or one of its parent folders decides."""
+
+    def regex(pattern: str) -> str:
+        parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern.strip("/"))
+        table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+        return "".join(table.get(part, re.escape(part)) for part in parts)
+
+    excluded = False
+    for raw in patterns:
+        negate, pattern = raw.startswith("!"), raw.lstrip("!")
+        prefixes = [path] + ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+        if any(re.fullmatch(regex(pattern), p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+def test_the_build_context_carries_the_package_and_no_secret_weight_or_history() -> None:
+    lines = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (DEPLOY / "Dockerfile").read_text(encoding="utf-8"), re.M)
+    needed = [name for line in copied for name in line.split()] + ["backend/strata/api/app.py"]
+    assert [n for n in needed if _dockerignored(n, patterns)] == []
+    unwanted = [".git/config", ".venv/bin/python", "deploy/.env", ".env", "deploy/k8s/strata-secrets.env",
+                "deploy/models/bge-m3/model.safetensors", "data/strata.sqlite3", "data/milvus.db",
+                "backend/strata/__pycache__/cli.cpython-311.pyc", "backend/strata_rag.egg-info/PKG-INFO", "tests/test_deploy.py"]  # fmt: skip
+    assert [n for n in unwanted if not _dockerignored(n, patterns)] == []
+
+
+def test_the_ignore_matcher_follows_dockers_rules() -> None:
+    assert _dockerignored("a/b/x.env", ["**/*.env"])
+    assert not _dockerignored("a/x.env.example", ["**/*.env", "!**/*.env.example"])
+    assert _dockerignored("deploy/models/w.bin", ["deploy/models"])
+    assert not _dockerignored("backend/models.py", ["models"])
+
+
+def test_evaluation_libraries_are_an_extra_the_image_does_not_install() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = {re.split(r"[=<>\[; ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert names.isdisjoint({"matplotlib", "pandas", "pyarrow"})
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("matplotlib==") for d in extras["eval"])
+    assert f"{project['name']}[eval]" in extras["dev"]  # a developer's install still has them
+    top_level = []  # and nothing imports them when a module is imported
+    for source in (REPO / "backend").rglob("*.py"):
+        for node in ast.parse(source.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            top_level += [(source.name, m) for m in modules if m.split(".")[0] in {"matplotlib", "pandas", "pyarrow"}]
+    assert top_level == []
 
 
 # -- the checker itself ---------------------------------------------------------------------------------
