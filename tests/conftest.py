@@ -9,16 +9,19 @@ of its own. Tests that stop or pause Redis start a private ``redis-server``
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -149,6 +152,231 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 @pytest.fixture
 def milvus_settings(tmp_path: Path) -> MilvusSettings:
     return MilvusSettings(uri=str(tmp_path / "milvus.db"))
+
+
+# -- the Milvus server: every suite that writes leaves runs on a Lite file and on a server ----------------
+
+
+class MilvusServerProcess:
+    """A ``milvus-lite server`` process (the gRPC server milvus-lite ships) on a free loopback port.
+
+    pymilvus talks to it as to Milvus standalone; tests/faults stop and restart one of their own.
+    """
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, within_s: float = 60.0) -> None:
+        binary = shutil.which("milvus-lite", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [binary or "milvus-lite", "server", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"milvus-lite server exited with {self.process.returncode} before answering")
+            if milvus_answers(self.uri):
+                return
+            time.sleep(0.1)  # polling a server that is starting, bounded by the deadline
+        self.stop()
+        raise RuntimeError(f"milvus-lite server on {self.uri} did not answer within {within_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: the server is gone at once, as in a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def milvus_answers(uri: str, token: str = "") -> bool:
+    from pymilvus import MilvusClient
+    from pymilvus.exceptions import MilvusException
+
+    try:
+        client = MilvusClient(uri=uri, token=token, timeout=2)
+    except MilvusException:
+        return False
+    try:
+        client.list_collections(timeout=2)
+        return True
+    except MilvusException:
+        return False
+    finally:
+        client.close()
+
+
+def _docker_unavailable() -> str | None:
+    """Why no Milvus container can be started here, or None."""
+    try:
+        import docker
+        from testcontainers.community.milvus import MilvusContainer  # noqa: F401
+    except ImportError as exc:
+        return f"testcontainers is not installed ({exc.name})"
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+    except Exception as exc:  # docker.errors.DockerException and the transport's errors
+        return f"no Docker engine reachable ({type(exc).__name__})"
+    return None
+
+
+MILVUS_SERVER_RUN: dict[str, str] = {}  # what the session's server was, for the terminal summary
+
+
+@pytest.fixture(scope="session")
+def milvus_server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's Milvus server, in order: ``STRATA_TEST_MILVUS_URI`` (with ``STRATA_TEST_MILVUS_TOKEN``;
+    e.g. an authenticated cluster), a Milvus standalone container (testcontainers, the image
+    deploy/compose.yml pins, where a Docker engine runs), or a ``milvus-lite server`` process started here."""
+    given = os.environ.get("STRATA_TEST_MILVUS_URI")
+    if given:
+        _record_server(given, "STRATA_TEST_MILVUS_URI")
+        yield given
+        return
+    if _docker_unavailable() is None:
+        import yaml
+        from testcontainers.community.milvus import MilvusContainer
+
+        image = yaml.safe_load((REPO / "deploy" / "compose.yml").read_text(encoding="utf-8"))["services"]["milvus"]["image"]
+        with MilvusContainer(image) as container:
+            _record_server(container.get_connection_url(), f"container {image}")
+            yield container.get_connection_url()
+        return
+    server = MilvusServerProcess(tmp_path_factory.mktemp("milvus-server"))
+    try:
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"milvus_server: no STRATA_TEST_MILVUS_URI, no Docker engine, and milvus-lite server failed: {exc}")
+    _record_server(server.uri, "milvus-lite server started by the tests")
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+def _record_server(uri: str, source: str) -> None:
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(uri=uri, token=milvus_test_token(), timeout=10)
+    try:
+        version = client.get_server_version(timeout=10)
+    finally:
+        client.close()
+    MILVUS_SERVER_RUN.update(uri=uri, source=source, version=str(version))
+    logging.getLogger("tests.milvus_server").warning("milvus_server tests run against %s (%s), server version %s", uri, source, version)
+
+
+def milvus_test_token() -> str:
+    return os.environ.get("STRATA_TEST_MILVUS_TOKEN", "")
+
+
+@dataclass(frozen=True)
+class MilvusTarget:
+    """Where a test's leaves live: the Lite file under its data dir, or a fresh collection on the server."""
+
+    kind: str  # "lite" | "server"
+    uri: str | None = None  # None: {data_dir}/milvus.db
+    collection: str = "strata_leaves"
+    token: str = ""
+
+    @property
+    def on_server(self) -> bool:
+        return self.kind == "server"
+
+    def overrides(self) -> dict[str, Any]:
+        """``load_settings`` keyword arguments that put the leaves here (none for the Lite default)."""
+        if not self.on_server:
+            return {}
+        return {"milvus": {"uri": self.uri, "collection": self.collection, "token": self.token}}
+
+    def env(self) -> dict[str, str]:
+        """The same for a ``strata`` subprocess."""
+        if not self.on_server:
+            return {}
+        return {"STRATA_MILVUS__URI": str(self.uri), "STRATA_MILVUS__COLLECTION": self.collection,
+                "STRATA_MILVUS__TOKEN": self.token}  # fmt: skip
+
+    def another(self) -> MilvusTarget:
+        """A second place of the same kind (a collection of its own on the server, dropped with this one)."""
+        return replace(self, collection=f"{self.collection}_{uuid.uuid4().hex[:6]}") if self.on_server else self
+
+    def settings(self, data_dir: Path) -> MilvusSettings:
+        if not self.on_server:
+            return MilvusSettings(uri=str(data_dir / "milvus.db"))
+        return MilvusSettings(uri=self.uri, collection=self.collection, token=self.token)
+
+
+@contextmanager
+def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusTarget]:
+    """A collection name of its own on the server, dropped afterwards."""
+    from pymilvus import MilvusClient
+
+    target = MilvusTarget("server", uri, f"{prefix}_{uuid.uuid4().hex[:12]}", milvus_test_token())
+    try:
+        yield target
+    finally:
+        client = MilvusClient(uri=uri, token=target.token, timeout=30)
+        try:
+            for name in client.list_collections():
+                if name == target.collection or name.startswith(f"{target.collection}_"):  # and its ``another()``s
+                    client.drop_collection(name)
+        finally:
+            client.close()
+
+
+# Parametrise a suite over both with ``milvus_target`` (one test) or ``module_milvus_target`` (module fixtures).
+MILVUS_TARGETS = ["lite", pytest.param("server", marks=pytest.mark.milvus_server)]
+
+
+@contextmanager
+def _target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    if request.param == "lite":
+        yield MilvusTarget("lite")
+        return
+    with server_collection(request.getfixturevalue("milvus_server_uri")) as target:
+        yield target
+
+
+@pytest.fixture(params=MILVUS_TARGETS)
+def milvus_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    with _target(request) as target:
+        yield target
+
+
+@pytest.fixture(scope="module", params=MILVUS_TARGETS)
+def module_milvus_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    with _target(request) as target:
+        yield target
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many ``milvus_server`` tests ran, and against what (``.ci/run`` fails when none ran or any was skipped)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for stat, outcome in (("passed", "passed"), ("failed", "failed"), ("error", "failed"), ("skipped", "skipped")):
+        for report in terminalreporter.stats.get(stat, []):
+            if "milvus_server" in getattr(report, "keywords", {}) and (report.when == "call" or stat != "passed"):
+                counts[outcome] += 1
+    ran = counts["passed"] + counts["failed"]
+    where = f" against {MILVUS_SERVER_RUN['uri']} ({MILVUS_SERVER_RUN['source']}, Milvus {MILVUS_SERVER_RUN['version']})" if MILVUS_SERVER_RUN else ""
+    terminalreporter.write_line(
+        f"milvus_server tests run {ran}{where}; of them passed {counts['passed']}, failed {counts['failed']}; skipped {counts['skipped']}"
+    )
 
 
 @pytest.fixture(scope="session")

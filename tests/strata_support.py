@@ -9,6 +9,7 @@ subprocess starts. Shared by tests/indexing and tests/cli.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -28,7 +29,9 @@ from strata.stores.keys import database_namespace
 from strata.stores.sql import ACTIVE, DocumentStore
 from strata.stores.sql_schema import documents, version_terms
 from strata.stores.term_stats import TermFrequencies
-from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
+from strata.indexing.pipeline import WRITE_STEPS
+from strata.indexing.rebuild import Rebuilder
+from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE, MilvusTarget
 
 REPO = Path(__file__).resolve().parents[1]
 STRATA = Path(sys.executable).with_name("strata")
@@ -73,6 +76,9 @@ def settings_for(env: Mapping[str, str]) -> Settings:
     }
     if "STRATA_DATABASE__URL" in env:
         overrides["database"] = {"url": env["STRATA_DATABASE__URL"]}
+    if "STRATA_MILVUS__URI" in env:  # a Milvus server (MilvusTarget.env)
+        overrides["milvus"] = {"uri": env["STRATA_MILVUS__URI"], "collection": env["STRATA_MILVUS__COLLECTION"],
+                               "token": env.get("STRATA_MILVUS__TOKEN", "")}  # fmt: skip
     if "STRATA_REDIS__URL" in env:
         overrides["redis"] = {"url": env["STRATA_REDIS__URL"], "key_prefix": env["STRATA_REDIS__KEY_PREFIX"]}
     return load_settings(**overrides)
@@ -86,7 +92,8 @@ def opened(settings: Settings, encoder: Any) -> Iterator[Resources]:
         yield resources
     finally:
         resources.close()
-        server_manager_instance.release_server(str(settings.milvus.uri))
+        if settings.milvus.is_lite:
+            server_manager_instance.release_server(str(settings.milvus.uri))
 
 
 @dataclass(frozen=True)
@@ -140,10 +147,11 @@ def milvus_leaves(resources: Resources, kb_id: str) -> list[tuple[str, str, int]
     """Every leaf row of a kb, read straight from the collection (the LeafIndex has no listing)."""
     settings = resources.settings.milvus
     resources.leaf_index  # noqa: B018 - opens (and if needed creates) the collection first
-    client = MilvusClient(uri=str(settings.uri))
+    client = MilvusClient(uri=str(settings.uri), token=settings.token.get_secret_value())
     try:
         fields = ["chunk_id", "doc_id", "version"]
-        rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=fields, limit=16384)
+        rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=fields, limit=16384,
+                            consistency_level="Strong")  # fmt: skip
     finally:
         client.close()
     return [(r["chunk_id"], r["doc_id"], int(r["version"])) for r in rows]
@@ -194,3 +202,35 @@ def term_frequencies(store: DocumentStore, kb_ids: Sequence[str], terms: Sequenc
         )  # fmt: skip
         df = {**dict.fromkeys(terms, 0), **{term: int(n) for term, n in summed}}
     return TermFrequencies(leaves=int(leaves), df=df)
+
+
+# -- a kb updated by a run that crashes at a write step (tests/indexing/test_pipeline.py, tests/faults) -----
+
+CRASH_KB = "crash"
+CRASH_V1 = {
+    "retention.md": "# Retention\n\nDeleted notes stay in the trash for thirty days, then the trash is emptied "
+    "for good.\n\n## Restore\n\nOpen the trash and choose Restore to bring a note back before it expires.\n",
+    "shortcuts.md": "# Shortcuts\n\nPress Ctrl+K to open the command palette from anywhere in the app.\n",
+    "export.md": "# Export\n\nExport a notebook as Markdown or PDF from its menu; attachments come in a zip file.\n",
+}
+CRASH_UPDATE = {"retention.md": CRASH_V1["retention.md"].replace("thirty days", "ninety days")}
+CRASH_QUERY = "How long do deleted notes stay in the trash?"
+BEFORE_ACTIVATION = WRITE_STEPS[: WRITE_STEPS.index("activate")]
+
+
+def crash_copy(baseline: Path, dest: Path, target: MilvusTarget, encoder: Any) -> tuple[Path, dict[str, str]]:
+    """A private copy of the indexed baseline (files and stores), with the update applied to its files.
+
+    The baseline is indexed on the Lite file under its data dir; on a server the copy's leaves go to a
+    collection of its own, rebuilt from the copied SQL store (its embedding cache: nothing encoded)."""
+    for part in ("docs", "data"):
+        shutil.copytree(baseline / part, dest / part)
+    write_files(dest / "docs", CRASH_UPDATE)
+    env = strata_env(dest / "data")
+    if target.on_server:
+        copy = target.another()
+        with opened(settings_for(env), encoder) as resources:
+            report = Rebuilder(resources, copy.settings(dest / "data")).rebuild(CRASH_KB)
+        assert report.verified and report.encoded == 0
+        env.update(copy.env())
+    return dest / "docs", env

@@ -59,7 +59,14 @@ class MilvusSettings(_Section):
     token: SecretStr = Field(SecretStr(""), description="Milvus server token (user:password), empty for none")
     collection: str = Field("strata_leaves", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
     kb_layout: Literal["auto", "partition", "partition_key"] = Field(
-        "auto", description="auto: a partition per kb on Milvus Lite, kb_id partition key on a server"
+        "auto",
+        description="how a NEW collection keeps kbs apart (auto: a partition per kb on a Milvus Lite file, kb_id "
+        "partition key on a server); an existing collection is used the way it was built, and a setting naming the "
+        "other way is refused",
+    )
+    replica_number: int = Field(
+        1, ge=1, description="in-memory replicas of the collection when it is loaded (a Milvus cluster with 2+ query "
+        "nodes: 2 keeps searches answered while one node restarts); Milvus Lite has one"
     )
     analyzer: dict[str, Any] = Field(
         default_factory=lambda: {"tokenizer": "jieba"},

