@@ -1,7 +1,8 @@
-"""``strata serve`` as a process of its own: ready, retrieve, index --server, the lock message, SIGTERM.
+"""``strata serve`` as a process of its own: ready, retrieve, index --server, delete, the lock message, SIGTERM.
 
-The service holds the Milvus Lite file (SQLite beside it) in a temporary data
-dir; the test talks to it over loopback HTTP only.
+The service keeps its leaves in the Milvus Lite file of a temporary data dir, or in a collection on
+the Milvus server (``milvus_target``), with SQLite beside it; the test talks to it over loopback HTTP
+only. On the Lite file a second process is refused; on a server it indexes beside the service.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from strata.client import StrataClient
 from strata.indexing.report import IndexReport
-from tests.conftest import free_port
+from tests.conftest import MilvusTarget, free_port
 from tests.strata_support import STRATA, REPO, run_strata, strata_env, write_files
 
 NOTES = {
@@ -65,8 +66,8 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    env = strata_env(tmp_path / "data", STRATA_LOG_LEVEL="INFO")
+def service(tmp_path: Path, milvus_target: MilvusTarget) -> Iterator[Service]:
+    env = strata_env(tmp_path / "data", STRATA_LOG_LEVEL="INFO", **milvus_target.env())
     port = free_port()
     process = subprocess.Popen(
         [str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO,
@@ -115,9 +116,25 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     assert result.meta.status == "ok" and result.docs[0].metadata["doc_id"] == "bakery.md"
     assert "trace" in result.docs[0].metadata
 
-    # a local `strata index` cannot open the file the service holds, and says what to do instead
-    locked = run_strata(["index", str(late), "--kb", "notes"], env)
-    assert locked.returncode == 1 and "IndexLockedError" in locked.stderr and "--server" in locked.stderr
+    # delete over HTTP: gone from every store, SQL leaves = Milvus leaves
+    before = service.http.get("/kbs/notes/stats").json()
+    gone = service.http.delete("/kbs/notes/documents/bakery.md")
+    assert gone.status_code == 200, gone.text
+    stats = service.http.get("/kbs/notes/stats").json()
+    assert stats["documents"] == before["documents"] - 1 and stats["consistent"] is True
+    assert stats["leaves_in_milvus"] == stats["chunks_by_level"]["3"] < before["leaves_in_milvus"]
+    after = service.http.post("/retrieve", json={"query": "sourdough starter feeding", "top_k": 3, "kb_ids": ["notes"]})
+    assert after.status_code == 200 and "bakery.md" not in {d["metadata"]["doc_id"] for d in after.json()["docs"]}
+
+    local = run_strata(["index", str(late), "--kb", "local"], env)
+    if "STRATA_MILVUS__URI" not in env:
+        # a local `strata index` cannot open the Lite file the service holds, and says what to do instead
+        assert local.returncode == 1 and "IndexLockedError" in local.stderr and "--server" in local.stderr
+    else:
+        # on a Milvus server it indexes beside the service, which serves the new kb at once
+        assert local.returncode == 0 and "1 added" in local.stdout, local.stderr
+        there = service.http.post("/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["local"]})
+        assert there.status_code == 200 and there.json()["docs"][0]["metadata"]["doc_id"] == "orchard.md"
 
     # SIGTERM while a slow upload is being indexed: it finishes, then the process exits 0
     outcome: list[httpx.Response] = []

