@@ -34,7 +34,6 @@ from strata.types import LEAF_LEVEL, Chunk
 
 logger = logging.getLogger(__name__)
 
-_SERVER_READ_BACK_S = 15.0  # three times Milvus's default graceful time (common.gracefulTime, 5 s)
 
 
 @dataclass(frozen=True)
@@ -150,21 +149,6 @@ class Rebuilder:
         if batch or done:
             yield batch, done
 
-    @staticmethod
-    def _read_back(index: LeafIndex, kb_id: str, expected: set[str], *, patient: bool) -> tuple[set[str], int]:
-        """The kb's leaf ids and count as the target answers them.
-
-        A Milvus server reads at Bounded consistency (pymilvus's default, which strata keeps): rows
-        flushed a moment ago may be missing from a read for up to the server's graceful time (5 s by
-        default), so a server is asked again for a while before the copy is called wrong.
-        """
-        deadline = time.monotonic() + (_SERVER_READ_BACK_S if patient else 0.0)
-        while True:
-            found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)
-            if (found == expected and count == len(expected)) or time.monotonic() >= deadline:
-                return found, count
-            time.sleep(0.5)
-
     def _verify(
         self, index: LeafIndex, kb_id: str, documents: int, expected: set[str], encoded: int, reused: int,
         started: float,
@@ -177,7 +161,7 @@ class Rebuilder:
             index.delete_leaves(kb_id, sorted(stale))
             index.flush()
         target = self.target_settings
-        found, count = self._read_back(index, kb_id, expected, patient=not target.is_lite)
+        found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)  # both Strong: every flushed row
         verified = found == expected and count == len(expected)
         report = RebuildReport(
             kb=kb_id, target_uri=str(target.uri), collection=target.collection, in_place=self._target is None,
