@@ -101,7 +101,7 @@ def _add_query(sub: Any) -> None:
 
 
 def _add_eval(sub: Any) -> None:
-    p = sub.add_parser("eval", help="evaluate retrieval on a SQuAD-style data set (shared/eval/SPEC.md)")
+    p = sub.add_parser("eval", help="evaluate retrieval on a SQuAD-style data set (docs/evaluation.md)")
     p.add_argument("dataset", type=Path)
     p.add_argument("--sample", type=int, help="questions to sample (seed 13); default all")
     p.add_argument("--k", default="5,10", help="comma-separated k values (default 5,10)")
