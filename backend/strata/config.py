@@ -243,6 +243,7 @@ class ApiKeyGrant(_Section):
 
     kbs: list[str] = Field(default_factory=list)
     write: bool = False
+    metrics: bool = Field(False, description="may read /metrics (every tenant's activity); the full-access key may too")
 
 
 class ApiSettings(_Section):
@@ -258,6 +259,7 @@ class ApiSettings(_Section):
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest request body (uploads included)")
     max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
+    body_timeout_s: float = Field(60.0, gt=0, description="how long reading one request body may take before a 408")
     request_id_header: str = Field("X-Request-ID", min_length=1)
 
 

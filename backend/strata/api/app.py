@@ -3,6 +3,8 @@
 The lifespan builds the engine parts once (or takes the caller's
 ``Resources``), warms them with one query so the first request does not pay
 for loading the encoder and jieba's dictionary, and closes them on shutdown.
+The keys are read when the app is built, so a key that could never match
+stops the service before it starts.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from strata.api import problems
-from strata.api.middleware import BodyLimit, ConcurrencyLimit, RequestContext
+from strata.api.auth import KeyRing
+from strata.api.deps import needs_key
+from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
 from strata.api.metrics import Metrics
 from strata.api.routes import health, kbs, retrieve, ui
 from strata.api.service import Service
@@ -25,13 +29,20 @@ from strata.resources import Resources
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, *, resources: Resources | None = None, warm_up: bool = True) -> FastAPI:
-    """The service for ``settings``; with ``resources`` it shares them (and leaves closing them to the caller)."""
+def create_app(
+    settings: Settings, *, resources: Resources | None = None, warm_up: bool = True, keys: KeyRing | None = None
+) -> FastAPI:
+    """The service for ``settings``; with ``resources`` it shares them (and leaves closing them to the caller).
+
+    ``keys`` are the settings' keys when not given; raises ``ConfigError`` for a key that could never match.
+    """
     metrics = Metrics()
+    keys = keys if keys is not None else KeyRing.from_settings(settings.api)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = Service(settings, resources or Resources(settings), owns_resources=resources is None, metrics=metrics)
+        owns = resources is None
+        service = Service(settings, resources or Resources(settings), owns_resources=owns, metrics=metrics, keys=keys)
         app.state.service = service
         if warm_up:
             await run_in_threadpool(service.warm_up)
@@ -52,10 +63,12 @@ def create_app(settings: Settings, *, resources: Resources | None = None, warm_u
     for router in routers:
         app.include_router(router)
     routes = [route for router in routers for route in router.routes]  # route templates label the metrics
+    protected = [route for route in routes if needs_key(route)]
     problems.install(app)
     api = settings.api
     app.add_middleware(ConcurrencyLimit, limit=api.max_concurrency, wait_s=api.queue_timeout_s, metrics=metrics)
-    app.add_middleware(BodyLimit, max_bytes=api.max_upload_bytes, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=api.max_upload_bytes, timeout_s=api.body_timeout_s, metrics=metrics)
+    app.add_middleware(Authenticate, keys=keys, protected=protected)
     app.add_middleware(RequestContext, metrics=metrics, header=api.request_id_header, routes=lambda: routes)
     return app
 

@@ -2,9 +2,14 @@
 
 Keys come from ``STRATA_API__KEYS`` (JSON), ``STRATA_API__KEYS_FILE`` (the
 same JSON in a file) and the single all-access ``STRATA_API__API_KEY``. A key
-reads only its knowledge bases (``"*"`` = all) and writes only with
-``write: true``. Without any key the service is open, and binds to loopback
+reads only its knowledge bases (``"*"`` = all), writes only with
+``write: true`` and reads ``/metrics`` only with ``metrics: true`` (or with
+full access). Without any key the service is open, and binds to loopback
 only (see ``strata.cli.serve``).
+
+A key that no client could send (empty, spaces at either end, characters a
+header cannot carry) or one defined twice is a ``ConfigError`` naming the key
+by where it was defined, never by its value; a short key is a warning.
 """
 
 from __future__ import annotations
@@ -12,30 +17,42 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Sequence
 
 from pydantic import TypeAdapter, ValidationError
 
-from strata.config import ApiKeyGrant, ApiSettings, ConfigError
+from strata.config import ENV_PREFIX, ApiKeyGrant, ApiSettings, ConfigError
+
+logger = logging.getLogger(__name__)
 
 ALL_KBS = "*"
+MIN_KEY_CHARS = 16
+UNAUTHORIZED = "send a valid key as 'Authorization: Bearer <key>'"
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="strata"'}
 
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: the kbs it may read (None = every kb) and whether it may write."""
+    """The caller: the kbs it may read (None = every kb), whether it may write and read the metrics."""
 
     kbs: frozenset[str] | None
     write: bool
     name: str = "anonymous"
+    metrics: bool = False
 
     def can_read(self, kb_id: str) -> bool:
         return self.kbs is None or kb_id in self.kbs
 
     def can_write(self, kb_id: str) -> bool:
         return self.write and self.can_read(kb_id)
+
+    @property
+    def can_read_metrics(self) -> bool:
+        """Metrics show every tenant's activity: a ``metrics`` grant, or full access (every kb, write)."""
+        return self.metrics or (self.kbs is None and self.write)
 
     def search_scope(self, requested: Sequence[str] | None) -> list[str] | None:
         """The kb ids to search: the requested ones (all readable) or every allowed kb (None = all).
@@ -53,22 +70,32 @@ class Principal:
 OPEN = Principal(kbs=None, write=True, name="open")
 
 
+@dataclass(frozen=True)
+class _Defined:
+    """One configured key and where it was defined (the name errors and warnings use)."""
+
+    where: str
+    key: str
+    grant: ApiKeyGrant
+
+
 class KeyRing:
     """The configured keys; ``lookup`` compares against every key in constant time."""
 
-    def __init__(self, grants: Mapping[str, ApiKeyGrant]) -> None:
+    def __init__(self, grants: dict[str, ApiKeyGrant]) -> None:
         self._entries = [(_digest(key), _principal(key, grant)) for key, grant in grants.items()]
 
     @classmethod
     def from_settings(cls, settings: ApiSettings) -> KeyRing:
-        grants: dict[str, ApiKeyGrant] = {}
-        if settings.keys_file is not None:
-            grants.update(_read_keys_file(settings.keys_file))
-        grants.update(settings.keys)
-        admin = settings.api_key.get_secret_value()
-        if admin:
-            grants[admin] = ApiKeyGrant(kbs=[ALL_KBS], write=True)
-        return cls(grants)
+        """The keys of ``settings``; raises ``ConfigError`` for a key that could never match or is defined twice."""
+        grants: dict[str, _Defined] = {}
+        for defined in _defined_keys(settings):
+            _check_key(defined)
+            first = grants.get(defined.key)
+            if first is not None:
+                raise ConfigError(f"{defined.where} is the same key as {first.where}: define each key once")
+            grants[defined.key] = defined
+        return cls({key: defined.grant for key, defined in grants.items()})
 
     @property
     def enabled(self) -> bool:
@@ -93,16 +120,58 @@ def bearer_token(authorization: str | None) -> str | None:
 
 def _principal(key: str, grant: ApiKeyGrant) -> Principal:
     kbs = None if ALL_KBS in grant.kbs else frozenset(grant.kbs)
-    return Principal(kbs=kbs, write=grant.write, name=f"key-{_digest(key).hex()[:8]}")
+    return Principal(kbs=kbs, write=grant.write, name=f"key-{_digest(key).hex()[:8]}", metrics=grant.metrics)
+
+
+def _defined_keys(settings: ApiSettings) -> list[_Defined]:
+    """Every configured key in order: the keys file's, ``STRATA_API__KEYS``', then the full-access key."""
+    defined: list[_Defined] = []
+    if settings.keys_file is not None:
+        source = f"{ENV_PREFIX}API__KEYS_FILE ({settings.keys_file})"
+        pairs = _read_keys_file(settings.keys_file)
+        defined += [_Defined(f"{source} key #{n}", key, grant) for n, (key, grant) in enumerate(pairs, 1)]
+    items = enumerate(settings.keys.items(), 1)
+    defined += [_Defined(f"{ENV_PREFIX}API__KEYS key #{n}", key, grant) for n, (key, grant) in items]
+    admin = settings.api_key.get_secret_value()
+    if admin:
+        defined.append(_Defined(f"{ENV_PREFIX}API__API_KEY", admin, ApiKeyGrant(kbs=[ALL_KBS], write=True)))
+    return defined
+
+
+def _check_key(defined: _Defined) -> None:
+    """Refuses a key no client can send as ``Authorization: Bearer <key>``; warns for a short one."""
+    key = defined.key
+    if not key:
+        raise ConfigError(f"{defined.where} is empty: no request can send it")
+    if key != key.strip():
+        raise ConfigError(f"{defined.where} starts or ends with whitespace, which HTTP drops: it could never match")
+    if not all(" " <= ch <= "~" for ch in key):
+        raise ConfigError(
+            f"{defined.where} has characters other than printable ASCII, which a header cannot carry: "
+            "it could never match"
+        )
+    if len(key) < MIN_KEY_CHARS:
+        logger.warning("%s has %d characters: use at least %d random ones", defined.where, len(key), MIN_KEY_CHARS)
 
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-def _read_keys_file(path: Path) -> dict[str, ApiKeyGrant]:
+def _read_keys_file(path: Path) -> list[tuple[str, ApiKeyGrant]]:
+    """The file's keys in order; a key written twice in it is refused (JSON would silently keep the last)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return TypeAdapter(dict[str, ApiKeyGrant]).validate_python(data)
+        data = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_once_each)
+        return list(TypeAdapter(dict[str, ApiKeyGrant]).validate_python(data).items())
     except (OSError, ValueError, ValidationError) as exc:
-        raise ConfigError(f"STRATA_API__KEYS_FILE: cannot read keys from {str(path)!r}: {exc}") from None
+        raise ConfigError(f"{ENV_PREFIX}API__KEYS_FILE: cannot read keys from {str(path)!r}: {exc}") from None
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a name written twice in one object, by position (a name may be a key)."""
+    first: dict[str, int] = {}
+    for n, (name, _) in enumerate(pairs, 1):
+        if name in first:
+            raise ValueError(f"key #{n} is the same key as key #{first[name]}: define each key once")
+        first[name] = n
+    return dict(pairs)

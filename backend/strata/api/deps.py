@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from starlette.routing import BaseRoute
 
-from strata.api.auth import OPEN, Principal, bearer_token
+from strata.api.auth import CHALLENGE, UNAUTHORIZED, Principal
+from strata.api.middleware import principal_of
 from strata.api.problems import Problem
 from strata.api.schemas import KB_ID_PATTERN
 from strata.api.service import Service
@@ -19,21 +22,35 @@ def get_service(request: Request) -> Service:
 ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def get_principal(request: Request, service: ServiceDep) -> Principal:
-    """The caller's grants; 401 without a valid key when keys are configured."""
-    if not service.keys.enabled:
-        return OPEN
-    token = bearer_token(request.headers.get("authorization"))
-    principal = service.keys.lookup(token) if token else None
-    if principal is None:
-        raise Problem(
-            401, "send a valid key as 'Authorization: Bearer <key>'", title="Unauthorized",
-            headers={"WWW-Authenticate": 'Bearer realm="strata"'},
-        )  # fmt: skip
+def get_principal(request: Request) -> Principal:
+    """The caller's grants, as ``Authenticate`` found them from the headers (it answers 401 before the body)."""
+    principal = principal_of(request.scope)
+    if principal is None:  # a route the middleware did not know as protected
+        raise Problem(401, UNAUTHORIZED, title="Unauthorized", headers=CHALLENGE)
     return principal
 
 
+def needs_key(route: BaseRoute) -> bool:
+    """Whether the route takes the caller's principal (then ``Authenticate`` checks the key before the body)."""
+    dependant = getattr(route, "dependant", None)
+    return dependant is not None and _calls(dependant, get_principal)
+
+
+def _calls(dependant: Dependant, call: object) -> bool:
+    return dependant.call is call or any(_calls(sub, call) for sub in dependant.dependencies)
+
+
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def metrics_reader(principal: PrincipalDep) -> Principal:
+    """A key that may read the metrics: they show every tenant's activity."""
+    if not principal.can_read_metrics:
+        raise Problem(403, 'this key may not read metrics: grant it "metrics": true', title="Forbidden")
+    return principal
+
+
+MetricsReader = Annotated[Principal, Depends(metrics_reader)]
 KbPath = Annotated[str, Path(pattern=KB_ID_PATTERN, description="knowledge base id")]
 
 

@@ -1,4 +1,9 @@
-"""Prometheus metrics of one app (a registry of its own, so apps never share counters)."""
+"""Prometheus metrics of one app (a registry of its own, so apps never share counters).
+
+Every label takes its values from a fixed set (route templates, the HTTP methods
+below, statuses, modes, reasons), never from what a client sends: no client can
+add series, and no kb name or other tenant detail appears in a label.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from strata.types import RetrievalResult
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others count as "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 
@@ -38,6 +44,7 @@ class Metrics:
         self._hits = self._lookups = 0
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in HTTP_METHODS else "other"
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 

@@ -1,7 +1,11 @@
-"""ASGI middleware: request ids and access logs, the concurrency limit, the body-size limit.
+"""ASGI middleware: request ids and access logs, the key check, the body limits, the concurrency limit.
 
 Plain ASGI (not ``BaseHTTPMiddleware``) so streaming bodies and timings stay
-exact and nothing is buffered twice.
+exact and nothing is buffered twice. The order (outermost first) is the order
+a request meets them: ``RequestContext``, ``Authenticate`` (from the headers,
+before anything reads the body), ``BodyLimit`` (size and time), then
+``ConcurrencyLimit``, which counts authenticated requests only, so a client
+without a key can never hold a slot.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from strata.api.auth import CHALLENGE, OPEN, UNAUTHORIZED, KeyRing, Principal, bearer_token
 from strata.api.metrics import Metrics
 from strata.api.problems import problem_response
 
@@ -79,8 +84,52 @@ class RequestContext:
         return "other"
 
 
+class Authenticate:
+    """Puts the caller's ``Principal`` in the request state; a route needing a key answers 401 without one.
+
+    Only the headers are read, so a client without a valid key is refused before
+    it sends its body. Without configured keys every request is ``OPEN``.
+    """
+
+    def __init__(self, app: ASGIApp, *, keys: KeyRing, protected: Sequence[BaseRoute]) -> None:
+        self.app, self.keys, self.protected = app, keys, protected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        principal = self._principal(scope)
+        if principal is not None:
+            scope.setdefault("state", {})["principal"] = principal
+        elif any(route.matches(scope)[0] == Match.FULL for route in self.protected):
+            # a body still on its way is not read: the connection closes after the answer
+            headers = {**CHALLENGE, "Connection": "close"} if _declares_body(scope) else CHALLENGE
+            response = problem_response(
+                401, UNAUTHORIZED, request_id=scope.get("state", {}).get("request_id"), title="Unauthorized",
+                headers=headers,
+            )  # fmt: skip
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _principal(self, scope: Scope) -> Principal | None:
+        if not self.keys.enabled:
+            return OPEN
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                token = bearer_token(value.decode("latin-1"))
+                return self.keys.lookup(token) if token else None
+        return None
+
+
+def principal_of(scope: Scope) -> Principal | None:
+    """The caller ``Authenticate`` found, or None."""
+    return scope.get("state", {}).get("principal")
+
+
 class ConcurrencyLimit:
-    """At most ``limit`` requests at once; others wait up to ``wait_s``, then get a 503 with Retry-After."""
+    """At most ``limit`` authenticated requests at once; others wait up to ``wait_s``, then get a 503 with Retry-After.
+
+    Requests without a principal (public routes without a key) and the operations endpoints are not counted.
+    """
 
     def __init__(self, app: ASGIApp, *, limit: int, wait_s: float, metrics: Metrics) -> None:
         self.app, self.wait_s, self.metrics = app, wait_s, metrics
@@ -88,7 +137,7 @@ class ConcurrencyLimit:
         self._slots: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
+        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS or principal_of(scope) is None:
             return await self.app(scope, receive, send)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.limit)  # created inside the server's event loop
@@ -116,56 +165,96 @@ class ConcurrencyLimit:
 
 
 class BodyLimit:
-    """Refuses bodies over ``max_bytes`` with a 413, by Content-Length or by counting a chunked stream."""
+    """Refuses a body over ``max_bytes`` (413, by Content-Length or by counting a chunked stream) and one still
+    arriving ``timeout_s`` after the app began to read it (408), so a slow sender cannot keep a slot.
+    """
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, metrics: Metrics) -> None:
-        self.app, self.max_bytes, self.metrics = app, max_bytes, metrics
+    def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_s: float, metrics: Metrics) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.metrics = app, max_bytes, timeout_s, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            return await self._too_large(scope, receive, send)
-        seen = 0
-        exceeded = False
+            return await self._refuse(413, scope, receive, send)
+        body = _BodyWatch(receive, max_bytes=self.max_bytes, timeout_s=self.timeout_s)
         started = False
-
-        async def counting_receive() -> Message:
-            nonlocal seen, exceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    exceeded = True
-                    return {"type": "http.disconnect"}  # the app stops reading; its answer is replaced below
-            return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
-            if exceeded:
+            if body.refusal is not None:
                 if not started and message["type"] == "http.response.start":
                     started = True
-                    await self._too_large(scope, receive, send)
+                    await self._refuse(body.refusal, scope, receive, send)
                 return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
-            await self.app(scope, counting_receive, guarded_send)
+            await self.app(scope, body.receive, guarded_send)
         except Exception:
-            if not exceeded:
+            if body.refusal is None:
                 raise
-        if exceeded and not started:
-            await self._too_large(scope, receive, send)
+        if body.refusal is not None and not started:
+            await self._refuse(body.refusal, scope, receive, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.metrics.rejected.labels("body_size").inc()
-        response = problem_response(
-            413, f"the request body exceeds {self.max_bytes} bytes", request_id=scope.get("state", {}).get("request_id"),
-            title="Content Too Large",
-        )  # fmt: skip
+    async def _refuse(self, status: int, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = scope.get("state", {}).get("request_id")
+        if status == 413:
+            self.metrics.rejected.labels("body_size").inc()
+            detail = f"the request body exceeds {self.max_bytes} bytes"
+            response = problem_response(413, detail, request_id=request_id, title="Content Too Large")
+        else:  # the client is still sending: close the connection rather than read the rest
+            self.metrics.rejected.labels("body_timeout").inc()
+            response = problem_response(
+                408, f"the request body did not arrive within {self.timeout_s:g} s", request_id=request_id,
+                title="Request Timeout", headers={"Connection": "close"},
+            )  # fmt: skip
         await response(scope, receive, send)
+
+
+class _BodyWatch:
+    """The app's ``receive`` for one request: counts the body and bounds the time it takes to arrive.
+
+    A refused body reads as a disconnect (the app stops reading); ``refusal`` says why (413 or 408).
+    Once the body is complete, ``receive`` is the server's own (waiting for a disconnect has no deadline).
+    """
+
+    def __init__(self, receive: Receive, *, max_bytes: int, timeout_s: float) -> None:
+        self._receive, self.max_bytes, self.timeout_s = receive, max_bytes, timeout_s
+        self.refusal: int | None = None
+        self._seen = 0
+        self._complete = False
+        self._deadline: float | None = None
+
+    async def receive(self) -> Message:
+        if self.refusal is not None:
+            return {"type": "http.disconnect"}
+        if self._complete:
+            return await self._receive()
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + self.timeout_s
+        try:
+            message = await asyncio.wait_for(self._receive(), timeout=max(self._deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            return self._refuse(408)
+        if message["type"] == "http.request":
+            self._seen += len(message.get("body", b""))
+            self._complete = not message.get("more_body", False)
+            if self._seen > self.max_bytes:
+                return self._refuse(413)
+        return message
+
+    def _refuse(self, status: int) -> Message:
+        self.refusal = status
+        return {"type": "http.disconnect"}
+
+
+def _declares_body(scope: Scope) -> bool:
+    chunked = any(name == b"transfer-encoding" for name, _ in scope.get("headers", []))
+    return chunked or bool(_content_length(scope))
 
 
 def _content_length(scope: Scope) -> int | None:

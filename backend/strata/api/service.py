@@ -36,12 +36,13 @@ class Service:
     """The engine parts of one app, built once in its lifespan."""
 
     def __init__(
-        self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None
-    ) -> None:
+        self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None,
+        keys: KeyRing | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.resources = resources
         self.owns_resources = owns_resources
-        self.keys = KeyRing.from_settings(settings.api)
+        self.keys = keys if keys is not None else KeyRing.from_settings(settings.api)
         self.metrics = metrics or Metrics()
         self.synonyms: SynonymDictionary = load_synonyms(settings.retrieval.synonyms)
         self.retriever = Retriever(resources)

@@ -1,4 +1,9 @@
-"""Uploaded files: safe relative names, written under a temporary folder."""
+"""Uploaded files: safe relative names, written under a temporary folder.
+
+Every name is checked before anything is written: a name the file system
+cannot hold (a part over 255 bytes, a path too long) or two names where one
+is a folder of the other (``conf`` and ``conf/x.md``) are a 422 naming the file.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from strata.stores.catalog import DocumentEntry
 
 _CHUNK = 1024 * 1024
 MAX_NAME_CHARS = 1024
+MAX_PART_BYTES = 255  # NAME_MAX of Linux and macOS file systems, in UTF-8 bytes
+MAX_PATH_BYTES = 3072  # below PATH_MAX (4096) with room for the temporary folder
 
 
 def check_name(name: str) -> None:
@@ -27,17 +34,43 @@ def relative_name(filename: str | None) -> PurePosixPath:
     parts = [p for p in PurePosixPath((filename or "").replace("\\", "/")).parts if p not in ("/", ".")]
     if not parts or ".." in parts:
         raise Problem(422, f"unusable file name {filename!r}: give a relative path without '..'", title="Invalid Input")
-    return PurePosixPath(*parts)
+    name = PurePosixPath(*parts)
+    if any(len(part.encode()) > MAX_PART_BYTES for part in parts) or len(str(name).encode()) > MAX_PATH_BYTES:
+        raise Problem(
+            422, f"the file name {str(name)!r} is too long: at most {MAX_PART_BYTES} bytes (UTF-8) per folder or "
+            f"file name and {MAX_PATH_BYTES} in all", title="Invalid Input",
+        )  # fmt: skip
+    return name
+
+
+def checked_names(files: Sequence[UploadFile]) -> list[PurePosixPath]:
+    """Each upload's relative name; a name sent twice, or one that is a folder of another, is a 422."""
+    names: dict[PurePosixPath, None] = {}  # ordered, with set lookups
+    folders: dict[PurePosixPath, PurePosixPath] = {}  # folder -> the first file inside it
+    for upload in files:
+        name = relative_name(upload.filename)
+        if name in names:
+            raise Problem(422, f"the file {str(name)!r} was sent twice", title="Invalid Input")
+        if name in folders:
+            raise _folder_clash(name, folders[name])
+        clash = next((parent for parent in name.parents if parent in names), None)
+        if clash is not None:
+            raise _folder_clash(clash, name)
+        names[name] = None
+        folders.update((parent, name) for parent in name.parents if parent not in folders)
+    return list(names)
+
+
+def _folder_clash(file: PurePosixPath, inside: PurePosixPath) -> Problem:
+    return Problem(
+        422, f"the file {str(file)!r} is also the folder of the file {str(inside)!r}: one name cannot be both",
+        title="Invalid Input",
+    )  # fmt: skip
 
 
 def save_all(files: Sequence[UploadFile], folder: Path) -> None:
-    """Writes every upload under ``folder`` by its relative name; duplicate names are refused (blocking I/O)."""
-    seen: set[PurePosixPath] = set()
-    for upload in files:
-        name = relative_name(upload.filename)
-        if name in seen:
-            raise Problem(422, f"the file {str(name)!r} was sent twice", title="Invalid Input")
-        seen.add(name)
+    """Writes every upload under ``folder`` by its relative name, all names checked first (blocking I/O)."""
+    for upload, name in zip(files, checked_names(files)):
         target = folder.joinpath(*name.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         upload.file.seek(0)

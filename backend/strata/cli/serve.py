@@ -13,8 +13,12 @@ import ipaddress
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from strata.config import Settings
+
+if TYPE_CHECKING:
+    from strata.api.auth import KeyRing
 
 logger = logging.getLogger("strata")
 
@@ -24,14 +28,15 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.api.host
     port = args.port or settings.api.port
-    keyed = KeyRing.from_settings(settings.api).enabled
+    keys = KeyRing.from_settings(settings.api)  # a key that could never match is a ConfigError here
+    keyed = keys.enabled
     refusal = serve_refusal(settings, host=host, workers=args.workers, keyed=keyed, insecure=args.insecure)
     if refusal:
         print(f"strata serve: {refusal}", file=sys.stderr)
         return 2
     if not keyed:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
-    _run(settings, host=host, port=port, workers=args.workers)
+    _run(settings, host=host, port=port, workers=args.workers, keys=keys)
     return 0
 
 
@@ -61,7 +66,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _run(settings: Settings, *, host: str, port: int, workers: int) -> None:
+def _run(settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing) -> None:
     import uvicorn
 
     # uvicorn re-raises the signal that stopped it once it has drained; a handler of our own
@@ -72,6 +77,6 @@ def _run(settings: Settings, *, host: str, port: int, workers: int) -> None:
     if workers == 1:
         from strata.api import create_app
 
-        uvicorn.run(create_app(settings), **common)
+        uvicorn.run(create_app(settings, keys=keys), **common)
     else:  # each worker builds its app from the environment
         uvicorn.run("strata.api.app:app_from_environment", factory=True, workers=workers, **common)

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from strata.api.deps import PrincipalDep, ServiceDep
+from strata.api.deps import MetricsReader, PrincipalDep, ServiceDep
 from strata.api.metrics import CONTENT_TYPE
 from strata.api.readiness import check_components, overall
 
@@ -27,6 +27,6 @@ async def ready(service: ServiceDep, _: PrincipalDep) -> JSONResponse:
     return JSONResponse({"status": status, "components": components}, status_code=code)
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-def metrics(service: ServiceDep, _: PrincipalDep) -> Response:
+@router.get("/metrics", summary="Prometheus metrics (the metrics grant or full access)", response_class=Response)
+def metrics(service: ServiceDep, _: MetricsReader) -> Response:
     return Response(service.metrics.render(), media_type=CONTENT_TYPE)
