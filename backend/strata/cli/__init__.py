@@ -1,4 +1,4 @@
-"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild.
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild, milvus-server.
 
 Each sub-command lives in a module of this package, imported only when run.
 """
@@ -129,6 +129,19 @@ def _add_rebuild(sub: Any) -> None:
     p.set_defaults(handler=_lazy("strata.cli.rebuild", "cmd_rebuild"))
 
 
+def _add_milvus_server(sub: Any) -> None:
+    p = sub.add_parser(
+        "milvus-server",
+        help="run milvus-lite's gRPC server, so several strata processes share one index",
+        description="Runs `milvus-lite server` (nothing more) after printing the STRATA_MILVUS__URI to export; "
+        "strata serve --workers N, strata index and strata query can then run at the same time.",
+    )
+    p.add_argument("--data-dir", type=Path, required=True, help="the server's data directory (created if missing)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; the server has no auth)")
+    p.add_argument("--port", type=int, default=19530, help="port (default 19530)")
+    p.set_defaults(handler=_lazy("strata.cli.milvus_server", "cmd_milvus_server"))
+
+
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
     def run(args: argparse.Namespace, settings: Settings) -> int:
         import importlib
@@ -142,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server):
         add(sub)
     return parser
 
