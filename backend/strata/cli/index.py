@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from strata.cli.progress import make_progress
-from strata.config import ConfigError, Settings
+from strata.config import ConfigError, Settings, with_overrides
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 
@@ -21,10 +23,8 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
         api_key = getattr(args, "api_key", None) or settings.server.api_key.get_secret_value() or None
         return cmd_remote_index(args, settings, url=server_url, api_key=api_key)
-    if args.batch_size:
-        settings = settings.model_copy(
-            update={"embedding": settings.embedding.model_copy(update={"batch_size": args.batch_size})}
-        )
+    if args.batch_size is not None:
+        settings = with_overrides(settings, {"embedding": {"batch_size": args.batch_size}})
     resources = Resources(settings)
     progress = make_progress(enabled=not args.json)
     try:
@@ -39,6 +39,8 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _print_report(report: dict[str, Any], *, as_json: bool) -> None:
+    """Prints the run's report; from here on the run's exit code is final (see ``_outcome_is_final``)."""
+    _outcome_is_final()
     if as_json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
         return
@@ -55,6 +57,13 @@ def _print_report(report: dict[str, Any], *, as_json: bool) -> None:
         print(f"  skipped {skipped['source']}: {skipped['reason']}")
     for note in report["notes"]:
         print(f"  note: {note}")
+
+
+def _outcome_is_final() -> None:
+    """Ignores Ctrl-C from now on: the run is over, and a SIGINT while its report prints or while the stores close
+    at exit would otherwise turn a printed report into exit 130 (interrupted) instead of the run's own code."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def cmd_delete(args: argparse.Namespace, settings: Settings) -> int:

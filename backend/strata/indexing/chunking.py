@@ -26,9 +26,10 @@ which is document order.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from strata.config import ChunkingSettings
 from strata.types import Chunk, Section, SourceDocument
@@ -262,7 +263,7 @@ def _make_chunk(
     child_count: int,
 ) -> Chunk:
     own_id = chunk_id(kb_id, doc.doc_id, version, level, ordinal)
-    metadata = {**doc.metadata, "source": doc.source}
+    metadata = {**chunk_metadata(doc.metadata), "source": doc.source}
     if region.page is not None:
         metadata["page"] = region.page
     return Chunk(
@@ -281,3 +282,21 @@ def _make_chunk(
         child_count=child_count,
         metadata=metadata,
     )
+
+
+# Fields every chunk carries whatever their size: the leaf's search filters read them.
+_FILTER_FIELDS = frozenset({"module", "skill_points", "score_points"})
+CHUNK_FIELD_MAX_BYTES = 1024
+
+
+def chunk_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The document fields copied into each chunk: the filter fields and every field of at most 1 KB.
+
+    A larger field (a 200 KB ``description``) stays on the document's version row only, instead of
+    being stored once per chunk in SQL and once per leaf in Milvus.
+    """
+    return {k: v for k, v in metadata.items() if k in _FILTER_FIELDS or _json_bytes(v) <= CHUNK_FIELD_MAX_BYTES}
+
+
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8"))

@@ -3,7 +3,10 @@
 A folder argument is a root: its documents record it, and ``--delete-missing``
 may delete only documents of roots that exist and were walked without an
 error. A file argument is indexed but scopes no deletion. A file that fails
-to load is reported and keeps its active version.
+to load, and an entry that exists but cannot be read (a dangling symlink, a
+symlink loop, a FIFO), is reported as a failure and keeps its active version;
+entries not indexed on purpose (unsupported types, symlinked folders) are
+listed as skipped. Every entry but a hidden one is accounted for in the report.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from strata.errors import LoaderError
-from strata.indexing.loaders import is_supported, load_document, walk_folder
+from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
 from strata.indexing.plan import Scan
 from strata.indexing.report import IndexReport, record_failure
 from strata.types import SourceDocument
@@ -26,7 +29,7 @@ def scan_paths(paths: Sequence[Path], report: IndexReport) -> Scan:
     kept: set[str] = set()
     all_complete = True
     for path in paths:
-        files, root, whole = _files(path, report)
+        files, root, whole = _files(path, report, kept)
         all_complete &= whole
         if whole and path.is_dir():
             complete.add(root)
@@ -37,17 +40,38 @@ def scan_paths(paths: Sequence[Path], report: IndexReport) -> Scan:
     return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete)
 
 
-def _files(path: Path, report: IndexReport) -> tuple[list[Path], str, bool]:
+def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path], str, bool]:
     """The files of one argument, its root folder, and whether it was read whole."""
     if path.is_dir():
-        files, errors = walk_folder(path)
-        for error in errors:
+        root = os.path.abspath(path)
+        walk = walk_folder(path)
+        for error in walk.errors:
             record_failure(report, str(path), error)
-        return files, os.path.abspath(path), not errors
-    if path.is_file():
-        return [path], os.path.abspath(path.parent), True
-    record_failure(report, str(path), "no such file or directory (nothing under it was deleted)")
-    return [], os.path.abspath(path), False
+        for entry, reason in walk.unreadable:
+            _unreadable(entry, reason, Path(root), report, kept)
+        report.skipped.extend({"source": str(entry), "reason": reason} for entry, reason in walk.skipped)
+        return walk.files, root, not walk.errors
+    root = os.path.abspath(path.parent)
+    if not os.path.lexists(path):
+        record_failure(report, str(path), "no such file or directory (nothing under it was deleted)")
+        return [], os.path.abspath(path), False
+    reason = unreadable_reason(path)
+    if reason is not None:
+        _unreadable(path, reason, Path(root), report, kept)
+        return [], root, True
+    return [path], root, True
+
+
+def _unreadable(path: Path, reason: str, root: Path, report: IndexReport, kept: set[str]) -> None:
+    """An entry that exists but cannot be read: a failure that keeps its indexed version.
+
+    One of a type strata does not index anyway (``notes``, ``x.png``) is skipped, with the same reason.
+    """
+    if not is_supported(path):
+        report.skipped.append({"source": str(path), "reason": reason})
+        return
+    record_failure(report, str(path), f"{reason} (its indexed version, if any, is kept)")
+    kept.add(Path(os.path.abspath(path)).relative_to(root).as_posix())
 
 
 def _load(path: Path, root: Path, report: IndexReport, docs: dict[str, SourceDocument], kept: set[str]) -> SourceDocument | None:

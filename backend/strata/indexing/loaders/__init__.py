@@ -17,11 +17,13 @@ assembly shared by every format), ``_markdown`` (Markdown and plain text),
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import stat
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from strata.errors import LoaderError
 from strata.indexing.loaders._docx import parse_docx
@@ -31,7 +33,10 @@ from strata.indexing.loaders._pdf import parse_pdf
 from strata.indexing.loaders._text import Parsed, normalize_text
 from strata.types import SourceDocument
 
-__all__ = ["SUPPORTED_SUFFIXES", "is_supported", "iter_source_files", "load_document", "normalize_text", "walk_folder"]
+__all__ = [
+    "SUPPORTED_SUFFIXES", "FolderWalk", "is_supported", "iter_source_files", "load_document", "normalize_text",
+    "unreadable_reason", "walk_folder",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -61,25 +66,64 @@ def iter_source_files(paths: Sequence[Path]) -> list[Path]:
     return list(found)
 
 
-def walk_folder(folder: Path) -> tuple[list[Path], list[str]]:
-    """The files under ``folder`` (as ``iter_source_files`` walks them) and the folders that could not be read."""
-    errors: list[str] = []
-    files = list(_walk(folder, errors))
-    return files, errors
+class FolderWalk(NamedTuple):
+    """What walking one folder found, every entry accounted for (hidden ones aside)."""
+
+    files: list[Path]  # regular files, or symlinks to them
+    unreadable: list[tuple[Path, str]]  # entries that exist but cannot be read as a file, with the reason
+    skipped: list[tuple[Path, str]]  # entries not followed (symlinked folders), with the reason
+    errors: list[str]  # folders that could not be read
 
 
-def _walk(folder: Path, errors: list[str] | None = None) -> Iterator[Path]:
-    def unreadable(exc: OSError) -> None:
-        if errors is not None:
-            errors.append(f"cannot read folder {exc.filename}: {exc.strerror or exc}")
+def walk_folder(folder: Path) -> FolderWalk:
+    """The files under ``folder`` (as ``iter_source_files`` walks them) and every entry that is not one."""
+    walk = FolderWalk([], [], [], [])
+    walk.files.extend(_walk(folder, walk))
+    return walk
 
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
-        # Pruning in place stops os.walk from descending into hidden folders.
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (a dangling symlink, a FIFO ...), or None for a regular file.
+
+    Only ``stat`` is called: opening a FIFO would block until a writer comes.
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop (it never reaches a file)"
+        if exc.errno == errno.ENOENT and path.is_symlink():
+            return f"dangling symlink (its target {os.readlink(path)} does not exist)"
+        return f"cannot read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    return f"not a regular file ({_FILE_KINDS.get(stat.S_IFMT(mode), 'a special file')})"
+
+
+_FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder",
+}  # fmt: skip
+
+
+def _walk(folder: Path, walk: FolderWalk | None = None) -> Iterator[Path]:
+    def unreadable_folder(exc: OSError) -> None:
+        if walk is not None:
+            walk.errors.append(f"cannot read folder {exc.filename}: {exc.strerror or exc}")
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable_folder):
+        # Pruning in place stops os.walk from descending into hidden folders; it never follows a symlinked one.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
+        if walk is not None:
+            linked = [Path(dirpath, d) for d in dirnames if Path(dirpath, d).is_symlink()]
+            walk.skipped.extend((path, "symlink to a folder (not followed)") for path in linked)
+        for name in sorted(n for n in filenames if not n.startswith(".")):
             path = Path(dirpath, name)
-            if not name.startswith(".") and path.is_file():
+            reason = unreadable_reason(path)
+            if reason is None:
                 yield path
+            elif walk is not None:
+                walk.unreadable.append((path, reason))
 
 
 def load_document(path: Path, *, root: Path | None = None) -> SourceDocument:
@@ -121,10 +165,14 @@ def _relative_source(path: Path, root: Path | None) -> str:
 
 
 def _read_bytes(path: Path) -> bytes:
+    # O_NONBLOCK: a FIFO put in the file's place after the walk fails here instead of blocking the run.
     try:
-        raw = path.read_bytes()
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise LoaderError(unreadable_reason(path) or "not a regular file")
+            raw = file.read()
     except OSError as exc:
-        raise LoaderError(f"cannot read file: {exc.strerror or exc}") from exc
+        raise LoaderError(unreadable_reason(path) or f"cannot read file: {exc.strerror or exc}") from exc
     if not raw:
         raise LoaderError("empty file")
     return raw

@@ -3,6 +3,13 @@
 Markdown may open with YAML front matter (its values become the metadata) and
 is split into sections at ATX headings outside fenced code blocks; plain text
 is one section with heading path ``()``.
+
+Front matter is untrusted input: it is bounded (``FRONT_MATTER_MAX_BYTES``)
+and may not use YAML aliases. ``yaml.safe_load`` shares an aliased value
+rather than copying it, but the metadata is plain JSON, where each alias is a
+copy: a few hundred bytes of nested aliases ("billion laughs") would expand
+into gigabytes. Front matter has no need for them, so a file using one fails
+with that reason instead.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import yaml
 from strata.errors import LoaderError
 from strata.indexing.loaders._text import LINE_BREAKS, Parsed, decode_text, normalize_text, push_heading, tiled
 from strata.types import Section
+
+FRONT_MATTER_MAX_BYTES = 64 * 1024  # generous: real front matter is a few hundred bytes
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?)^---[ \t]*$\n?", re.DOTALL | re.MULTILINE)
 _ATX_HEADING = re.compile(r"^ {0,3}(#{1,6}) +(.*?)(?: +#+)? *$")
@@ -44,15 +53,40 @@ def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
     match = _FRONT_MATTER.match(text)
     if match is None:
         return {}, text
+    size = len(match.group(1).encode("utf-8"))
+    if size > FRONT_MATTER_MAX_BYTES:
+        raise LoaderError(f"front matter is {size} bytes, over the limit of {FRONT_MATTER_MAX_BYTES}")
+    loaded = _load_front_matter(match.group(1))
+    if not isinstance(loaded, dict):
+        raise LoaderError("front matter is not a mapping of keys to values")
     try:
-        loaded = yaml.safe_load(match.group(1)) or {}
+        return _normalized_front_matter(loaded), text[match.end() :]
+    except RecursionError:
+        raise LoaderError("front matter nested too deeply") from None
+
+
+def _load_front_matter(yaml_text: str) -> Any:
+    try:
+        return yaml.load(yaml_text, Loader=_FrontMatterLoader) or {}  # noqa: S506 - a SafeLoader without aliases
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""  # +2: 1-based, after the '---'
         raise LoaderError(f"malformed YAML front matter{where}: {getattr(exc, 'problem', None) or exc}") from exc
-    if not isinstance(loaded, dict):
-        raise LoaderError("front matter is not a mapping of keys to values")
-    return _normalized_front_matter(loaded), text[match.end() :]
+    except RecursionError:
+        raise LoaderError("front matter nested too deeply") from None
+
+
+class _FrontMatterLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (see the module docstring)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            line = event.start_mark.line + 2 if event.start_mark is not None else 0  # as in malformed YAML
+            raise LoaderError(
+                f"front matter uses a YAML alias (*{event.anchor} at line {line}); aliases are not allowed there"
+            )
+        return super().compose_node(parent, index)
 
 
 def _normalized_front_matter(loaded: dict[Any, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import unicodedata
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from strata.errors import LoaderError
+from strata.indexing.loaders._encoding import guess_encoding
 from strata.types import Section
 
 _ODD_SPACES = re.compile(r"[^\S\n]")  # any whitespace but a newline: tabs, NBSP, U+3000 ...
@@ -48,13 +49,18 @@ def normalize_text(text: str) -> str:
 
 
 def decode_text(raw: bytes) -> str:
-    """UTF-8 (with or without a BOM) to ``str``; ``LoaderError`` for binary content."""
+    """UTF-8 (with or without a BOM) to ``str``; ``LoaderError`` for binary content or another encoding (named)."""
     if b"\x00" in raw:
         raise LoaderError("binary file (contains NUL bytes)")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise LoaderError("binary file (not UTF-8 text)") from None
+        pass
+    encoding = guess_encoding(raw)
+    if encoding is None:
+        raise LoaderError("binary file (not UTF-8 text)")
+    iconv = encoding.split(" ", 1)[0]
+    raise LoaderError(f"not UTF-8 text: it looks like {encoding}; convert it with iconv -f {iconv} -t UTF-8")
 
 
 def assemble(parts: Sequence[Part]) -> tuple[str, tuple[Section, ...]]:
