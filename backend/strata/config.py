@@ -124,7 +124,7 @@ class RedisSettings(_Section):
     connect_timeout_s: float = Field(0.5, gt=0)
     socket_timeout_s: float = Field(0.5, gt=0)
     local_cache_size: int = Field(20000, ge=0, description="entries of the in-process parent cache")
-    retry_after_s: float = Field(5.0, gt=0, description="after a Redis error the parent store reads SQL only this long")
+    retry_after_s: float = Field(5.0, gt=0, description="after a Redis error the parent store and the query cache skip Redis this long")
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 
@@ -198,7 +198,6 @@ class RetrievalSettings(_Section):
     sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
-    cache_retry_after_s: float = Field(30.0, gt=0, description="after a Redis error the query cache skips Redis this long")
     deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
     batch_window_ms: float = Field(

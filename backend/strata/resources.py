@@ -1,7 +1,8 @@
 """The engine's parts, built once from ``Settings`` and shared.
 
 ``Resources`` wires the encoder and the three stores that both ``indexing``
-and ``rag`` use (rag builds its own reranker and query cache). Every part is
+and ``rag`` use (rag builds its own reranker and query cache), and the one
+``RedisBreaker`` that the parent store and the query cache share. Every part is
 created on first use, so building a ``Resources`` opens no connection and
 loads no model.
 """
@@ -18,6 +19,7 @@ from strata.stores.keys import database_namespace
 from strata.stores.catalog import Catalog
 from strata.stores.milvus import LeafIndex
 from strata.stores.parents import ParentStore
+from strata.stores.redis_client import RedisBreaker
 from strata.stores.sql import DocumentStore
 
 
@@ -56,11 +58,16 @@ class Resources:
             return self.__dict__["leaf_index"]
 
     @functools.cached_property
+    def redis_breaker(self) -> RedisBreaker:
+        """Opened by a Redis error of any user (parent store, query cache); all of them skip Redis meanwhile."""
+        with self._lock:
+            return RedisBreaker.from_settings(self.settings.redis)
+
+    @functools.cached_property
     def parents(self) -> ParentStore:
         with self._lock:
-            redis = self.settings.redis
-            cache = create_parent_cache(redis, namespace=database_namespace(self.settings.database.url))
-            return ParentStore(cache, self.documents, retry_after_s=redis.retry_after_s)
+            cache = create_parent_cache(self.settings.redis, namespace=database_namespace(self.settings.database.url))
+            return ParentStore(cache, self.documents, breaker=self.redis_breaker)
 
     def close(self) -> None:
         """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.

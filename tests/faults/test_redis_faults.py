@@ -14,7 +14,6 @@ from typing import Any
 from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from strata.stores.cache import create_parent_cache
 from strata.stores.parents import ParentStore
 from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
@@ -25,12 +24,10 @@ THIRD_QUERY = "How are backups restored?"
 BYPASS_S = 0.3  # how long the engine skips a cache after an error (shortened from the defaults)
 
 
-def service_on(settings: Settings, encoder: Any) -> tuple[Retriever, ParentStore]:
-    """A long-lived Retriever whose parent store skips a failed cache for ``BYPASS_S``."""
-    resources = Resources(settings, encoder=encoder)
-    parents = ParentStore(create_parent_cache(settings.redis), resources.documents, retry_after_s=BYPASS_S)
-    resources.__dict__["parents"] = parents
-    return Retriever(resources), parents
+def service_on(settings: Settings, encoder: Any, *, retry_after_s: float = BYPASS_S) -> tuple[Retriever, ParentStore]:
+    """A long-lived Retriever whose parent store and query cache skip a failed Redis for ``retry_after_s``."""
+    resources = Resources(with_sections(settings, redis={"retry_after_s": retry_after_s}), encoder=encoder)
+    return Retriever(resources), resources.parents
 
 
 def assert_clean(result: RetrievalResult) -> None:
@@ -103,7 +100,7 @@ def test_redis_paused_costs_one_socket_timeout_then_is_bypassed(demo_kb: Setting
 
 def test_query_cache_unavailable_only_while_redis_is(demo_kb: Settings, memo_encoder: Any, private_redis: Any) -> None:
     settings = with_sections(
-        demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64, "cache_retry_after_s": BYPASS_S}
+        demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64}
     )
     service, _ = service_on(settings, memo_encoder)
     first = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
@@ -128,3 +125,23 @@ def test_query_cache_unavailable_only_while_redis_is(demo_kb: Settings, memo_enc
     for result in (computed, shared):
         assert (result.meta.status, result.meta.degraded, result.meta.errors) == ("ok", (), ())
     assert texts(shared) == texts(computed) and shared.docs
+
+
+def test_a_redis_outage_opens_the_one_breaker_for_both_users(demo_kb: Settings, memo_encoder: Any, private_redis: Any) -> None:
+    settings = with_sections(demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64})
+    service, parents = service_on(settings, memo_encoder, retry_after_s=60)
+    assert_clean(service.retrieve(RESET_QUERY, 5, kb_ids=["demo"]))
+    other_service, other_parents = service_on(settings, memo_encoder, retry_after_s=60)
+
+    private_redis.stop()
+    try:
+        down = service.retrieve(OTHER_QUERY, 5, kb_ids=["demo"])  # the query cache meets the outage first
+        fetch = other_parents.get_many([("demo", "no-such-chunk")])  # here the parent store does
+        other_down = other_service.retrieve(OTHER_QUERY, 5, kb_ids=["demo"])
+    finally:
+        private_redis.start()
+    assert any("Connection refused" in m or "Error 111" in m for m in cache_errors(down, "query_cache"))
+    assert any("bypassed" in m for m in cache_errors(down, "parent_cache")), down.meta.errors
+    assert parents.cache_errors == 0, "the parent store skipped Redis without trying it"
+    assert fetch.cache_error and "bypassed" not in fetch.cache_error and other_parents.cache_errors == 1
+    assert any("bypassed" in m for m in cache_errors(other_down, "query_cache")), other_down.meta.errors

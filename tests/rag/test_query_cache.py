@@ -5,14 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
 import redis
 
 from strata.config import RedisSettings
-from strata.rag import query_cache
 from strata.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
 from tests.rag.rerank_server import unused_port
 
@@ -41,11 +39,9 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """The cache's clock, moved by hand (only the cache module sees it)."""
-    fake = Clock()
-    monkeypatch.setattr(query_cache, "time", SimpleNamespace(monotonic=fake.monotonic))
-    return fake
+def clock() -> Clock:
+    """A clock for the cache's entries (``timer=clock.monotonic``), moved by hand."""
+    return Clock()
 
 
 def result(name: str) -> dict[str, Any]:
@@ -96,7 +92,7 @@ def test_a_computed_result_is_a_hit_the_second_time() -> None:
 
 
 def test_an_entry_expires_after_its_ttl(clock: Clock) -> None:
-    cache = QueryCache(size=8, ttl_s=10)
+    cache = QueryCache(size=8, ttl_s=10, timer=clock.monotonic)
     ask(cache, "k")
 
     clock.now += 9.9
@@ -289,8 +285,8 @@ class CountingStore:
 
 
 def test_a_paused_redis_costs_one_timeout_then_is_bypassed(private_redis) -> None:  # noqa: ANN001
-    settings = RedisSettings(url=private_redis.url, key_prefix="strata-test-paused", socket_timeout_s=0.3)
-    cache = QueryCache(size=8, ttl_s=60, redis_settings=settings, retry_after_s=60)
+    settings = RedisSettings(url=private_redis.url, key_prefix="strata-test-paused", socket_timeout_s=0.3, retry_after_s=60)
+    cache = QueryCache(size=8, ttl_s=60, redis_settings=settings)
     store = cache._redis = CountingStore(cache._redis)
     private_redis.pause()
     try:

@@ -12,9 +12,10 @@ query is not pruned (its analyzers are not the Python ones of Milvus Lite).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
+
+from cachetools import LRUCache
 
 from strata.config import RetrievalSettings
 from strata.rag.bm25_query import PrunedQuery, prune_bm25_query
@@ -39,8 +40,8 @@ class FrequentTermsCache:
     """
 
     def __init__(self, lookup: Lookup, max_df: float, *, max_kb_sets: int = 256) -> None:
-        self._lookup, self._max_df, self._max_kb_sets = lookup, max_df, max_kb_sets
-        self._entries: OrderedDict[tuple[str, ...], tuple[tuple[str, ...], TermFrequencies]] = OrderedDict()
+        self._lookup, self._max_df = lookup, max_df
+        self._entries: LRUCache[tuple[str, ...], tuple[tuple[str, ...], TermFrequencies]] = LRUCache(max_kb_sets)
         self._lock = threading.Lock()
 
     def get(self, generations: Mapping[str, Any], *, timeout_s: float | None = None) -> TermFrequencies:
@@ -49,15 +50,11 @@ class FrequentTermsCache:
         stamp = tuple(str(generations[k]) for k in kbs)
         with self._lock:
             entry = self._entries.get(kbs)
-            if entry is not None and entry[0] == stamp:
-                self._entries.move_to_end(kbs)
-                return entry[1]
+        if entry is not None and entry[0] == stamp:
+            return entry[1]
         fetched = self._lookup(kbs, self._max_df, timeout_s)
         with self._lock:
             self._entries[kbs] = (stamp, fetched)
-            self._entries.move_to_end(kbs)
-            while len(self._entries) > self._max_kb_sets:
-                self._entries.popitem(last=False)
         return fetched
 
 

@@ -9,8 +9,10 @@ invalidates a kb's entries without a scan.
 - Concurrent identical misses compute once (single flight); the waiters
   share the leader's result whatever its status.
 - Only results the caller marks cacheable (``status == "ok"``) are stored.
-- A Redis error costs one socket timeout, then Redis is skipped for
-  ``retry_after_s``; the error is handed back so the meta record shows it.
+- A Redis error costs one socket timeout, then Redis is skipped while the
+  deployment's ``RedisBreaker`` is open (``STRATA_REDIS__RETRY_AFTER_S``, the
+  same breaker the parent store trips); the error is handed back so the meta
+  record shows it.
 - An entry that does not decode is a miss. Every result handed out is a
   private copy: a caller that edits one cannot corrupt the cache.
 """
@@ -24,12 +26,14 @@ import logging
 import threading
 import time
 import unicodedata
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
+from cachetools import TTLCache
+
 from strata.config import RedisSettings
 from strata.errors import CacheError
+from strata.stores.redis_client import RedisBreaker
 from strata.stores.result_cache import RedisResultStore
 
 logger = logging.getLogger(__name__)
@@ -65,23 +69,23 @@ class QueryCache:
     """LRU (+ optional Redis) of serialized results with single-flight misses."""
 
     def __init__(
-        self, *, size: int, ttl_s: float, redis_settings: RedisSettings | None = None, retry_after_s: float = 30.0,
-        decodes: Callable[[dict[str, Any]], bool] = lambda value: True,
+        self, *, size: int, ttl_s: float, redis_settings: RedisSettings | None = None, breaker: RedisBreaker | None = None,
+        decodes: Callable[[dict[str, Any]], bool] = lambda value: True, timer: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        """``decodes`` tells whether a value read back from Redis is usable; one that is not is a miss."""
-        self._size = size
+        """``breaker`` is the deployment's Redis breaker (default: one of this cache's own, from ``redis_settings``);
+        ``decodes`` tells whether a value read back from Redis is usable (one that is not is a miss);
+        ``timer`` is the clock of the local entries' TTL."""
         self._decodes = decodes
         self._ttl = ttl_s
-        self._retry_after_s = retry_after_s
-        self._items: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._items: TTLCache[str, dict[str, Any]] = TTLCache(size, ttl_s, timer=timer)
         self._lock = threading.Lock()
         self._inflight: dict[str, _Flight] = {}
         self._redis = RedisResultStore(redis_settings) if redis_settings is not None and redis_settings.url else None
-        self._redis_down_until = 0.0
+        self._breaker = breaker or RedisBreaker.from_settings(redis_settings or RedisSettings())
 
     @property
     def enabled(self) -> bool:
-        return self._size > 0
+        return self._items.maxsize > 0
 
     def get_or_compute(self, key: str, compute: Callable[[], tuple[dict[str, Any], bool]]) -> Lookup:
         """The cached value of ``key``, or ``compute()``'s (value, cacheable), computed once per key at a time."""
@@ -116,14 +120,10 @@ class QueryCache:
         return Lookup(value, "miss", error)
 
     def _get(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
-        now = time.monotonic()
         with self._lock:
-            entry = self._items.get(key)
-            if entry and entry[0] > now:
-                self._items.move_to_end(key)
-                return entry[1], None
-            if entry:
-                del self._items[key]
+            found = self._items.get(key)
+        if found is not None:
+            return found, None
         return self._redis_get(key)
 
     def _put(self, key: str, value: dict[str, Any]) -> str | None:
@@ -159,20 +159,18 @@ class QueryCache:
         return value, None
 
     def _bypassing(self) -> bool:
-        return time.monotonic() < self._redis_down_until
+        return self._breaker.is_open
 
     def _redis_failed(self, exc: CacheError) -> str:
-        self._redis_down_until = time.monotonic() + self._retry_after_s
-        logger.warning("query cache: Redis failed, skipping it for %.0fs: %s", self._retry_after_s, exc)
+        self._breaker.trip()
+        logger.warning("query cache: Redis failed, skipping it for %.0fs: %s", self._breaker.retry_after_s, exc)
         return str(exc)
 
     def _remember(self, key: str, value: dict[str, Any]) -> None:
         """Stores ``key`` locally as the most recent entry, evicting the least recent past ``size``."""
-        with self._lock:
-            self._items[key] = (time.monotonic() + self._ttl, value)
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+        if self.enabled:  # cachetools refuses an entry larger than the cache
+            with self._lock:
+                self._items[key] = value
 
     def clear(self) -> None:
         with self._lock:

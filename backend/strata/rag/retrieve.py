@@ -45,7 +45,7 @@ class Retriever:
         self._reranker = build_reranker(resources.settings.rerank)
         self._cache = query_cache or QueryCache(
             size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis,
-            retry_after_s=self._cfg.cache_retry_after_s, decodes=_decodes,
+            breaker=resources.redis_breaker, decodes=_decodes,
         )  # fmt: skip
         self._states = LastServingStates()
         self._config_key = config_fingerprint(resources.settings)

@@ -16,23 +16,21 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
+from cachetools import LRUCache
+
 from strata.types import ServingState
 
 
 class LastServingStates:
-    """The most recent ``ServingState`` per set of kb ids (None = all kbs)."""
+    """The most recent ``ServingState`` per set of kb ids (None = all kbs); the least recently used go first."""
 
     def __init__(self, max_entries: int = 1024) -> None:
-        self._states: dict[tuple[str, ...] | None, ServingState] = {}
-        self._max = max_entries
+        self._states: LRUCache[tuple[str, ...] | None, ServingState] = LRUCache(max_entries)
         self._lock = threading.Lock()
 
     def remember(self, kb_ids: Sequence[str] | None, state: ServingState) -> None:
         with self._lock:
-            self._states.pop(_key(kb_ids), None)
             self._states[_key(kb_ids)] = state
-            while len(self._states) > self._max:
-                self._states.pop(next(iter(self._states)))
 
     def get(self, kb_ids: Sequence[str] | None) -> ServingState | None:
         with self._lock:

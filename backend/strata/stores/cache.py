@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
 from dataclasses import asdict
 from typing import Protocol, Sequence
 
 import redis
+from cachetools import LRUCache
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
+from strata.stores.redis_client import redis_client
 from strata.types import Chunk
 
 ChunkRef = tuple[str, str]  # (kb_id, chunk_id)
@@ -55,29 +56,19 @@ class LocalParentCache:
     name = "local"
 
     def __init__(self, max_entries: int = 20000) -> None:
-        self._max = max_entries
-        self._items: OrderedDict[ChunkRef, Chunk] = OrderedDict()
+        self._items: LRUCache[ChunkRef, Chunk] = LRUCache(max_entries)
         self._lock = threading.Lock()
 
     def get_many(self, refs: Sequence[ChunkRef]) -> dict[str, Chunk]:
-        found: dict[str, Chunk] = {}
         with self._lock:
-            for ref in refs:
-                chunk = self._items.get(ref)
-                if chunk is not None:
-                    self._items.move_to_end(ref)
-                    found[ref[1]] = chunk
-        return found
+            return {ref[1]: chunk for ref in refs if (chunk := self._items.get(ref)) is not None}
 
     def put_many(self, items: Sequence[Chunk]) -> None:
-        if self._max == 0:
+        if self._items.maxsize == 0:  # off: cachetools refuses an entry larger than the cache
             return
         with self._lock:
             for chunk in items:
                 self._items[(chunk.kb_id, chunk.chunk_id)] = chunk
-                self._items.move_to_end((chunk.kb_id, chunk.chunk_id))
-            while len(self._items) > self._max:
-                self._items.popitem(last=False)
 
     def delete_many(self, refs: Sequence[ChunkRef]) -> None:
         with self._lock:
@@ -110,13 +101,7 @@ class RedisParentCache:
         database: chunk ids are the same wherever the same document is indexed."""
         self._prefix = f"{settings.key_prefix}:{namespace}" if namespace else settings.key_prefix
         self._ttl = settings.ttl_s
-        self._client = client or redis.Redis.from_url(
-            str(settings.url),
-            socket_connect_timeout=settings.connect_timeout_s,
-            socket_timeout=settings.socket_timeout_s,
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
+        self._client = client or redis_client(settings)
 
     def key(self, kb_id: str, chunk_id: str) -> str:
         return f"{self._prefix}:{kb_id}:chunk:{chunk_id}"

@@ -2,20 +2,23 @@
 
 One ``get_many`` is one batched cache read, at most one batched SQL read for
 the misses, and a cache backfill. A failing cache (Redis down or hanging) is
-logged, counted and bypassed for ``retry_after_s``: SQL answers and the
+logged, counted and bypassed for ``STRATA_REDIS__RETRY_AFTER_S``: SQL answers and the
 caller learns about it from ``ParentFetch.cache_error``; nothing is raised.
+The bypass is the deployment's one ``RedisBreaker``, shared with the query
+cache: an outage either of them meets, both skip.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol, Sequence
 
+from strata.config import RedisSettings
 from strata.errors import CacheError
 from strata.stores.cache import ChunkRef, ParentCache
+from strata.stores.redis_client import RedisBreaker
 from strata.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -43,11 +46,11 @@ class ParentFetch:
 class ParentStore:
     """Parents by (kb id, chunk id): cache, then SQL, then backfill."""
 
-    def __init__(self, cache: ParentCache, source: ChunkSource, *, retry_after_s: float = 5.0) -> None:
+    def __init__(self, cache: ParentCache, source: ChunkSource, *, breaker: RedisBreaker | None = None) -> None:
+        """``breaker`` is the deployment's Redis breaker (default: one of this store's own)."""
         self.cache = cache
         self._source = source
-        self._retry_after_s = retry_after_s
-        self._cache_down_until = 0.0
+        self._breaker = breaker or RedisBreaker.from_settings(RedisSettings())
         self._lock = threading.Lock()
         self.cache_errors = 0
 
@@ -105,11 +108,11 @@ class ParentStore:
             return self._record_failure(exc)
 
     def _bypassing(self) -> bool:
-        return time.monotonic() < self._cache_down_until
+        return self._breaker.is_open
 
     def _record_failure(self, exc: CacheError) -> str:
         with self._lock:
             self.cache_errors += 1
-            self._cache_down_until = time.monotonic() + self._retry_after_s
-        logger.warning("parent cache failed, serving from SQL for %.0fs: %s", self._retry_after_s, exc)
+        self._breaker.trip()
+        logger.warning("parent cache failed, serving from SQL for %.0fs: %s", self._breaker.retry_after_s, exc)
         return str(exc)

@@ -11,6 +11,7 @@ import redis
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
+from strata.stores.redis_client import redis_client
 
 
 class RedisResultStore:
@@ -18,12 +19,7 @@ class RedisResultStore:
 
     def __init__(self, settings: RedisSettings) -> None:
         self._prefix = f"{settings.key_prefix}:qcache:"
-        self._client = redis.Redis.from_url(
-            str(settings.url),
-            socket_connect_timeout=settings.connect_timeout_s,
-            socket_timeout=settings.socket_timeout_s,
-            retry_on_timeout=False,
-        )
+        self._client = redis_client(settings)
 
     def get(self, key: str) -> bytes | None:
         try:
