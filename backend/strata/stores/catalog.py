@@ -16,7 +16,7 @@ from sqlalchemy import Engine, and_, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from strata.errors import StoreError
-from strata.stores.sql import chunk_from_row
+from strata.stores.chunks import chunk_from_row
 from strata.stores.sql_schema import chunks, documents
 from strata.types import ACTIVE, Chunk
 

@@ -11,8 +11,9 @@ of leaves N the sum of those versions' ``leaf_count``.
 ``strata_kb_terms`` keeps that sum per kb: a version's terms are added when it
 starts serving and subtracted when it stops, in the transaction that changes
 its status. So the terms frequent enough to prune (df over ``max_df`` x N) are
-one indexed read per kb generation, whatever the query. ``DocumentStore``
-calls these functions with its own connections.
+one indexed read per kb generation, whatever the query. The functions run in
+a caller's transaction (``DocumentVersions`` changes a status and the sums in
+one); ``TermStatistics`` is the store's own reads and backfills.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Connection
 
 from strata.stores.analyzer import Tokenize
+from strata.stores.sql_database import SqlPart
 from strata.stores.sql_schema import documents, kb_terms, version_terms
 from strata.types import ACTIVE
 
@@ -160,3 +162,39 @@ def read_frequent_terms(conn: Connection, kb_ids: Sequence[str], max_df: float) 
         )
         df.update({term: int(n) for term, n in conn.execute(query) if int(n) > max_df * leaves})
     return TermFrequencies(leaves=leaves, df=df)
+
+
+class TermStatistics(SqlPart):
+    """The term statistics of a database's kbs (BM25 query hygiene)."""
+
+    def write_terms(self, kb_id: str, doc_id: str, version: int, term_counts: Mapping[str, int]) -> None:
+        """Replaces a version's term statistics (a backfill of a version written before they were kept)."""
+        with self._begin() as conn:
+            conn.execute(
+                delete(version_terms).where(
+                    version_terms.c.kb_id == kb_id, version_terms.c.doc_id == doc_id, version_terms.c.version == version
+                )
+            )
+            insert_version_terms(conn, kb_id, doc_id, version, term_counts)
+
+    def rebuild_kb_terms(self, kb_id: str) -> int:
+        """Sums the kb's term df anew from its active versions (after a backfill or a repair)."""
+        with self._begin() as conn:
+            return rebuild_kb_terms(conn, kb_id)
+
+    def kb_terms_missing(self, kb_id: str) -> bool:
+        """True when the kb's versions are counted but their sums are not (an older database)."""
+        with self._connect() as conn:
+            return kb_terms_missing(conn, kb_id)
+
+    def frequent_terms(self, kb_ids: Sequence[str], max_df: float, *, timeout_s: float | None = None) -> TermFrequencies:
+        """The active leaves of ``kb_ids`` and the terms in more than ``max_df`` of them (indexed reads
+        of the kbs' term sums, under the query timeout)."""
+        with self._connect() as conn:
+            self._db.limit_statement_time(conn, timeout_s)
+            return read_frequent_terms(conn, kb_ids, max_df)
+
+    def uncounted_versions(self, kb_id: str) -> list[tuple[str, int]]:
+        """(doc id, version) of the kb's active versions whose term statistics are missing."""
+        with self._connect() as conn:
+            return uncounted_versions(conn, kb_id)

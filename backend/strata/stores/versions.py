@@ -1,0 +1,156 @@
+"""Document versions in SQL and their lifecycle: ``pending`` → ``active`` → ``retired``.
+
+A version is written ``pending`` with all its chunks (and its term counts) in
+one transaction, then switched to ``active`` while the document's other
+versions retire, in another; the kb's term sums and generation follow every
+status change in the transaction that makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from strata.stores.chunks import chunk_row
+from strata.stores.knowledge_bases import bump_generation
+from strata.stores.sql_database import IN_BATCH, INSERT_BATCH, SqlPart
+from strata.stores.sql_schema import chunks, documents, version_terms
+from strata.stores.term_stats import drop_absent_terms, insert_version_terms, start_serving, stop_serving
+from strata.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion
+
+
+class DocumentVersions(SqlPart):
+    """Every stored version of every document, and which of them a kb serves."""
+
+    def versions(self, kb_id: str, doc_id: str | None = None) -> list[DocumentVersion]:
+        """Every stored version of a kb (or of one document), oldest first."""
+        query = select(documents).where(documents.c.kb_id == kb_id)
+        if doc_id is not None:
+            query = query.where(documents.c.doc_id == doc_id)
+        with self._connect() as conn:
+            rows = conn.execute(query.order_by(documents.c.doc_id, documents.c.version)).all()
+        return [_version(r) for r in rows]
+
+    def write_pending(
+        self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None
+    ) -> None:
+        """The document version as ``pending`` plus all its chunks, in one transaction (idempotent);
+        with ``term_counts`` (term -> leaves holding it, ``term_stats.count_terms``) its term statistics too."""
+        row = {
+            "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
+            "source": version.source, "content_hash": version.content_hash, "status": PENDING,
+            "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks), "metadata": dict(version.metadata),
+            "root": version.root or None,
+        }  # fmt: skip
+        with self._begin() as conn:
+            _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
+            conn.execute(documents.insert().values(**row))
+            for start in range(0, len(doc_chunks), INSERT_BATCH):
+                conn.execute(chunks.insert(), [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
+            if term_counts is not None:
+                insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
+            bump_generation(conn, version.kb_id)  # the serving state changed: a version to hide
+
+    def activate(self, kb_id: str, doc_id: str, version: int) -> None:
+        """Serve ``version``; every other version of the document becomes ``retired``."""
+        self.switch(kb_id, [(doc_id, version)])
+
+    def switch(self, kb_id: str, activate: Sequence[tuple[str, int]], *, retire: Sequence[str] = ()) -> None:
+        """In one transaction: serve each (doc id, version), retiring the document's other versions,
+        and stop serving the documents in ``retire`` (a ``--recreate``'s switch to its new generation).
+        The kb's term sums follow: what starts serving is added, what stops is subtracted."""
+        with self._begin() as conn:
+            serving = _serving_versions(conn, kb_id, [doc_id for doc_id, _ in activate])
+            for doc_id, version in activate:
+                for old in serving.get(doc_id, set()) - {version}:
+                    stop_serving(conn, kb_id, doc_id, old)
+                if version not in serving.get(doc_id, set()):
+                    start_serving(conn, kb_id, doc_id, version)
+                doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
+                conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
+                conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
+            gone = _serving_versions(conn, kb_id, retire)
+            for doc_id, versions in gone.items():
+                for version in versions:
+                    stop_serving(conn, kb_id, doc_id, version)
+            for start in range(0, len(retire), IN_BATCH):
+                batch = list(retire[start : start + IN_BATCH])
+                conn.execute(
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(batch)).values(status=RETIRED)
+                )
+            drop_absent_terms(conn, kb_id)
+            bump_generation(conn, kb_id)
+
+    def set_roots(self, kb_id: str, roots: Mapping[str, str]) -> None:
+        """Records the folder each (unchanged) document was last indexed from: doc id -> root."""
+        with self._begin() as conn:
+            for doc_id, root in roots.items():
+                conn.execute(
+                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(root=root)
+                )
+
+    def retire_document(self, kb_id: str, doc_id: str) -> None:
+        """Stop serving every version of a document (deletion, step 1)."""
+        with self._begin() as conn:
+            for version in _serving_versions(conn, kb_id, [doc_id]).get(doc_id, set()):
+                stop_serving(conn, kb_id, doc_id, version)
+            conn.execute(
+                update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(status=RETIRED)
+            )
+            drop_absent_terms(conn, kb_id)
+            bump_generation(conn, kb_id)
+
+    def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
+        """Remove a version's chunks and row (after its leaves left Milvus)."""
+        with self._begin() as conn:
+            _delete_version_rows(conn, kb_id, doc_id, version)
+
+    def stats(self, kb_id: str) -> dict[str, Any]:
+        """Documents by status and chunks by level of the active versions."""
+        active = select(documents.c.doc_id, documents.c.version).where(
+            documents.c.kb_id == kb_id, documents.c.status == ACTIVE
+        ).subquery()
+        with self._connect() as conn:
+            by_status = dict(
+                conn.execute(
+                    select(documents.c.status, func.count()).where(documents.c.kb_id == kb_id).group_by(documents.c.status)
+                ).all()
+            )
+            by_level = dict(
+                conn.execute(
+                    select(chunks.c.level, func.count())
+                    .join(active, and_(chunks.c.doc_id == active.c.doc_id, chunks.c.version == active.c.version))
+                    .where(chunks.c.kb_id == kb_id)
+                    .group_by(chunks.c.level)
+                ).all()
+            )
+        return {"documents_by_status": by_status, "chunks_by_level": {str(lv): by_level.get(lv, 0) for lv in (1, 2, 3)}}
+
+
+def _serving_versions(conn: Connection, kb_id: str, doc_ids: Sequence[str]) -> dict[str, set[int]]:
+    """The active versions of ``doc_ids``: doc id -> versions (one SELECT per 900 documents)."""
+    found: dict[str, set[int]] = {}
+    wanted = list(dict.fromkeys(doc_ids))
+    for start in range(0, len(wanted), IN_BATCH):
+        query = select(documents.c.doc_id, documents.c.version).where(
+            documents.c.kb_id == kb_id, documents.c.doc_id.in_(wanted[start : start + IN_BATCH]),
+            documents.c.status == ACTIVE,
+        )  # fmt: skip
+        for row in conn.execute(query):
+            found.setdefault(row.doc_id, set()).add(row.version)
+    return found
+
+
+def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
+    for table in (version_terms, chunks, documents):
+        conn.execute(delete(table).where(table.c.kb_id == kb_id, table.c.doc_id == doc_id, table.c.version == version))
+
+
+def _version(row: Any) -> DocumentVersion:
+    return DocumentVersion(
+        kb_id=row.kb_id, doc_id=row.doc_id, version=row.version, source=row.source,
+        content_hash=row.content_hash, status=row.status, leaf_count=row.leaf_count,
+        chunk_count=row.chunk_count, metadata=row.metadata or {}, root=row.root or "",
+    )  # fmt: skip
