@@ -28,15 +28,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from strata.errors import ConfigError  # errors imports nothing of strata
+
 ENV_PREFIX = "STRATA_"
-
-
-class ConfigError(ValueError):
-    """A setting is missing or invalid; the message names the variable.
-
-    Defined here because config imports nothing of the package; the rest of
-    strata's errors live in ``strata.errors``.
-    """
 
 
 _SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")

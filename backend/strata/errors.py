@@ -5,6 +5,7 @@ errors are translated where they cross into strata (stores, encoders, the
 rerank client) with ``raise ... from exc`` so the cause stays attached::
 
     StrataError
+    ├── ConfigError              a setting is missing or invalid (also a ValueError)
     ├── EncoderError             an encoder could not load or encode
     ├── StoreError               a store call failed
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
@@ -14,11 +15,18 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     ├── IndexingError            a document could not be indexed consistently
     ├── RerankError              the rerank service failed or answered nonsense
     ├── NotFoundError            a knowledge base or document does not exist
-    └── LeaseHeldError           another indexer holds the knowledge base's lease
+    ├── LeaseHeldError           another indexer holds the knowledge base's lease
+    ├── DeadlineExceeded         a retrieval stage found no time left (also a TimeoutError)
+    ├── UnsupportedAnalyzer      BM25 analyzer params strata cannot tokenize (also a ValueError)
+    └── ServiceError             the HTTP service refused a request or could not be reached
 
-``ConfigError`` (a setting is missing or invalid; the message names the
-variable) is a ``ValueError`` defined in ``strata.config``, which imports
-nothing of the package.
+The last three live beside the code that raises them (``strata.rag.deadline``,
+``strata.stores.analyzer``, ``strata.client``); everything else is defined here.
+This module imports nothing of the package, so ``strata.config`` (which must
+import without the engine) takes ``ConfigError`` from here. The second bases
+keep ``except ValueError`` / ``except TimeoutError`` callers working.
+``strata.api.problems.Problem`` is outside the tree on purpose: it is the
+service's HTTP answer, raised in routes and always turned into a response.
 """
 
 from __future__ import annotations
@@ -26,6 +34,10 @@ from __future__ import annotations
 
 class StrataError(Exception):
     """Base class of every error strata raises on purpose."""
+
+
+class ConfigError(StrataError, ValueError):
+    """A setting is missing or invalid; the message names the variable."""
 
 
 class EncoderError(StrataError):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 
+from strata.errors import StrataError
+
 REASON = "deadline_exceeded"
 
 
@@ -35,7 +37,7 @@ class Deadline:
         return max(0.0, min(limit_s, self.remaining() - keep_s))
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(StrataError, TimeoutError):
     """A stage found no time left (or its wait ran out)."""
 
     def __init__(self, stage: str) -> None:

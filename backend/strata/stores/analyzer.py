@@ -23,12 +23,14 @@ import unicodedata
 from functools import partial
 from typing import Any, Callable, Mapping
 
+from strata.errors import StrataError
+
 Tokenize = Callable[[str], list[str]]
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-class UnsupportedAnalyzer(ValueError):
+class UnsupportedAnalyzer(StrataError, ValueError):
     """The analyzer params name a tokenizer this module does not reproduce (the message says which)."""
 
 
