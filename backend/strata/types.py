@@ -164,6 +164,8 @@ class RetrievedDocument:
 
 Status = Literal["ok", "degraded", "failed"]
 Mode = Literal["hybrid", "dense", "sparse", "dense_fallback", "sparse_fallback", "failed"]
+RerankStatus = Literal["applied", "skipped", "failed"]
+CacheState = Literal["hit", "miss", "shared", "off"]
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class MergeRound:
 class RerankOutcome:
     """Whether rerank ran, and why not when it did not."""
 
-    status: Literal["applied", "skipped", "failed"] = "skipped"
+    status: RerankStatus = "skipped"
     reason: str = "not configured"
     provider: str | None = None
     latency_ms: float | None = None
@@ -214,7 +216,7 @@ class RetrievalMeta:
     returned: int = 0
     dropped_by_min_score: int = 0
     timings_ms: Mapping[str, float] = field(default_factory=dict)
-    cache: Literal["hit", "miss", "shared", "off"] = "off"
+    cache: CacheState = "off"
     parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()

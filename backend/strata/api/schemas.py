@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from strata.types import Filters
+from strata.types import CacheState, Filters, Mode, RerankStatus, Status
 
 KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 HARD_MAX_QUERY_CHARS = 20000  # the settings' max_query_chars is checked in the routes
@@ -98,24 +98,106 @@ class KbCreate(_Strict):
     kb_id: KbId
 
 
-class DocumentOut(BaseModel):
-    content: str
-    score: float | None
-    metadata: dict[str, Any]
+# -- the result: these mirror strata.types' records field for field, in their order ----------------
+# The routes send ``RetrievalResult.to_dict()`` as it is; these models document that JSON (a test
+# validates real answers against them and compares their fields with the dataclasses').
 
 
-class RetrieveResponse(BaseModel):
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DocumentOut(_Out):
+    """One piece of evidence (``RetrievedDocument``)."""
+
+    content: str = Field(description="the evidence text (a merged parent, a leaf or adjacent leaves joined)")
+    score: float | None = Field(description="final score, higher is better; null when not finite or not ranked")
+    metadata: dict[str, Any] = Field(
+        description="chunk_id, doc_id, kb_id, version, level, heading_path, source, char_start, char_end, the "
+        "document's own metadata and, with explain, the score trace"
+    )
+
+
+class MergeRoundOut(_Out):
+    """What one auto-merge round did (``MergeRound``)."""
+
+    round: int
+    parents_merged: int
+    children_replaced: int
+    parents_missing: int
+
+
+class RerankOutcomeOut(_Out):
+    """Whether rerank ran, and why not when it did not (``RerankOutcome``)."""
+
+    status: RerankStatus
+    reason: str
+    provider: str | None
+    latency_ms: float | None
+
+
+class StageErrorOut(_Out):
+    """An error a stage recovered from or died of (``StageError``)."""
+
+    stage: str
+    error: str = Field(description="the error's type name, e.g. DeadlineExceeded")
+    message: str
+
+
+class RetrievalMetaOut(_Out):
+    """How the evidence was found (``RetrievalMeta``): the record an engineer diagnoses with."""
+
+    query: str
+    top_k: int
+    candidate_k: int = Field(description="fused candidates kept before merging and rerank")
+    status: Status = Field(description="ok; degraded when a fallback answered (see degraded); failed")
+    mode: Mode = Field(description="the routes that answered")
+    kb_ids: list[str] | None = Field(description="knowledge bases searched; null = all")
+    filters: dict[str, Any] = Field(description="the filters applied; {} for none")
+    dense_candidates: int
+    sparse_candidates: int
+    fused_candidates: int
+    merge_rounds: list[MergeRoundOut]
+    rerank: RerankOutcomeOut
+    returned: int
+    dropped_by_min_score: int
+    timings_ms: dict[str, float] = Field(description="milliseconds per stage")
+    cache: CacheState = Field(description="query cache: hit, miss, shared (answered by a concurrent identical query), off")
+    parent_cache: dict[str, Any] = Field(description="parent and leaf reads through the cache: hits and misses")
+    errors: list[StageErrorOut]
+    degraded: list[str] = Field(description="why the answer is degraded, one reason per fallback taken")
+    strategy: str = Field(description="the retrieval strategy that ran")
+    query_variants: list[str] = Field(description="the fusion strategy's query variants searched")
+    expansion: dict[str, Any] = Field(description="terms the synonyms added to the BM25 query; {} for none")
+    bm25_query: dict[str, Any] = Field(
+        description="what BM25 query hygiene left out ({dropped, text, max_df}), {skipped: why}, or {}"
+    )
+
+
+class RetrieveResponse(_Out):
     """Exactly ``RetrievalResult.to_dict()``; ``metadata.trace`` only with ``explain``."""
 
     docs: list[DocumentOut]
-    meta: dict[str, Any]
+    meta: RetrievalMetaOut
 
 
 class SkillResponse(RetrieveResponse):
     skill: dict[str, Any]
 
 
+class ModuleListingMetaOut(_Out):
+    """The meta of a module listing (no query: the module's chunks in document order)."""
+
+    status: Literal["ok"]
+    mode: Literal["document_order"]
+    top_k: int
+    level: int
+    kb_ids: list[str] | None
+    returned: int
+
+
 class ModuleResponse(RetrieveResponse):
+    meta: RetrievalMetaOut | ModuleListingMetaOut  # type: ignore[assignment]
     module: dict[str, Any]
 
 
