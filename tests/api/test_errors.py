@@ -52,7 +52,7 @@ def test_a_sane_request_id_is_kept_and_echoed(client: TestClient) -> None:
         ({"query": "", "top_k": 3}, "query"),
         ({"query": "   ", "top_k": 3}, "blank"),
         ({"query": "ok", "top_k": 0}, "top_k"),
-        ({"query": "ok", "top_k": 51}, "top_k must be at most 50"),
+        ({"query": "ok", "top_k": 51}, "top_k must be an integer from 1 to 50"),
         ({"query": "x" * 2001}, "at most 2000 characters"),
         ({"query": "bell \x07 here"}, "control character U+0007"),
         ({"query": "nul \x00"}, "control character U+0000"),

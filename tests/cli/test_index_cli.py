@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from strata.config import DatabaseSettings
 from strata.stores.sql import ACTIVE, DocumentStore
 from tests.conftest import MilvusTarget
@@ -239,6 +241,16 @@ def test_a_bad_setting_exits_2_naming_the_variable(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "STRATA_EMBEDDING__PROVIDER" in lines[0] and "'nope'" in lines[0]
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("batch_size", ["-1", "0"])
+def test_a_bad_option_is_validated_as_the_setting_it_changes(tmp_path: Path, batch_size: str) -> None:
+    done = run_strata(["index", str(EXAMPLES_KB), "--kb", "demo", "--batch-size", batch_size], strata_env(tmp_path / "data"))
+
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "STRATA_EMBEDDING__BATCH_SIZE" in lines[0] and f"(got {batch_size})" in lines[0]
     assert not (tmp_path / "data").exists()
 
 

@@ -54,3 +54,31 @@ def test_eval_refuses_ks_the_spec_does_not_define(small_set: Path, tmp_path: Pat
     assert done.returncode == 2 and "--k must be 5,10" in done.stderr
     done = run_eval(str(small_set), "--modes", "bm25,magic", "--out", str(tmp_path), cwd=REPO)
     assert done.returncode == 2 and "magic" in done.stderr
+
+
+def test_modes_are_strategies_and_the_spec_rows_search_as_before(tmp_path: Path) -> None:
+    from strata.config import Settings
+    from strata.evaluation.modes import MODES
+    from strata.evaluation.runner import eval_settings, mode_settings
+    from strata.rag.strategies import plan_for
+
+    base = eval_settings(Settings(_env_file=None, rerank={"url": "http://127.0.0.1:9/rerank"}), tmp_path / "index")
+    searched = {}
+    for mode in MODES:
+        settings = mode_settings(base, mode)
+        cfg = settings.retrieval
+        plan = plan_for(cfg.strategy, routes=cfg.routes, merge_enabled=cfg.merge_enabled)
+        searched[mode] = (plan.routes, plan.merge)
+        assert bool(settings.rerank.url) == (mode == "full")
+    assert searched["bm25"] == ("sparse", "none") and searched["dense"] == searched["basic"] == ("dense", "none")
+    assert searched["hybrid"] == ("hybrid", "none") and searched["hybrid+merge"] == searched["auto_merge"] == ("hybrid", "parents")
+
+
+def test_the_runner_refuses_a_bad_override_or_mode(tmp_path: Path) -> None:
+    from strata.config import ConfigError, Settings
+    from strata.evaluation.runner import eval_settings, mode_settings
+
+    with pytest.raises(ConfigError, match="STRATA_RETRIEVAL__RRF_K"):
+        eval_settings(Settings(_env_file=None), tmp_path / "index", {"retrieval": {"rrf_k": 0}})
+    with pytest.raises(ConfigError, match="unknown eval mode 'magic'"):
+        mode_settings(Settings(_env_file=None), "magic")

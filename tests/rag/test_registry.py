@@ -9,7 +9,6 @@ import pytest
 
 from strata.config import ConfigError, Settings
 from strata.rag.registry import (
-    STRATEGIES,
     RetrieverProtocol,
     StrategyRetriever,
     available_retrievers,
@@ -18,6 +17,7 @@ from strata.rag.registry import (
     retrieve_fused,
     unregister_retriever,
 )
+from strata.strategy_table import STRATEGIES
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 from tests.integrations.kb import RESET_QUERY, engine, index_demo_and_garden
 

@@ -17,14 +17,12 @@ from strata.types import Chunk, Filters, RetrievalResult
 CLOSEST_SHOWN = 5
 
 
-def check_limits(service: Service, query: str, top_k: int) -> None:
-    """The settings' limits (``max_query_chars``, ``max_top_k``) as 422 problems."""
-    cfg = service.settings.retrieval
-    max_top_k, max_chars = cfg.max_top_k, cfg.max_query_chars
-    if top_k > max_top_k:
-        raise Problem(422, f"top_k must be at most {max_top_k} (got {top_k})", title="Invalid Input")
-    if len(query) > max_chars:
-        raise Problem(422, f"the query must be at most {max_chars} characters (got {len(query)})", title="Invalid Input")
+def check_limits(service: Service, query: str, top_k: int, variants: Sequence[str] = ()) -> None:
+    """The settings' limits (``max_query_chars``, ``max_top_k``), checked as the library checks them, as 422 problems."""
+    try:
+        service.settings.retrieval.check_query(query, top_k, variants)
+    except ValueError as exc:
+        raise Problem(422, str(exc), title="Invalid Input") from None
 
 
 def search_scope(service: Service, principal: Principal, requested: Sequence[str] | None) -> list[str] | None:

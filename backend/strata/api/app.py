@@ -16,7 +16,7 @@ from typing import AsyncIterator
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from strata.api import problems
+from strata.api import problems, schemas
 from strata.api.auth import KeyRing
 from strata.api.deps import needs_key
 from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
@@ -59,6 +59,7 @@ def create_app(
         version="0.1.0",
         lifespan=lifespan,
     )
+    app.openapi = lambda: app.openapi_schema or schemas.publish_limits(FastAPI.openapi(app), settings.retrieval)
     routers = (health.router, retrieve.router, kbs.router, ui.router)
     for router in routers:
         app.include_router(router)

@@ -2,8 +2,11 @@
 
 Strings reject control characters (a query may hold tabs and newlines) and
 lone surrogates; unknown fields are refused, so the filter keys are an
-allowlist. Limits that come from settings (``max_top_k``,
-``max_query_chars``) are checked in the routes against the running settings.
+allowlist. The limits that come from settings (``max_top_k``,
+``max_query_chars``) are checked in the routes by the library's own check
+(``RetrievalSettings.check_query``, the same message everywhere); the fields
+they bound name their setting, and ``publish_limits`` writes the running
+values into the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from strata.config import RetrievalSettings
+from strata.strategy_table import StrategyName
 from strata.types import CacheState, Filters, Mode, RerankStatus, Status
 
 KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-HARD_MAX_QUERY_CHARS = 20000  # the settings' max_query_chars is checked in the routes
-HARD_MAX_TOP_K = 1000
+LIMIT_KEY = "x-strata-limit"  # OpenAPI extension: the setting whose running value bounds the field
+LIMITS = {"max_query_chars": "maxLength", "max_top_k": "maximum"}  # setting -> JSON Schema keyword
 
 
 def _no_control(value: str, *, allowed: str = "") -> str:
@@ -34,10 +39,27 @@ def _text(value: str) -> str:
     return value
 
 
-QueryText = Annotated[str, StringConstraints(min_length=1, max_length=HARD_MAX_QUERY_CHARS), AfterValidator(_text)]
+QueryText = Annotated[
+    str, StringConstraints(min_length=1), AfterValidator(_text), Field(json_schema_extra={LIMIT_KEY: "max_query_chars"})
+]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_no_control)]
 KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
-TopK = Annotated[int, Field(ge=1, le=HARD_MAX_TOP_K, description="results wanted (at most the service's max_top_k)")]
+TopK = Annotated[
+    int, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})
+]
+
+
+def publish_limits(node: Any, retrieval: RetrievalSettings) -> Any:
+    """``node`` (an OpenAPI document) with the running limits on every field that names one, in place."""
+    if isinstance(node, dict):
+        if node.get(LIMIT_KEY) in LIMITS:
+            node[LIMITS[node[LIMIT_KEY]]] = getattr(retrieval, node[LIMIT_KEY])
+        for child in node.values():
+            publish_limits(child, retrieval)
+    elif isinstance(node, list):
+        for child in node:
+            publish_limits(child, retrieval)
+    return node
 
 
 class _Strict(BaseModel):
@@ -69,7 +91,7 @@ class RetrieveRequest(_Strict):
     rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
     expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
     explain: bool = Field(False, description="keep the per-document score trace")
-    strategy: Literal["basic", "hybrid", "auto_merge", "fusion", "adjacent"] | None = Field(
+    strategy: StrategyName | None = Field(  # type: ignore[valid-type]
         None, description="retrieval strategy; default as configured"
     )
     queries: list[QueryText] | None = Field(

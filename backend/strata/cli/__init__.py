@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 
 from strata.config import ConfigError, Settings, get_settings
 from strata.errors import StrataError
+from strata.evaluation.modes import DEFAULT_MODES, MODES
+from strata.strategy_table import DEFAULT_STRATEGY, STRATEGY_NAMES
 
 logger = logging.getLogger("strata")
 
@@ -94,8 +96,8 @@ def _add_query(sub: Any) -> None:
     p.add_argument("--source-prefix", help="filter: source path prefix")
     p.add_argument("--json", action="store_true", help="print the RetrievalResult as JSON")
     p.add_argument("--explain", action="store_true", help="print stages, merges and per-doc traces")
-    p.add_argument("--strategy", choices=["basic", "hybrid", "auto_merge", "fusion", "adjacent"],
-                   help="retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, auto_merge)")
+    p.add_argument("--strategy", choices=STRATEGY_NAMES,
+                   help=f"retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, {DEFAULT_STRATEGY})")
     p.add_argument("--query-variant", action="append", default=[], help="fusion: another phrasing to search (repeat)")
     p.set_defaults(handler=_lazy("strata.cli.query", "cmd_query"))
 
@@ -105,7 +107,8 @@ def _add_eval(sub: Any) -> None:
     p.add_argument("dataset", type=Path)
     p.add_argument("--sample", type=int, help="questions to sample (seed 13); default all")
     p.add_argument("--k", default="5,10", help="comma-separated k values (default 5,10)")
-    p.add_argument("--modes", default="bm25,dense,hybrid,hybrid+merge,full")
+    p.add_argument("--modes", help=f"comma-separated, of {', '.join(MODES)} (docs/evaluation.md); "
+                   f"default {','.join(DEFAULT_MODES)}")
     p.add_argument("--out", type=Path, default=Path("eval-out"))
     p.add_argument("--kb", default="eval", help="knowledge base id for the corpus")
     p.add_argument("--reuse-index", action="store_true", help="skip indexing when the kb is already built")

@@ -1,4 +1,4 @@
-"""``strata eval``: SPEC.md evaluation of bm25 / dense / hybrid / hybrid+merge / full."""
+"""``strata eval``: SPEC.md evaluation of retrieval modes (``strata.evaluation.modes``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from strata.cli.progress import make_progress
 from strata.config import ConfigError, Settings
 from strata.evaluation import report as out
+from strata.evaluation.modes import parse_modes
 from strata.evaluation.runner import (
-    MODES,
     build_index,
     describe_machine,
     eval_settings,
@@ -29,11 +29,7 @@ def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
     if ks != [5, 10]:
         raise ConfigError("--k must be 5,10: SPEC.md's metrics are defined on the k=5 and k=10 lists")
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ConfigError(f"unknown --modes {unknown}; choose from {', '.join(MODES)}")
-    return ks, modes
+    return ks, parse_modes(args.modes)
 
 
 def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,15 +2,11 @@
 
 The corpus (one Markdown document per article) is indexed once into a private
 embedded index under ``OUT/index`` (Milvus Lite + SQLite, no Redis), then every
-mode answers every sampled question at each k:
-
-- ``bm25``: the BM25 route only; ``dense``: the dense route only;
-- ``hybrid``: both routes fused with RRF, no merge;
-- ``hybrid+merge``: the full path without rerank (strata's default);
-- ``full``: the full path with rerank (only when ``STRATA_RERANK__URL`` is set);
-- ``basic``, ``auto_merge``, ``adjacent``, ``fusion``: the strategies by name
-  (``fusion`` makes its query variants from ``STRATA_RETRIEVAL__SYNONYMS``; without
-  a dictionary it searches the question alone and equals ``auto_merge``).
+mode (``strata.evaluation.modes``: the strategies by name and SPEC §8's rows
+``bm25``, ``dense``, ``hybrid+merge``, ``full``) answers every sampled question
+at each k. ``fusion`` makes its query variants from
+``STRATA_RETRIEVAL__SYNONYMS``; without a dictionary it searches the question
+alone and equals ``auto_merge``.
 
 Latency is the wall time of each ``retrieve_documents`` call after 5 warm-up
 calls, query encoding included; the encoder's own cost per query is reported
@@ -24,11 +20,12 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from strata.config import Settings
+from strata.config import Settings, with_overrides
 from strata.evaluation.dataset import Query, load_squad, subsample, write_corpus
 from strata.evaluation.metrics import Item, QueryOutcome, percentile, summarize
+from strata.evaluation.modes import eval_mode
 from strata.indexing.pipeline import Indexer
 from strata.indexing.report import IndexReport, Progress
 from strata.rag.retrieve import Retriever
@@ -36,18 +33,6 @@ from strata.resources import Resources
 
 logger = logging.getLogger(__name__)
 
-MODES: dict[str, dict[str, Any]] = {
-    "bm25": {"routes": "sparse", "merge_enabled": False},
-    "dense": {"routes": "dense", "merge_enabled": False},
-    "hybrid": {"routes": "hybrid", "merge_enabled": False},
-    "hybrid+merge": {"routes": "hybrid", "merge_enabled": True},
-    "full": {"routes": "hybrid", "merge_enabled": True},
-    # the strategies by name (strata.rag.strategies)
-    "basic": {"strategy": "basic"},
-    "auto_merge": {"strategy": "auto_merge", "routes": "hybrid", "merge_enabled": True},
-    "adjacent": {"strategy": "adjacent"},
-    "fusion": {"strategy": "fusion", "routes": "hybrid", "merge_enabled": True},
-}
 WARMUP_CALLS = 5
 
 
@@ -60,25 +45,23 @@ class ModeResult:
     skipped: str | None = None
 
 
-def eval_settings(base: Settings, index_dir: Path) -> Settings:
-    """The caller's settings on a private embedded index (no Redis, no query cache, no deadline)."""
-    return base.model_copy(
-        update={
-            "data_dir": index_dir,
-            "milvus": base.milvus.model_copy(update={"uri": str(index_dir / "milvus.db"), "kb_layout": "auto"}),
-            "database": base.database.model_copy(update={"url": f"sqlite:///{index_dir / 'strata.sqlite3'}"}),
-            "redis": base.redis.model_copy(update={"url": None}),
-            # quality is measured without a deadline: a loaded machine must not turn answers into fallbacks
-            "retrieval": base.retrieval.model_copy(update={"cache_size": 0, "deadline_ms": 600_000}),
-        }
-    )
+def eval_settings(base: Settings, index_dir: Path, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """The caller's settings (and ``overrides``, validated) on a private embedded index (no Redis, no query
+    cache, no deadline); ``ConfigError`` names an invalid override."""
+    private = {
+        "data_dir": index_dir,
+        "milvus": {"uri": str(index_dir / "milvus.db"), "kb_layout": "auto"},
+        "database": {"url": f"sqlite:///{index_dir / 'strata.sqlite3'}"},
+        "redis": {"url": None},
+        # quality is measured without a deadline: a loaded machine must not turn answers into fallbacks
+        "retrieval": {"cache_size": 0, "deadline_ms": 600_000},
+    }
+    return with_overrides(with_overrides(base, overrides or {}), private)
 
 
 def mode_settings(settings: Settings, mode: str) -> Settings:
-    update = {"retrieval": settings.retrieval.model_copy(update=MODES[mode])}
-    if mode != "full":
-        update["rerank"] = settings.rerank.model_copy(update={"url": ""})
-    return settings.model_copy(update=update)
+    """``settings`` as eval mode ``mode`` runs (``strata.evaluation.modes``)."""
+    return with_overrides(settings, eval_mode(mode).overrides())
 
 
 def build_index(settings: Settings, dataset: Path, out_dir: Path, kb_id: str, progress: Progress) -> tuple[Resources, IndexReport, int]:
@@ -118,7 +101,7 @@ def run_mode(
 ) -> ModeResult:  # fmt: skip
     """Every query at every k through one mode's ``Retriever``."""
     result = ModeResult(mode)
-    if mode == "full" and not resources.settings.rerank.url:
+    if eval_mode(mode).rerank and not resources.settings.rerank.url:
         result.skipped = "STRATA_RERANK__URL is not set"
         return result
     retriever = Retriever(Resources(mode_settings(resources.settings, mode), encoder=resources.encoder))

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import Deadline, DeadlineExceeded
 from strata.stores.parents import ParentFetch
+from strata.strategy_table import DEFAULT_STRATEGY
 from strata.types import (
     Filters,
     MergeRound,
@@ -40,7 +41,7 @@ class Recorder:
         self.deadline = deadline or Deadline(float("inf"))
         self.kb_ids, self.filters = kb_ids, filters
         self.mode: Mode = "hybrid"
-        self.strategy = "auto_merge"
+        self.strategy = DEFAULT_STRATEGY
         self.variants: tuple[str, ...] = ()
         self.bm25_query: dict[str, Any] = {}  # what BM25 query hygiene left out, or why it did not run
         self.dense = self.sparse = self.fused = 0

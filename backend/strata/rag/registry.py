@@ -1,9 +1,9 @@
 """Retrievers by name: strata's strategies and a user's own, registered the same way.
 
 A retriever is anything honouring ``RetrieverProtocol``; a factory builds one
-from keyword configuration. strata registers its strategies (``basic``,
-``hybrid``, ``auto_merge``, ``fusion``, ``adjacent``) through the same
-``register_retriever`` call a user makes::
+from keyword configuration. strata registers its strategies (the names of
+``strata.strategy_table``) through the same ``register_retriever`` call a
+user makes::
 
     register_retriever("wiki", lambda **config: WikiRetriever(**config))
     wiki = get_retriever("wiki", lang="en")
@@ -23,9 +23,8 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from strata.config import ConfigError, Settings
 from strata.rag.rank_fusion import fuse_documents
+from strata.strategy_table import STRATEGY_NAMES
 from strata.types import Filters, RetrievalResult, RetrievedDocument
-
-STRATEGIES = ("basic", "hybrid", "auto_merge", "fusion", "adjacent")
 
 
 @runtime_checkable
@@ -157,5 +156,5 @@ class StrategyRetriever:
         return partial(retrieve_documents, settings=self.settings)
 
 
-for _strategy in STRATEGIES:
+for _strategy in STRATEGY_NAMES:
     register_retriever(_strategy, partial(StrategyRetriever, _strategy), replace=True)  # replace: reload-safe

@@ -75,7 +75,9 @@ class Retriever:
         of ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the
         ``fusion`` strategy's extra query variants.
         """
-        self._check_arguments(query, top_k, kb_ids)
+        self._cfg.check_query(query, top_k, queries or ())
+        if isinstance(kb_ids, str):
+            raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
         self.warm_up()
         plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
         if queries and not plan.multi_query:
@@ -133,19 +135,6 @@ class Retriever:
             loaded = self._res.documents.active_chunks(limit=room)
             parents.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
-
-    def _check_arguments(self, query: str, top_k: int, kb_ids: Sequence[str] | None) -> None:
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError("query must be a non-empty string")
-        if len(query) > self._cfg.max_query_chars:
-            raise ValueError(
-                f"query is {len(query)} characters, over the limit of {self._cfg.max_query_chars} "
-                "(STRATA_RETRIEVAL__MAX_QUERY_CHARS)"
-            )
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self._cfg.max_top_k:
-            raise ValueError(f"top_k must be an integer from 1 to {self._cfg.max_top_k} (STRATA_RETRIEVAL__MAX_TOP_K), got {top_k!r}")
-        if isinstance(kb_ids, str):
-            raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
 
     def _cache_key(self, run: Recorder, state: ServingState, rerank: bool, expansion: Expansion) -> str:
         return cache_key({

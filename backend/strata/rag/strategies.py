@@ -1,26 +1,22 @@
-"""Retrieval strategies by name (pure): what each one searches and how it shapes the evidence.
+"""Retrieval strategies planned (pure): what each one searches and how it shapes the evidence.
 
-- ``basic``: the dense route only, leaves as found;
-- ``hybrid``: dense + BM25 fused by RRF, leaves as found;
-- ``auto_merge`` (default): hybrid, then two rounds of auto-merge (L3→L2→L1);
-  ``STRATA_RETRIEVAL__ROUTES`` / ``__MERGE_ENABLED`` still tune it;
-- ``fusion``: several query variants (given by the caller, or made from the
-  synonym dictionary), each searched like ``auto_merge``'s first step, fused
-  by N-list RRF, then auto-merged;
-- ``adjacent``: hybrid, then consecutive hit leaves of one document joined
-  into one passage instead of being replaced by their whole parent.
+The strategies themselves, and which settings each one honours, are the table
+of ``strata.strategy_table``; ``plan_for`` turns a row and the settings into a
+``StrategyPlan``. ``fusion`` searches several query variants (given by the
+caller, or made from the synonym dictionary), each like ``auto_merge``'s first
+step, fused by N-list RRF, then auto-merged.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 from strata.rag.expansion import SynonymDictionary
+from strata.strategy_table import STRATEGY_NAMES, Merge, strategy
 
-STRATEGIES = ("basic", "hybrid", "auto_merge", "fusion", "adjacent")
-Merge = Literal["parents", "adjacent", "none"]
+STRATEGIES = STRATEGY_NAMES  # re-exported by strata.rag
 
 
 @dataclass(frozen=True)
@@ -32,18 +28,10 @@ class StrategyPlan:
 
 
 def plan_for(name: str, *, routes: str = "hybrid", merge_enabled: bool = True) -> StrategyPlan:
-    """The plan of strategy ``name``; ``routes``/``merge_enabled`` are the settings ``auto_merge`` honours."""
-    parents: Merge = "parents" if merge_enabled else "none"
-    plans = {
-        "basic": StrategyPlan("basic", "dense", "none"),
-        "hybrid": StrategyPlan("hybrid", "hybrid", "none"),
-        "auto_merge": StrategyPlan("auto_merge", routes, parents),
-        "fusion": StrategyPlan("fusion", routes, parents, multi_query=True),
-        "adjacent": StrategyPlan("adjacent", "hybrid", "adjacent"),
-    }
-    if name not in plans:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    return plans[name]
+    """The plan of strategy ``name``; ``routes``/``merge_enabled`` apply where its row leaves them open."""
+    row = strategy(name)
+    merge: Merge = row.merge or ("parents" if merge_enabled else "none")
+    return StrategyPlan(row.name, row.routes or routes, merge, multi_query=row.multi_query)
 
 
 def query_variants(

@@ -27,7 +27,7 @@ router = APIRouter(tags=["retrieval"], responses=PROBLEMS)
 
 @router.post("/retrieve", summary="evidence for a query, with the meta record", response_model=RetrieveResponse)
 def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
-    answers.check_limits(service, body.query, body.top_k)
+    answers.check_limits(service, body.query, body.top_k, body.queries or ())
     scope = answers.search_scope(service, principal, body.kb_ids)
     filters = body.filters.to_filters() if body.filters else None
     result = service.retrieve(

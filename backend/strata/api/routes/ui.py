@@ -1,4 +1,4 @@
-"""``GET /ui``: the retrieval console, three static files shipped in the package.
+"""``GET /ui``: the retrieval console, three static files shipped in the package, and its strategy list.
 
 The page needs no key to load (it holds no data); it asks for one when the
 service has keys and sends it as ``Authorization: Bearer`` on every API call
@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter
-from starlette.responses import FileResponse
+from starlette.responses import FileResponse, JSONResponse
+
+from strata.strategy_table import COMPARE_PAIR, STRATEGIES
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 ASSETS = {
@@ -33,6 +35,13 @@ router = APIRouter(tags=["console"], include_in_schema=False)
 @router.get("/ui")
 def console() -> FileResponse:
     return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+
+
+@router.get("/ui/strategies")
+def strategies() -> JSONResponse:
+    """The strategy table (``strata.strategy_table``), so the console lists what the service accepts."""
+    body = {"strategies": [s.to_dict() for s in STRATEGIES.values()], "compare": list(COMPARE_PAIR)}
+    return JSONResponse(body, headers=HEADERS)
 
 
 @router.get("/ui/app.js")

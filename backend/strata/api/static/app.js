@@ -4,7 +4,6 @@
 "use strict";
 
 const KEY_STORAGE = "strata.apiKey";
-const STRATEGIES = ["basic", "hybrid", "auto_merge", "fusion", "adjacent"];
 const STATUS_WORDS = {
   ok: "OK: every stage ran as planned.",
   degraded: "Degraded: the evidence is usable, but a stage fell back (reasons below).",
@@ -17,13 +16,6 @@ const MODE_WORDS = {
   dense_fallback: "dense search only, because the hybrid search failed",
   sparse_fallback: "BM25 search only, because the query encoder failed",
   failed: "no search succeeded",
-};
-const STRATEGY_WORDS = {
-  basic: "dense route only, leaves as found",
-  hybrid: "dense + BM25 fused by RRF, leaves as found",
-  auto_merge: "hybrid, then two rounds of auto-merge (L3 → L2 → L1)",
-  fusion: "several query variants searched and fused (N-list RRF), then auto-merged",
-  adjacent: "hybrid, then consecutive leaves of one document joined into one passage",
 };
 const REASON_WORDS = {
   hybrid_search_failed: "the hybrid search failed; dense search was retried alone",
@@ -41,7 +33,8 @@ const TRACE_FIELDS = [
   ["fused_score", "fused (RRF)"], ["rerank_score", "rerank score"], ["score_stage", "score from"],
 ];
 
-const state = { key: sessionStorage.getItem(KEY_STORAGE) || "", keysRequired: false, kbs: [] };
+// the strategies come from the service (GET /ui/strategies, strata.strategy_table): name -> {summary, merge, ...}
+const state = { key: sessionStorage.getItem(KEY_STORAGE) || "", keysRequired: false, kbs: [], strategies: new Map(), compare: [] };
 const $ = (id) => document.getElementById(id);
 
 // -- DOM and API helpers -----------------------------------------------------------
@@ -122,7 +115,19 @@ function handleAuthLoss(error) {
 
 // -- start, key, tabs ------------------------------------------------------------
 
+async function loadStrategies() {
+  const table = await api("GET", "/ui/strategies");
+  state.strategies = new Map(table.strategies.map((s) => [s.name, s]));
+  state.compare = table.compare;
+}
+
 async function boot() {
+  try {
+    await loadStrategies();
+  } catch (error) {
+    fail($("banner"), explain(error));
+    return;
+  }
   fillOptions();
   $("key-form").addEventListener("submit", onKey);
   $("query-form").addEventListener("submit", (e) => { e.preventDefault(); runQuery(); });
@@ -224,14 +229,13 @@ function switchView(view) {
 function fillOptions() {
   for (const id of ["strategy", "a-strategy", "b-strategy"]) {
     $(id).replaceChildren(el("option", { value: "" }, "service default"),
-      ...STRATEGIES.map((s) => el("option", { value: s }, s)));
+      ...[...state.strategies.keys()].map((s) => el("option", { value: s }, s)));
   }
   for (const id of ["rerank", "a-rerank", "b-rerank"]) {
     $(id).replaceChildren(el("option", { value: "" }, "as configured"),
       el("option", { value: "on" }, "on"), el("option", { value: "off" }, "off"));
   }
-  $("a-strategy").value = "hybrid";
-  $("b-strategy").value = "auto_merge";
+  [$("a-strategy").value, $("b-strategy").value] = state.compare;
 }
 
 function fillKbSelects() {
@@ -297,7 +301,7 @@ function applyParams(params) {
   selectKb("kb", params.get("kb") || "");
   $("k").value = params.get("k") || "5";
   const strategy = params.get("strategy") || "";
-  $("strategy").value = STRATEGIES.includes(strategy) ? strategy : "";
+  $("strategy").value = state.strategies.has(strategy) ? strategy : "";
   $("rerank").value = ["on", "off"].includes(params.get("rerank")) ? params.get("rerank") : "";
   $("expand").checked = params.get("expand") !== "0";
   for (const name of ["modules", "skills", "source_prefix", "doc_ids"]) $(name).value = params.get(name) || "";
@@ -345,7 +349,7 @@ function renderMeta(meta) {
   const status = meta.status || "unknown";
   const facts = [
     ["mode", meta.mode ? `${meta.mode}: ${MODE_WORDS[meta.mode] || meta.mode}` : null],
-    ["strategy", meta.strategy ? `${meta.strategy}: ${STRATEGY_WORDS[meta.strategy] || ""}` : null],
+    ["strategy", meta.strategy ? `${meta.strategy}: ${state.strategies.get(meta.strategy)?.summary || ""}` : null],
     ["knowledge bases", meta.kb_ids ? meta.kb_ids.join(", ") : "all"],
     ["returned", meta.returned !== undefined
       ? `${meta.returned} of top_k ${meta.top_k} (candidate_k ${meta.candidate_k})` : null],
@@ -403,7 +407,7 @@ function renderMergeTree(docs, meta) {
   const groups = new Map();
   for (const item of merged) {
     const level = item.doc.metadata.level;
-    const label = meta.strategy === "adjacent" || level === 3
+    const label = state.strategies.get(meta.strategy)?.merge === "adjacent" || level === 3
       ? "adjacent leaves joined into one passage"
       : `chunks merged into their L${level} parent`;
     if (!groups.has(label)) groups.set(label, []);
@@ -519,7 +523,7 @@ function applyCompareParams(params) {
   $("ck").value = params.get("k") || "5";
   for (const side of ["a", "b"]) {
     const strategy = params.get(side) || "";
-    $(`${side}-strategy`).value = STRATEGIES.includes(strategy) ? strategy : "";
+    $(`${side}-strategy`).value = state.strategies.has(strategy) ? strategy : "";
     $(`${side}-rerank`).value = ["on", "off"].includes(params.get(`${side}_rerank`)) ? params.get(`${side}_rerank`) : "";
   }
 }
