@@ -46,15 +46,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def migrated(url: str) -> str:
+    """The database at ``url`` brought to the schema strata needs, as `strata db upgrade` does before a
+    deployment starts (strata refuses a PostgreSQL database that is behind)."""
+    from strata.stores.schema_version import upgrade
+    from strata.stores.sql_database import SqlDatabase
+
+    db = SqlDatabase(DatabaseSettings(url=url))
+    try:
+        upgrade(db.engine)
+    finally:
+        db.dispose()
+    return url
+
+
 @contextmanager
-def fresh_pg_database() -> Iterator[str]:
-    """A new PostgreSQL database (SQLAlchemy URL), dropped afterwards."""
+def fresh_pg_database(*, migrate: bool = True) -> Iterator[str]:
+    """A new PostgreSQL database (SQLAlchemy URL), at strata's schema unless ``migrate=False``, dropped afterwards."""
     name = f"strata_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     try:
-        yield f"{base}/{name}"
+        yield migrated(f"{base}/{name}") if migrate else f"{base}/{name}"
     finally:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -85,7 +99,7 @@ def database_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield DatabaseSettings(url=session_url.rsplit("/", 1)[0] + f"/{name}")
+    yield DatabaseSettings(url=migrated(session_url.rsplit("/", 1)[0] + f"/{name}"))
     with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 

@@ -25,7 +25,7 @@ import pytest
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB, free_port
+from tests.conftest import EXAMPLES_KB, free_port, migrated
 from tests.rag.test_retrieve import make_settings
 
 PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -81,11 +81,11 @@ class PrivatePostgres:
                 pass
 
     def create_database(self) -> str:
-        """A new empty database; its SQLAlchemy URL."""
+        """A new database at strata's schema (``strata db upgrade``); its SQLAlchemy URL."""
         name = f"t_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+        return migrated(f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}")
 
     def destroy(self) -> None:
         if self.running():

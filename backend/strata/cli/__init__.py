@@ -1,4 +1,4 @@
-"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild, milvus-server.
+"""The ``strata`` command: index, delete, stats, reconcile, query, eval, serve, rebuild, milvus-server, db.
 
 Each sub-command lives in a module of this package, imported only when run.
 """
@@ -145,6 +145,17 @@ def _add_milvus_server(sub: Any) -> None:
     p.set_defaults(handler=_lazy("strata.cli.milvus_server", "cmd_milvus_server"))
 
 
+def _add_db(sub: Any) -> None:
+    p = sub.add_parser("db", help="the SQL schema: upgrade it (once per release, before new pods) or show its version")
+    db = p.add_subparsers(dest="db_command", required=True)
+    db.add_parser("upgrade", help="migrate the database to the schema this strata needs (safe to run twice)").set_defaults(
+        handler=_lazy("strata.cli.db", "cmd_db_upgrade")
+    )
+    db.add_parser("current", help="print the schema version; exit 1 when it is behind").set_defaults(
+        handler=_lazy("strata.cli.db", "cmd_db_current")
+    )
+
+
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
     def run(args: argparse.Namespace, settings: Settings) -> int:
         import importlib
@@ -158,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server, _add_db):
         add(sub)
     return parser
 

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from strata.config import Settings
+from strata.stores.schema_version import open_database_schema
 
 if TYPE_CHECKING:
     from strata.api.auth import KeyRing
@@ -34,6 +35,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if refusal:
         print(f"strata serve: {refusal}", file=sys.stderr)
         return 2
+    open_database_schema(settings.database)  # a PostgreSQL database behind `strata db upgrade` stops it here
     if not keyed:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
     _run(settings, host=host, port=port, workers=args.workers, keys=keys)

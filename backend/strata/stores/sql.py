@@ -13,6 +13,7 @@ from strata.config import DatabaseSettings
 from strata.stores.chunks import Chunks
 from strata.stores.embedding_cache import EmbeddingCache
 from strata.stores.knowledge_bases import KnowledgeBases
+from strata.stores.schema_version import open_schema
 from strata.stores.sql_database import SqlDatabase
 from strata.stores.term_stats import TermStatistics
 from strata.stores.versions import DocumentVersions
@@ -26,7 +27,7 @@ class DocumentStore(KnowledgeBases, DocumentVersions, Chunks, TermStatistics, Em
 
     def __init__(self, settings: DatabaseSettings) -> None:
         db = SqlDatabase(settings)
-        db.prepare_schema()
+        open_schema(db.engine)  # SQLite upgrades itself; PostgreSQL behind `strata db upgrade` is refused
         super().__init__(db)
 
     def dispose(self) -> None:

@@ -2,27 +2,24 @@
 
 ``SqlDatabase`` owns the engine: its pool, SQLite's pragmas, the translation of
 SQLAlchemy errors into ``StoreError`` and the query path's statement timeout.
+The schema is ``schema_version``'s (Alembic migrations).
 The stores of ``DocumentStore`` (knowledge bases, versions, chunks, term
 statistics, the embedding cache) are ``SqlPart``\\ s over one ``SqlDatabase``.
 """
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from strata.config import DatabaseSettings
 from strata.errors import StoreError
-from strata.stores.sql_schema import ADDED_COLUMNS, metadata
-
-logger = logging.getLogger(__name__)
 
 IN_BATCH = 900  # ids per IN (...) clause; far under SQLite's variable limit
 INSERT_BATCH = 500  # rows per multi-row INSERT: 500 x 3 columns stays under SQLite's 32,766 variables
@@ -34,14 +31,6 @@ class SqlDatabase:
     def __init__(self, settings: DatabaseSettings) -> None:
         self.engine = _create_engine(settings)
         self._query_timeout_ms = int(settings.query_timeout_s * 1000)
-
-    def prepare_schema(self) -> None:
-        """Creates the tables and the columns a database from an earlier strata lacks."""
-        try:
-            metadata.create_all(self.engine)
-            _add_missing_columns(self.engine)
-        except SQLAlchemyError as exc:
-            raise StoreError(f"cannot prepare the SQL schema at {self.safe_url()}: {exc}") from exc
 
     def connect(self) -> Any:
         return _translated(self.engine.connect, self)
@@ -114,19 +103,6 @@ def _create_engine(settings: DatabaseSettings) -> Engine:
         pool_pre_ping=True,
         connect_args={"connect_timeout": max(1, int(settings.connect_timeout_s))},
     )
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Adds columns introduced after a table was first created (a database from an earlier strata)."""
-    inspector = inspect(engine)
-    for table, columns in ADDED_COLUMNS.items():
-        present = {c["name"] for c in inspector.get_columns(table)}
-        for column in columns:
-            if column.name not in present:
-                kind = column.type.compile(dialect=engine.dialect)
-                with engine.begin() as conn:
-                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column.name} {kind}")
-                logger.info("added column %s.%s to an existing database", table, column.name)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

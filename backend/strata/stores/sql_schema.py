@@ -1,7 +1,8 @@
 """SQL tables: the source of truth for knowledge bases, documents and chunks.
 
-Created on first use (``metadata.create_all``); the same schema runs on
-SQLite (embedded) and PostgreSQL (production, JSONB for metadata).
+The same schema runs on SQLite (embedded) and PostgreSQL (production, JSONB
+for metadata). A change here is a migration too (``stores/migrations``,
+``schema_version``); a test compares these tables with the migrations' head.
 """
 
 from __future__ import annotations
@@ -116,7 +117,3 @@ kb_leases = Table(
     Column("acquired_at", DateTime, nullable=False),
     Column("expires_at", DateTime, nullable=False, comment="UTC; a holder renews it while it works"),
 )
-
-# Columns added after a table's first release: ``create_all`` does not add columns to an existing
-# table, so ``DocumentStore`` adds these when they are missing (nullable, no default needed).
-ADDED_COLUMNS = {"strata_documents": [documents.c.root]}
