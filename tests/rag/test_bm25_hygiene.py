@@ -22,7 +22,7 @@ from strata.rag.recorder import Recorder
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import ServingState
-from tests.conftest import fresh_pg_database
+from tests.conftest import fresh_pg_database, migrated
 from tests.strata_support import term_frequencies, write_files
 
 DOCS = {
@@ -117,6 +117,7 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         with old.documents.engine.begin() as conn:  # the database as an earlier strata left it
             conn.execute(text("DROP TABLE strata_version_terms"))
             conn.execute(text("DROP TABLE strata_kb_terms"))
+            conn.execute(text("DROP TABLE strata_alembic_version"))  # it kept no schema version either
 
         # Retrieval without the table: the lookup fails, BM25 searches the whole query, the answer stands.
         result = Retriever(old).retrieve(QUERY, 3, kb_ids=["legacy"])
@@ -125,7 +126,8 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         assert [e.stage for e in result.meta.errors] == ["bm25_query"]
         old.documents.dispose()
 
-        resources = Resources(settings, encoder=memo_encoder)  # creates the (empty) table
+        migrated(pg_url)  # `strata db upgrade` takes the database over at the baseline: the (empty) tables
+        resources = Resources(settings, encoder=memo_encoder)
         indexer = Indexer(resources)
         assert indexer.reconcile("legacy").versions_without_term_stats == 4
         report = indexer.index_paths([docs], kb_id="legacy")
