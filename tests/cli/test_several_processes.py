@@ -77,7 +77,8 @@ def spawn(processes: list[subprocess.Popen[str]], args: Sequence[str], env: dict
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_env(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    """SQLite beside the data (what a user gets without STRATA_DATABASE__URL), or a fresh PostgreSQL database."""
+    """SQLite beside the data (what a user gets without STRATA_DATABASE__URL), or a fresh PostgreSQL database
+    (``strata db upgrade`` first, as its operator would)."""
     if request.param == "sqlite":
         yield {}
         return
@@ -95,6 +96,9 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
         env = strata_env(data, **target.env(), **database_env, STRATA_API__KEYS=json.dumps({KEY: {"kbs": ["a", "b"]}}),
                          STRATA_RETRIEVAL__CACHE_SIZE="0")  # fmt: skip
         database_url = database_env.get("STRATA_DATABASE__URL", f"sqlite:///{data / 'strata.sqlite3'}")
+        if database_env:  # its operator migrates PostgreSQL once (SQLite upgrades itself)
+            done = run_strata(["db", "upgrade"], env)
+            assert done.returncode == 0, done.stderr
         done = run_strata(["index", str(write_files(tmp_path / "a", NOTES)), "--kb", "a"], env)
         assert done.returncode == 0, done.stderr
 
