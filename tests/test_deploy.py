@@ -720,3 +720,61 @@ def test_the_image_check(image: str, ok: bool) -> None:
 def test_compose_interpolation_takes_defaults() -> None:
     assert resolve("${STRATA_ENCODER:-bge-m3}") == "bge-m3"
     assert resolve("postgresql+psycopg://strata:${PW:?set it}@pg/strata") == "postgresql+psycopg://strata:probe-secret-value@pg/strata"
+
+
+# -- model weights: filled by one Job, read-only everywhere else (docs/deploy.md, "Model weights") -------------
+
+
+def _claim_mounts(workload: Mapping[str, Any], claim: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(container, mount) of every mount of ``claim`` in the workload, with the volume's own readOnly merged in."""
+    pod = workload["spec"]["template"]["spec"]
+    volumes = {v["name"]: v.get("persistentVolumeClaim") or {} for v in pod.get("volumes") or []}
+    found = []
+    for container in _containers(workload):
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {})
+            if volume.get("claimName") == claim:
+                found.append((container, {**mount, "volumeReadOnly": volume.get("readOnly") is True}))
+    return found
+
+
+def test_every_claim_can_be_written_by_someone() -> None:
+    """A new ReadOnlyMany claim is an empty volume that nothing can ever fill."""
+    claims = [d for d in _manifests("pvc.yaml") if d["kind"] == "PersistentVolumeClaim"]
+    assert {c["metadata"]["name"] for c in claims} == {"strata-models", "strata-sources"}
+    for claim in claims:
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"], claim["metadata"]["name"]
+
+
+def test_the_loader_job_is_the_one_writer_of_the_models_and_the_pods_mount_them_read_only() -> None:
+    docs = _k8s_documents()
+    workloads = _workloads(docs)
+    writers, readers = set(), set()
+    for name, workload in workloads.items():
+        for container, mount in _claim_mounts(workload, "strata-models"):
+            read_only = mount.get("readOnly") is True and mount["volumeReadOnly"]
+            (readers if read_only else writers).add(name)
+            model = _container_environment(container, docs)["STRATA_EMBEDDING__MODEL"]
+            assert Path(model).is_relative_to(mount["mountPath"]), (name, model)  # the folder is on the claim
+    assert writers == {"Job/strata-model-loader"}
+    assert {"Deployment/strata", "Job/strata-index-docs"} <= readers
+
+    (loader,) = _containers(workloads["Job/strata-model-loader"])
+    env = _container_environment(loader, docs)
+    script = loader["command"][-1]
+    assert env["HF_HUB_OFFLINE"] == "0" and _dockerfile_env()["HF_HUB_OFFLINE"] == "1"  # only the loader downloads
+    download = next(line for line in script.splitlines() if "hf download" in line)
+    assert '--local-dir "$target.partial"' in download and "$MODEL_REPO" in download
+    steps = [line.strip() for line in script.splitlines()]
+    check = steps.index('STRATA_EMBEDDING__MODEL="$target.partial" python -m strata.encoders.model_folder')
+    assert check < steps.index('mv "$target.partial" "$target"')  # loaded before the pods can see it
+    assert 'target="$STRATA_EMBEDDING__MODEL"' in steps  # the folder the ConfigMap tells the pods to load
+    assert (Path(sys.executable).parent / "hf").exists()  # the image installs the same dependencies: it has `hf`
+    assert "model-loader-job.yaml" not in _kustomization()["resources"]  # run on its own, before a rollout
+
+
+def test_the_documented_model_loading_applies_the_loader_job() -> None:
+    section = DOCS.read_text(encoding="utf-8").split("## Model weights", 1)[1].split("\n## ", 1)[0]
+    commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
+    assert "kubectl apply -f deploy/k8s/model-loader-job.yaml" in commands
+    assert "job/strata-model-loader" in section and "model folder /models/bge-m3: not found" in section

@@ -19,6 +19,7 @@ from strata.api.auth import KeyRing
 from strata.api.metrics import Metrics
 from strata.api.problems import Problem
 from strata.config import Settings
+from strata.encoders.model_folder import check_encoder_loads
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
 from strata.rag.expansion import SynonymDictionary, load_synonyms
@@ -55,8 +56,15 @@ class Service:
         return Catalog(self.resources.documents.engine)
 
     def warm_up(self) -> None:
-        """Loads the encoder and opens the stores, then runs one query (Milvus loads jieba's dictionary)."""
+        """Loads the encoder and opens the stores, then runs one query (Milvus loads jieba's dictionary).
+
+        A model this process loads (not an embeddings server) that cannot load stops the start with
+        ``EncoderError``: a pod without its model would be live and never ready. Anything else is logged
+        and ``/ready`` shows it.
+        """
         started = time.perf_counter()
+        if self.settings.embedding.provider != "openai":
+            check_encoder_loads(self.resources.encoder, self.settings.embedding)
         try:
             self.resources.encoder.encode_queries([WARM_UP_QUERY])
             _ = self.resources.leaf_index

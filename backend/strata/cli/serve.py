@@ -1,9 +1,10 @@
 """``strata serve``: the HTTP service under uvicorn.
 
 Refuses what cannot work or is unsafe, with one line each: several workers
-on a Milvus Lite file (one process owns it), and a non-loopback address
-without API keys unless ``--insecure``. SIGTERM lets in-flight requests
-finish, then the process exits 0.
+on a Milvus Lite file (one process owns it), a non-loopback address without
+API keys unless ``--insecure``, and a local model folder that is missing,
+unreadable or does not load (``model folder /models/bge-m3: not found``).
+SIGTERM lets in-flight requests finish, then the process exits 0.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from strata.config import Settings
+from strata.encoders.model_folder import check_encoder_loads, check_model_folder
 from strata.stores.schema_version import open_database_schema
 
 if TYPE_CHECKING:
     from strata.api.auth import KeyRing
+    from strata.resources import Resources
 
 logger = logging.getLogger("strata")
 
@@ -35,11 +38,30 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if refusal:
         print(f"strata serve: {refusal}", file=sys.stderr)
         return 2
+    check_model_folder(settings.embedding)  # an empty or unreadable model volume stops it here, in one line
     open_database_schema(settings.database)  # a PostgreSQL database behind `strata db upgrade` stops it here
+    resources = _loaded_resources(settings) if args.workers == 1 else None
     if not keyed:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
-    _run(settings, host=host, port=port, workers=args.workers, keys=keys)
+    try:
+        _run(settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources)
+    finally:
+        if resources is not None:
+            resources.close()
     return 0
+
+
+def _loaded_resources(settings: Settings) -> Resources:
+    """The engine parts with the encoder loaded, before serving: a model that cannot load stops the start."""
+    from strata.resources import Resources
+
+    resources = Resources(settings)
+    try:
+        check_encoder_loads(resources.encoder, settings.embedding)
+    except BaseException:
+        resources.close()
+        raise
+    return resources
 
 
 def serve_refusal(settings: Settings, *, host: str, workers: int, keyed: bool, insecure: bool) -> str | None:
@@ -68,7 +90,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _run(settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing) -> None:
+def _run(
+    settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing, resources: Resources | None
+) -> None:
     import uvicorn
 
     # uvicorn re-raises the signal that stopped it once it has drained; a handler of our own
@@ -79,6 +103,6 @@ def _run(settings: Settings, *, host: str, port: int, workers: int, keys: KeyRin
     if workers == 1:
         from strata.api import create_app
 
-        uvicorn.run(create_app(settings, keys=keys), **common)
+        uvicorn.run(create_app(settings, resources=resources, keys=keys), **common)
     else:  # each worker builds its app from the environment
         uvicorn.run("strata.api.app:app_from_environment", factory=True, workers=workers, **common)
