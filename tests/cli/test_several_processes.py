@@ -11,8 +11,10 @@ Nothing waits a fixed time: every wait polls a condition under a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,8 +22,10 @@ from typing import Callable, Iterator, Sequence, TypeVar
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import create_engine, select
 
+from strata.cli.serve import _tcp_listener
 from strata.stores.sql_schema import kb_leases
 from tests.conftest import fresh_pg_database, free_port, milvus_answers, server_collection
 from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
@@ -186,3 +190,25 @@ def test_milvus_server_command_runs_milvus_lites_server(tmp_path: Path, processe
 def _answers(server: subprocess.Popen[str], uri: str) -> bool:
     assert server.poll() is None, f"strata milvus-server exited {server.returncode}: {server.communicate()}"
     return milvus_answers(uri)
+
+
+def test_the_workers_connections_get_tcp_nodelay() -> None:
+    """The socket ``--workers N`` hands its workers: their connections have Nagle off (else ~40 ms per response)."""
+    listener = _tcp_listener(uvicorn.Config("strata.api.app:app_from_environment", host="127.0.0.1", port=0, log_config=None))
+
+    async def accepted_nodelay() -> int:
+        accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=listener)
+        _, writer = await asyncio.open_connection(*listener.getsockname())
+        try:
+            return await asyncio.wait_for(accepted, 10)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
