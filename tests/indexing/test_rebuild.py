@@ -23,7 +23,7 @@ from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
 from strata.stores.lease import KbLease
 from strata.stores.milvus import LeafIndex
-from strata.stores.sql_schema import embedding_cache
+from strata.stores.sql_schema import kb_embeddings
 from tests.strata_support import REPO, CountingEncoder
 
 EXAMPLES_KB = REPO / "examples" / "kb"
@@ -109,7 +109,7 @@ def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources
     evicted = sorted({search_text(leaf, contextualize) for leaf in leaves[:5]})
     engine = indexed.documents.engine
     with engine.begin() as conn:
-        conn.execute(delete(embedding_cache).where(embedding_cache.c.text_hash.in_([text_hash(t) for t in evicted])))
+        conn.execute(delete(kb_embeddings).where(kb_embeddings.c.text_hash.in_([text_hash(t) for t in evicted])))
 
     report = Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
 
@@ -117,8 +117,8 @@ def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources
     assert report.encoded == len(evicted) and report.reused == len(leaves) - len(evicted)
     with engine.connect() as conn:
         cached = conn.execute(
-            select(func.count()).select_from(embedding_cache).where(
-                embedding_cache.c.text_hash.in_([text_hash(t) for t in evicted])
+            select(func.count()).select_from(kb_embeddings).where(
+                kb_embeddings.c.text_hash.in_([text_hash(t) for t in evicted])
             )
         ).scalar_one()
     assert cached == len(evicted)

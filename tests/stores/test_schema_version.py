@@ -9,6 +9,7 @@ and `strata index` with one line; a database an earlier strata made with
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -76,6 +77,29 @@ def test_a_baseline_database_keeps_its_rows_through_db_upgrade(tmp_path: Path) -
         _assert_rows_kept(url)
         again = run_strata(["db", "upgrade"], strata_env(tmp_path, STRATA_DATABASE__URL=url))
         assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_db_upgrade_keeps_only_each_kbs_own_cached_vectors() -> None:
+    """0002: the shared embedding cache becomes per kb; a vector no kb's leaf has is dropped, not guessed."""
+    own, plain, stranger = (hashlib.sha256(t.encode()).hexdigest() for t in ("A\nkept text", "kept text", "not ours"))
+    with fresh_pg_database(migrate=False) as url:
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            command.upgrade(schema_version.alembic_config(conn), "0001")
+        _write_rows(url)  # kb "kb" (encoder "enc") with the leaf "kept text" under the heading "A"
+        shared = _baseline_module()._baseline().tables["strata_embedding_cache"]
+        cached = [("enc", own), ("enc", plain), ("enc", stranger), ("other-encoder", own)]
+        with engine.begin() as conn:
+            conn.execute(insert(shared), [{"encoder": e, "text_hash": h, "vector": bytes(16)} for e, h in cached])
+            command.upgrade(schema_version.alembic_config(conn), "head")
+        assert "strata_embedding_cache" not in inspect(engine).get_table_names()
+        engine.dispose()
+        store = DocumentStore(DatabaseSettings(url=url))
+        try:
+            assert set(store.cached_embeddings("kb", "enc", [own, plain, stranger])) == {own, plain}
+            assert store.cached_embeddings("kb", "other-encoder", [own]) == {}
+        finally:
+            store.dispose()
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])

@@ -104,13 +104,23 @@ def test_documents_are_isolated_per_kb_and_dropped_with_it(store: DocumentStore)
     assert store.stats("two")["chunks_by_level"]["3"] == 6
 
 
-def test_embedding_cache_round_trips_vectors(store: DocumentStore) -> None:
+def test_embedding_cache_round_trips_vectors_of_one_kb(store: DocumentStore) -> None:
     vectors = {"h1": np.arange(4, dtype=np.float32), "h2": np.ones(4, dtype=np.float32)}
-    store.cache_embeddings("enc", vectors)
-    store.cache_embeddings("enc", vectors)  # a rerun writes nothing new and does not fail
-    found = store.cached_embeddings("enc", ["h1", "h2", "h3"])
+    store.cache_embeddings("kb", "enc", vectors)
+    store.cache_embeddings("kb", "enc", vectors)  # a rerun writes nothing new and does not fail
+    found = store.cached_embeddings("kb", "enc", ["h1", "h2", "h3"])
     assert set(found) == {"h1", "h2"} and np.array_equal(found["h1"], vectors["h1"])
-    assert store.cached_embeddings("other-encoder", ["h1"]) == {}
+    assert store.cached_embeddings("kb", "other-encoder", ["h1"]) == {}
+    assert store.cached_embeddings("other-kb", "enc", ["h1"]) == {}  # never another kb's vectors
+
+
+def test_dropping_a_kb_drops_its_cached_vectors(store: DocumentStore) -> None:
+    store.ensure_kb("gone", encoder="enc", dim=4, chunking="c")
+    store.cache_embeddings("gone", "enc", {"h1": np.ones(4, dtype=np.float32)})
+    store.cache_embeddings("kept", "enc", {"h1": np.ones(4, dtype=np.float32)})
+    store.drop_kb("gone")
+    assert store.cached_embeddings("gone", "enc", ["h1"]) == {}  # a kb of that name made later starts empty
+    assert set(store.cached_embeddings("kept", "enc", ["h1"])) == {"h1"}
 
 
 def test_an_unreachable_database_is_a_store_error() -> None:
@@ -123,8 +133,8 @@ def test_an_unreachable_database_is_a_store_error() -> None:
 def test_embedding_cache_takes_more_rows_than_one_statement_can_bind(store: DocumentStore) -> None:
     """A document with 12,000 new leaves: one multi-row INSERT would pass SQLite's 32,766-variable limit."""
     vectors = {f"h{i}": np.full(4, i, dtype=np.float32) for i in range(12_000)}
-    store.cache_embeddings("enc", vectors)
-    found = store.cached_embeddings("enc", list(vectors))
+    store.cache_embeddings("kb", "enc", vectors)
+    found = store.cached_embeddings("kb", "enc", list(vectors))
     assert len(found) == 12_000 and found["h11999"][0] == 11_999
 
 

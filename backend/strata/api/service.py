@@ -47,7 +47,7 @@ class Service:
         self.metrics = metrics or Metrics()
         self.synonyms: SynonymDictionary = load_synonyms(settings.retrieval.synonyms)
         self.retriever = Retriever(resources)
-        self.indexer = Indexer(resources)
+        self.indexer = Indexer(resources, kb_only_notes=True)  # a key may be scoped to some kbs
         self._kb_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._kb_locks_guard = threading.Lock()
 

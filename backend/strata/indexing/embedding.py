@@ -1,7 +1,9 @@
 """Leaf vectors for indexing: the search text of a leaf and the embedding cache.
 
-A leaf text encoded once (keyed by encoder name + SHA-256 of the text) is never
-encoded again: across versions, ``--recreate`` and knowledge bases.
+A leaf text a kb encoded once (keyed by kb, encoder name and SHA-256 of the
+text) is never encoded again for that kb: across versions, ``--recreate`` and
+``strata rebuild``. Another kb encodes it anew: what one kb's upload reports
+(or how long it takes) never depends on another kb's texts.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ class Embedded:
 
 
 def embed_texts(
-    texts: list[str], *, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress
+    texts: list[str], *, kb_id: str, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress
 ) -> Embedded:
-    """Vectors for ``texts``: the embedding cache first, the encoder (in batches) for the rest."""
+    """Vectors for ``texts`` of ``kb_id``: the kb's embedding cache first, the encoder (in batches) for the rest."""
     hashes = [text_hash(t) for t in texts]
-    cached = store.cached_embeddings(encoder.name, hashes)
+    cached = store.cached_embeddings(kb_id, encoder.name, hashes)
     missing = list(dict.fromkeys(h for h in hashes if h not in cached))
     by_hash = dict(zip(hashes, texts))
     fresh: dict[str, np.ndarray] = {}
@@ -52,7 +54,7 @@ def embed_texts(
         fresh.update(zip(batch, encoder.encode_passages([by_hash[h] for h in batch])))
         progress.leaves_encoded(len(batch))
     seconds = time.perf_counter() - started
-    store.cache_embeddings(encoder.name, fresh)
+    store.cache_embeddings(kb_id, encoder.name, fresh)
     if len(missing) < len(texts):
         progress.leaves_encoded(len(texts) - len(missing))
     found = {**cached, **fresh}

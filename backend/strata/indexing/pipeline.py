@@ -36,6 +36,7 @@ from strata.indexing.report import IndexReport, NoProgress, Progress, record_fai
 from strata.indexing.scan import scan_paths
 from strata.indexing.terms import backfill_term_stats, leaf_term_counts, term_tokenizer
 from strata.resources import Resources
+from strata.stores.catalog import Catalog
 from strata.stores.lease import KbLease
 from strata.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
 from strata.stores.milvus import LeafIndex
@@ -55,8 +56,13 @@ def chunking_signature(settings: ChunkingSettings) -> str:
 class Indexer:
     """Indexes folders into one knowledge base, incrementally, holding the kb's lease while it writes."""
 
-    def __init__(self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0) -> None:
+    def __init__(
+        self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0, kb_only_notes: bool = False
+    ) -> None:
+        """``kb_only_notes``: the report names nothing learned from other kbs (the service, whose keys may be
+        scoped to some kbs); without it the notes may name what the collection's BM25 dictionary lacks."""
         self._res = resources
+        self._kb_only_notes = kb_only_notes
         self._chunking = resources.settings.chunking
         self._signature = chunking_signature(self._chunking)
         self._group_leaves = group_leaves
@@ -113,7 +119,7 @@ class Indexer:
             # the run before it encodes or writes pending rows. A collection created now gets the scanned
             # documents' modules and skill points in its BM25 dictionary.
             index = self._res.open_leaf_index(front_matter_terms(scan.docs))
-            _note_new_terms(report, index, scan)
+            _note_new_terms(report, index, scan, self._known_terms(kb_id))
         plan = self._plan(kb_id, scan, self._signature, delete_missing, dry_run, recreate)
         report.unchanged = len(plan.unchanged)
         progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
@@ -221,7 +227,7 @@ class Indexer:
         leaves = [c for _, chunks in group for c in chunks if c.is_leaf]
         texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
         embedded = embed_texts(
-            texts, encoder=self._res.encoder, store=self._res.documents,
+            texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
             batch_size=self._res.settings.embedding.batch_size, progress=progress,
         )  # fmt: skip
         report.passages_encoded += embedded.encoded
@@ -334,6 +340,12 @@ class Indexer:
                 logger.warning("could not clear the parent cache of %s: %s", kb_id, exc)
             store.drop_kb(kb_id)
 
+    def _known_terms(self, kb_id: str) -> frozenset[str] | None:
+        """The terms the new-term note may treat as known: the kb's own (None: the collection's dictionary)."""
+        if not self._kb_only_notes:
+            return None
+        return frozenset(Catalog(self._res.documents.engine).vocabulary([kb_id]).terms)
+
     def _checkpoint(self, step: str) -> None:
         """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``."""
         if self._kill_at == step:
@@ -351,16 +363,28 @@ def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:
     return [t for t in terms if t.strip()]
 
 
-def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan) -> None:
+def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan, kb_terms: frozenset[str] | None) -> None:
+    """Notes the front-matter terms jieba may split: those the collection's dictionary lacks or, with
+    ``kb_terms``, those new to the kb. The dictionary holds every kb's terms of when the collection was
+    created, so a note from it would tell a key scoped to one kb which terms other kbs have."""
     if not index.dictionary and index.analyzer_tokenizer != "jieba":
         return
-    new = sorted(dictionary_terms(front_matter_terms(scan.docs)) - index.dictionary)
-    if new:
-        shown = ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")
-        report.notes.append(
-            f"{len(new)} front-matter term(s) not in the BM25 dictionary of this collection ({shown}); jieba may split "
-            "them until the leaves are rebuilt into a new collection (strata rebuild --kb KB --collection NEW)"
+    terms = dictionary_terms(front_matter_terms(scan.docs))
+    new = sorted(terms - (index.dictionary if kb_terms is None else kb_terms))
+    if not new:
+        return
+    shown = ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")
+    if kb_terms is None:
+        what = f"not in the BM25 dictionary of this collection ({shown}); jieba may split them"
+    else:
+        what = (
+            f"new to this knowledge base ({shown}); the collection's BM25 dictionary is fixed when the collection is "
+            "created, so jieba may split a term added since"
         )
+    report.notes.append(
+        f"{len(new)} front-matter term(s) {what} until the leaves are rebuilt into a new collection "
+        "(strata rebuild --kb KB --collection NEW)"
+    )
 
 
 def _check_kb_id(kb_id: str) -> None:

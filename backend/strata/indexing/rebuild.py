@@ -123,7 +123,7 @@ class Rebuilder:
         for batch, done in self._batches(kb_id, versions):
             texts = [search_text(leaf, contextualize) for leaf in batch]
             embedded = embed_texts(
-                texts, encoder=self._res.encoder, store=self._res.documents,
+                texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
                 batch_size=self._res.settings.embedding.batch_size, progress=progress,
             )  # fmt: skip
             index.upsert(batch, embedded.vectors, texts)

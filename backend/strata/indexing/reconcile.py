@@ -75,7 +75,7 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
     if diff.orphans:
         resources.leaf_index.delete_leaves(kb_id, sorted(diff.orphans))
     if diff.missing:
-        _rewrite_leaves(resources, sorted(diff.missing))
+        _rewrite_leaves(resources, kb_id, sorted(diff.missing))
     if diff.orphans or diff.missing:
         resources.leaf_index.flush()
     if diff.stale:
@@ -118,13 +118,13 @@ def _fill(report: ReconcileReport, diff: _Diff) -> None:
             report.examples[name] = sorted(ids)[:_SHOWN]
 
 
-def _rewrite_leaves(resources: Resources, chunk_ids: list[str]) -> None:
+def _rewrite_leaves(resources: Resources, kb_id: str, chunk_ids: list[str]) -> None:
     settings = resources.settings
     leaves = list(resources.documents.get_chunks(chunk_ids).values())
     texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
     embedded = embed_texts(
-        texts, encoder=resources.encoder, store=resources.documents, batch_size=settings.embedding.batch_size,
-        progress=NoProgress(),
+        texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
+        batch_size=settings.embedding.batch_size, progress=NoProgress(),
     )  # fmt: skip
     logger.info("reconcile: writing %d missing leaves (%d encoded)", len(leaves), embedded.encoded)
     resources.leaf_index.upsert(leaves, embedded.vectors, texts)

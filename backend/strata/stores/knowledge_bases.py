@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from strata.errors import EncoderMismatchError
 from strata.stores.keys import version_key
 from strata.stores.sql_database import SqlPart
-from strata.stores.sql_schema import chunks, documents, kb_terms, knowledge_bases, version_terms
+from strata.stores.sql_schema import chunks, documents, kb_embeddings, kb_terms, knowledge_bases, version_terms
 from strata.types import ACTIVE, KnowledgeBase, ServingState
 
 
@@ -61,7 +61,7 @@ class KnowledgeBases(SqlPart):
 
     def drop_kb(self, kb_id: str) -> None:
         with self._begin() as conn:
-            for table in (kb_terms, version_terms, chunks, documents, knowledge_bases):
+            for table in (kb_embeddings, kb_terms, version_terms, chunks, documents, knowledge_bases):
                 conn.execute(delete(table).where(table.c.kb_id == kb_id))
 
     def generations(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> dict[str, str]:

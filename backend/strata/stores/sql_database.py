@@ -22,7 +22,7 @@ from strata.config import DatabaseSettings
 from strata.errors import StoreError
 
 IN_BATCH = 900  # ids per IN (...) clause; far under SQLite's variable limit
-INSERT_BATCH = 500  # rows per multi-row INSERT: 500 x 3 columns stays under SQLite's 32,766 variables
+INSERT_BATCH = 500  # rows per multi-row INSERT: 500 x 4 columns stays under SQLite's 32,766 variables
 
 
 class SqlDatabase:

@@ -101,9 +101,10 @@ kb_terms = Table(
 )
 Index("ix_strata_kb_terms_df", kb_terms.c.kb_id, kb_terms.c.df)
 
-embedding_cache = Table(
-    "strata_embedding_cache",
+kb_embeddings = Table(
+    "strata_kb_embeddings",
     metadata,
+    Column("kb_id", String(256), primary_key=True, comment="a vector is reused only by the kb that encoded it"),
     Column("encoder", String(512), primary_key=True),
     Column("text_hash", String(64), primary_key=True),
     Column("vector", LargeBinary, nullable=False),
