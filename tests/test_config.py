@@ -309,3 +309,53 @@ def test_query_limits_are_one_check_with_one_message_in_library_cli_and_api(clea
             assert cli.returncode == 2 and cli.stderr.strip() == f"strata query: error: {said}"
         schema = client.get("/openapi.json").json()["components"]["schemas"]["RetrieveRequest"]["properties"]
     assert schema["top_k"]["maximum"] == 50 and schema["query"]["maxLength"] == 2000  # the running limits
+
+
+# --- unknown names and whole values (issue "Nothing lost, nothing stale, nothing unbounded", items 7 and 8) ----
+
+
+def test_a_variable_of_a_wrong_section_stops_start_up_naming_the_setting_meant(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STRATA_SQL__URL", "postgresql+psycopg://strata@db/strata")
+    assert config_error() == "unknown setting STRATA_SQL__URL; did you mean STRATA_DATABASE__URL?"
+    monkeypatch.delenv("STRATA_SQL__URL")
+    monkeypatch.setenv("STRATA_MILVUS_URI", "http://milvus:19530")  # one underscore: a top-level name that is none
+    assert config_error() == "unknown setting STRATA_MILVUS_URI; did you mean STRATA_MILVUS__URI?"
+
+
+def test_a_wrong_variable_in_dotenv_stops_start_up_too(clean_env: Path) -> None:
+    (clean_env / ".env").write_text("STRATA_EMBEDDING__BATCHSIZE=8\n", encoding="utf-8")
+    assert config_error() == "unknown setting STRATA_EMBEDDING__BATCHSIZE; did you mean STRATA_EMBEDDING__BATCH_SIZE?"
+
+
+def test_an_unknown_key_of_strata_toml_stops_start_up(clean_env: Path) -> None:
+    (clean_env / "strata.toml").write_text('[sql]\nurl = "sqlite:///x.db"\n', encoding="utf-8")
+    assert config_error() == "unknown setting sql.url in strata.toml; did you mean database.url?"
+    (clean_env / "strata.toml").write_text("[milvus]\nhnsw = 8\n", encoding="utf-8")
+    assert config_error() == "unknown setting milvus.hnsw in strata.toml; did you mean milvus.hnsw_m?"
+
+
+def test_variables_that_are_not_settings_are_allowed_by_name(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("STRATA_TEST_KILL_AT", "STRATA_TEST_ANYTHING", "STRATA_API_KEY", "STRATA_ENCODER", "STRATA_CONFIG"):
+        monkeypatch.setenv(name, "x" if name != "STRATA_CONFIG" else str(clean_env / "absent.toml"))
+    monkeypatch.setenv("STRATA_API__KEYS__reader__KBS", '["kb1"]')  # a key under a mapping setting
+    monkeypatch.setenv("strata_milvus__hnsw_m", "8")  # variables are case-insensitive
+    settings = load_settings()
+    assert settings.api.keys["reader"].kbs == ["kb1"] and settings.milvus.hnsw_m == 8
+
+
+def test_the_compose_file_interpolates_only_variables_strata_allows(clean_env: Path) -> None:
+    from strata.config import NOT_SETTINGS
+
+    compose = (REPO / "deploy" / "compose.yml").read_text(encoding="utf-8")
+    interpolated = set(re.findall(r"\$\{(STRATA_[A-Z0-9_]+)", compose))
+    assert interpolated - NOT_SETTINGS <= settings_variables()
+
+
+def test_the_analyzer_setting_replaces_the_jieba_default(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATA_MILVUS__ANALYZER", '{"type": "english"}')
+    assert load_settings().milvus.analyzer == {"type": "english"}
+    (clean_env / "strata.toml").write_text('[milvus.analyzer]\ntokenizer = "standard"\n', encoding="utf-8")
+    monkeypatch.delenv("STRATA_MILVUS__ANALYZER")
+    assert load_settings().milvus.analyzer == {"tokenizer": "standard"}

@@ -12,12 +12,13 @@ values fail at start-up with a ``ConfigError`` naming the variable.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -32,6 +33,20 @@ from strata.errors import ConfigError  # errors imports nothing of strata
 from strata.strategy_table import DEFAULT_STRATEGY, Routes, StrategyName  # pure data, imports nothing
 
 ENV_PREFIX = "STRATA_"
+
+# STRATA_ variables that are not settings, allowed beside them (any other unknown one stops start-up):
+NOT_SETTINGS = frozenset({
+    "STRATA_CONFIG",  # the strata.toml to read (below)
+    # deploy/compose.yml's own variables, interpolated into settings there (docs/deploy.md)
+    "STRATA_API_KEY", "STRATA_COLLECTION", "STRATA_DEVICE", "STRATA_EMBEDDINGS_API_BASE", "STRATA_ENCODER",
+    "STRATA_ENCODER_MODEL", "STRATA_IMAGE", "STRATA_MODELS_DIR", "STRATA_RERANK_URL",
+})  # fmt: skip
+NOT_SETTINGS_PREFIX = "STRATA_TEST_"  # tests and their hooks: STRATA_TEST_KILL_AT, STRATA_TEST_PG_BIN, STRATA_TEST_MILVUS_URI ...
+# Section names people reach for, and strata's: difflib alone would send STRATA_SQL__URL to STRATA_REDIS__URL.
+_SECTION_ALIASES = {
+    "SQL": "DATABASE", "DB": "DATABASE", "POSTGRES": "DATABASE", "POSTGRESQL": "DATABASE", "SQLITE": "DATABASE",
+    "ENCODER": "EMBEDDING", "EMBEDDINGS": "EMBEDDING", "RERANKER": "RERANK", "CACHE": "REDIS",
+}  # fmt: skip
 
 
 _SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")
@@ -164,6 +179,15 @@ class ChunkingSettings(_Section):
         return self
 
 
+class IndexingSettings(_Section):
+    """Bounds of ``strata index`` (and of uploads indexed by ``strata serve``)."""
+
+    max_document_bytes: int = Field(
+        50 * 1024 * 1024, ge=1,
+        description="largest document text (UTF-8 bytes) indexed; a larger file fails with the reason, the others are indexed",
+    )  # fmt: skip
+
+
 class RetrievalSettings(_Section):
     """How ``retrieve_documents`` searches, merges and cuts."""
 
@@ -288,8 +312,10 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         env_file=".env",
-        extra="ignore",
-        nested_model_default_partial_update=True,
+        extra="ignore",  # unknown STRATA_* variables and strata.toml keys are refused by ``unknown_settings``
+        # A section's defaults are not merged into what a variable gives: STRATA_MILVUS__ANALYZER replaces the
+        # jieba analyzer instead of becoming {"tokenizer": "jieba", ...its keys}.
+        nested_model_default_partial_update=False,
     )
 
     environment: Literal["development", "production"] = "development"
@@ -300,6 +326,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
     chunking: ChunkingSettings = ChunkingSettings()
+    indexing: IndexingSettings = IndexingSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
     rerank: RerankSettings = RerankSettings()
     api: ApiSettings = ApiSettings()
@@ -358,8 +385,88 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "invalid setting " + "; ".join(lines)
 
 
+def _is_setting(path: Sequence[str]) -> bool:
+    """Whether ``path`` (``["milvus", "uri"]``, any case) names a setting, a section, or a key under a mapping setting."""
+    model: Any = Settings
+    for depth, part in enumerate(path):
+        field = model.model_fields.get(part.lower()) if model is not None else None
+        if field is None:
+            return False
+        annotation = field.annotation
+        if get_origin(annotation) is dict or annotation is dict:  # api.keys, milvus.analyzer: any key below
+            return True
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if model is None and depth < len(path) - 1:
+            return False
+    return True
+
+
+def _setting_names(separator: str) -> list[str]:
+    """Every setting as ``section<separator>field`` (or ``field`` at the top), upper case."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        section = field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
+        names += [f"{name}{separator}{sub}".upper() for sub in section.model_fields] if section else [name.upper()]
+    return names
+
+
+def closest_setting(path: Sequence[str], separator: str = "__") -> str | None:
+    """The valid setting closest to ``path`` (difflib; a known alias of a section first), as ``A<separator>B``."""
+    names = _setting_names(separator)
+    parts = [p.upper() for p in path]
+    if len(parts) > 1 and parts[0] in _SECTION_ALIASES:
+        aliased = separator.join([_SECTION_ALIASES[parts[0]], *parts[1:]])
+        if aliased in names:
+            return aliased
+    found = difflib.get_close_matches(separator.join(parts), names, n=1, cutoff=0.5)
+    return found[0] if found else None
+
+
+def unknown_variable(environ: Mapping[str, str]) -> str | None:
+    """A line naming the first ``STRATA_`` variable that is no setting (with the closest one), or None."""
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper.startswith(NOT_SETTINGS_PREFIX):
+            continue
+        path = upper[len(ENV_PREFIX) :].split("__")
+        if not _is_setting(path):
+            closest = closest_setting(path)
+            hint = f"; did you mean {ENV_PREFIX}{closest}?" if closest else ""
+            return f"unknown setting {name}{hint}"
+    return None
+
+
+def unknown_toml_key(data: Mapping[str, Any], source: str) -> str | None:
+    """A line naming the first key of a strata.toml that is no setting (with the closest one), or None."""
+    for key, value in data.items():
+        paths = [[key, sub] for sub in value] if isinstance(value, Mapping) and value else [[key]]
+        for path in paths:
+            if not _is_setting(path):
+                closest = closest_setting(path, ".")
+                hint = f"; did you mean {closest.lower()}?" if closest else ""
+                return f"unknown setting {'.'.join(path)} in {source}{hint}"
+    return None
+
+
+def _check_names() -> None:
+    """Unknown ``STRATA_`` variables (environment, ``.env``) and strata.toml keys stop start-up, naming the closest setting."""
+    from dotenv import dotenv_values  # pydantic-settings' own .env reader
+
+    dotenv = {k: v for k, v in dotenv_values(".env").items() if v is not None} if Path(".env").is_file() else {}
+    problem = unknown_variable({**dotenv, **os.environ})
+    toml_path = Path(os.environ.get(f"{ENV_PREFIX}CONFIG", "strata.toml"))
+    if problem is None and toml_path.is_file():
+        try:
+            problem = unknown_toml_key(tomllib.loads(toml_path.read_text(encoding="utf-8")), str(toml_path))
+        except tomllib.TOMLDecodeError:
+            return  # reported by the settings source, with its place in the file
+    if problem:
+        raise ConfigError(problem)
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Build a fresh ``Settings`` (not cached); ``ConfigError`` names bad variables."""
+    """Build a fresh ``Settings`` (not cached); ``ConfigError`` names bad variables, and unknown ones."""
+    _check_names()
     try:
         return Settings(**overrides)
     except ValidationError as exc:

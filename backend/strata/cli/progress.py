@@ -34,6 +34,10 @@ class BarProgress:
     def leaves_encoded(self, count: int) -> None:
         self._leaves.update(count)
 
+    def leaves_written(self, source: str, written: int, total: int) -> None:
+        if written < total:  # within a large document: where it is
+            self._files.set_postfix_str(f"{source}: {written}/{total} leaves written")
+
     def close(self) -> None:
         self._leaves.close()
         self._files.close()
@@ -46,6 +50,7 @@ class LogProgress:
         self._every = every_s
         self._started = self._last = time.monotonic()
         self._total = self._files = self._chunks = self._leaves = 0
+        self._within = ""  # the document being written, while it takes more than one batch
 
     def files_planned(self, total: int) -> None:
         self._total = total
@@ -61,14 +66,18 @@ class LogProgress:
         self._leaves += count
         self._maybe_log()
 
+    def leaves_written(self, source: str, written: int, total: int) -> None:
+        self._within = f"; {source}: {written}/{total} leaves written" if written < total else ""
+        self._maybe_log()
+
     def _maybe_log(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self._last >= self._every:
             self._last = now
             rate = self._chunks / max(now - self._started, 1e-9)
             logger.info(
-                "files %d/%d, leaves encoded %d, chunks written %d (%.1f chunks/s)",
-                self._files, self._total, self._leaves, self._chunks, rate,
+                "files %d/%d, leaves encoded %d, chunks written %d (%.1f chunks/s)%s",
+                self._files, self._total, self._leaves, self._chunks, rate, self._within,
             )  # fmt: skip
 
     def close(self) -> None:

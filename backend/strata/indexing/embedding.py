@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,9 +41,13 @@ class Embedded:
 
 
 def embed_texts(
-    texts: list[str], *, kb_id: str, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress
-) -> Embedded:
-    """Vectors for ``texts`` of ``kb_id``: the kb's embedding cache first, the encoder (in batches) for the rest."""
+    texts: list[str], *, kb_id: str, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress,
+    batch_cached: Callable[[], None] = lambda: None,
+) -> Embedded:  # fmt: skip
+    """Vectors for ``texts`` of ``kb_id``: the kb's embedding cache first, the encoder (in batches) for the rest.
+
+    Each encoder batch is cached before the next one is encoded (then ``batch_cached`` is called): a run
+    killed while encoding loses at most the batch in flight."""
     hashes = [text_hash(t) for t in texts]
     cached = store.cached_embeddings(kb_id, encoder.name, hashes)
     missing = list(dict.fromkeys(h for h in hashes if h not in cached))
@@ -51,10 +56,12 @@ def embed_texts(
     started = time.perf_counter()
     for start in range(0, len(missing), batch_size):
         batch = missing[start : start + batch_size]
-        fresh.update(zip(batch, encoder.encode_passages([by_hash[h] for h in batch])))
+        encoded = dict(zip(batch, encoder.encode_passages([by_hash[h] for h in batch])))
+        store.cache_embeddings(kb_id, encoder.name, encoded)
+        fresh.update(encoded)
         progress.leaves_encoded(len(batch))
+        batch_cached()
     seconds = time.perf_counter() - started
-    store.cache_embeddings(kb_id, encoder.name, fresh)
     if len(missing) < len(texts):
         progress.leaves_encoded(len(texts) - len(missing))
     found = {**cached, **fresh}

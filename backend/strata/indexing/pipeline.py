@@ -13,7 +13,9 @@ Retrieval hides every version that is not ``active``, so a crash at any step
 leaves the previous version serving; the next run first cleans what a crash
 left behind (``reconcile``). Documents are written in groups so Milvus gets
 few, large segments (its BM25 statistics are per segment) and one flush per
-group.
+group. Leaves are embedded and upserted in batches (of ``group_leaves``), so a
+document of 200,000 leaves takes the memory of one batch, with progress after
+each; a document over ``STRATA_INDEXING__MAX_DOCUMENT_BYTES`` fails on its own.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 KILL_ENV = "STRATA_TEST_KILL_AT"
 WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
+ENCODER_BATCH = "encoder_batch"  # a checkpoint after each encoder batch is cached (``encoder_batch:3``: the third)
 
 
 def chunking_signature(settings: ChunkingSettings) -> str:
@@ -65,10 +69,12 @@ class Indexer:
         self._kb_only_notes = kb_only_notes
         self._chunking = resources.settings.chunking
         self._signature = chunking_signature(self._chunking)
-        self._group_leaves = group_leaves
+        self._group_leaves = group_leaves  # also the leaves looked up, encoded and upserted at a time
+        self._max_document_bytes = resources.settings.indexing.max_document_bytes
         self._lease_ttl_s = lease_ttl_s
         self._leases: dict[str, KbLease] = {}
         self._kill_at = os.environ.get(KILL_ENV, "")
+        self._passed: dict[str, int] = {}  # checkpoint -> times passed
         self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
         if why_not:
             logger.info(why_not)
@@ -207,6 +213,13 @@ class Indexer:
 
     def _chunks(self, kb_id: str, item: DocumentPlan, report: IndexReport) -> list[Chunk] | None:
         """The document's chunks, or None when it cannot be indexed (reported; the rest of the run goes on)."""
+        size = len(item.doc.text.encode("utf-8"))
+        if size > self._max_document_bytes:
+            record_failure(
+                report, item.doc.source, f"the document is {size:,} bytes, over the limit of {self._max_document_bytes:,} "
+                "(STRATA_INDEXING__MAX_DOCUMENT_BYTES); its indexed version, if any, is kept",
+            )  # fmt: skip
+            return None
         try:
             chunks = chunk_document(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
         except Exception as exc:  # a chunker bug on one file must not stop the batch
@@ -224,20 +237,11 @@ class Indexer:
         self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress,
         *, defer: bool = False,
     ) -> list[tuple[DocumentPlan, list[Chunk]]]:  # fmt: skip
-        leaves = [c for _, chunks in group for c in chunks if c.is_leaf]
-        texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
-        embedded = embed_texts(
-            texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
-            batch_size=self._res.settings.embedding.batch_size, progress=progress,
-        )  # fmt: skip
-        report.passages_encoded += embedded.encoded
-        report.embeddings_reused += embedded.reused
-        report.encode_seconds += embedded.seconds
         documents = self._res.documents
         for item, chunks in group:
             documents.write_pending(_version_row(kb_id, item, chunks, self._signature), chunks, self._term_counts(chunks))
         self._checkpoint("sql_pending")
-        self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
+        self._write_leaves(kb_id, group, report, progress)
         self._checkpoint("milvus_upsert")
         self._res.leaf_index.flush()
         self._checkpoint("milvus_flush")
@@ -250,6 +254,33 @@ class Indexer:
             self._served(item, chunks, report, progress)
         self._retire_previous(kb_id, [item for item, _ in group])
         return verified
+
+    def _write_leaves(
+        self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress
+    ) -> None:
+        """Embeds (cache, then encoder) and upserts the group's leaves ``group_leaves`` at a time, so the
+        memory of a write is bounded by a batch, not by a document; progress is reported after every batch."""
+        leaves = [(item.doc.source, c) for item, chunks in group for c in chunks if c.is_leaf]
+        totals = Counter(source for source, _ in leaves)
+        written: Counter[str] = Counter()
+        for start in range(0, len(leaves), self._group_leaves):
+            batch = leaves[start : start + self._group_leaves]
+            self._upsert_batch(kb_id, [leaf for _, leaf in batch], report, progress)
+            for source, count in Counter(source for source, _ in batch).items():
+                written[source] += count
+                progress.leaves_written(source, written[source], totals[source])
+
+    def _upsert_batch(self, kb_id: str, leaves: list[Chunk], report: IndexReport, progress: Progress) -> None:
+        texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
+        embedded = embed_texts(
+            texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
+            batch_size=self._res.settings.embedding.batch_size, progress=progress,
+            batch_cached=lambda: self._checkpoint(ENCODER_BATCH),
+        )  # fmt: skip
+        report.passages_encoded += embedded.encoded
+        report.embeddings_reused += embedded.reused
+        report.encode_seconds += embedded.seconds
+        self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
 
     def _term_counts(self, chunks: list[Chunk]) -> dict[str, int] | None:
         if self._tokenize is None:
@@ -347,8 +378,10 @@ class Indexer:
         return frozenset(Catalog(self._res.documents.engine).vocabulary([kb_id]).terms)
 
     def _checkpoint(self, step: str) -> None:
-        """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``."""
-        if self._kill_at == step:
+        """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``,
+        ``<step>:<n>`` right after the n-th time the run passes ``step``."""
+        self._passed[step] = self._passed.get(step, 0) + 1
+        if self._kill_at in (step, f"{step}:{self._passed[step]}"):
             logger.warning("%s=%s: killing the indexer", KILL_ENV, step)
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -18,6 +18,9 @@ class Progress(Protocol):
 
     def leaves_encoded(self, count: int) -> None: ...
 
+    def leaves_written(self, source: str, written: int, total: int) -> None:
+        """After each batch of leaves upserted: ``written`` of the ``total`` leaves of ``source`` so far."""
+
 
 class NoProgress:
     def files_planned(self, total: int) -> None:
@@ -27,6 +30,9 @@ class NoProgress:
         return None
 
     def leaves_encoded(self, count: int) -> None:
+        return None
+
+    def leaves_written(self, source: str, written: int, total: int) -> None:
         return None
 
 

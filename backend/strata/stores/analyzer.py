@@ -53,6 +53,40 @@ def analyzer_tokenizer(params: Mapping[str, Any] | None) -> Tokenize:
     raise UnsupportedAnalyzer(f"analyzer tokenizer {name!r} is not reproduced in Python (only jieba and standard are)")
 
 
+LITE_TOKENIZERS = ("standard", "jieba")
+_LITE_FILTERS = ("lowercase", "stop")  # Lite lowercases every token itself and applies explicit stop-word lists
+
+
+def lite_analyzer_problem(params: Mapping[str, Any]) -> str | None:
+    """Why Milvus Lite would not analyze as ``params`` say, or None when it would.
+
+    Lite builds the ``standard`` and ``jieba`` tokenizers only: any other tokenizer or built-in
+    analyzer (``{"type": "english"}``) fails at the first insert, and a filter other than
+    ``lowercase`` or an explicit ``stop`` list (a stemmer, ``"_english_"``) is ignored without a word.
+    """
+    tokenizer = params.get("tokenizer") or params.get("type", "standard")
+    name = tokenizer.get("type", "standard") if isinstance(tokenizer, Mapping) else tokenizer
+    unsupported = [] if name in LITE_TOKENIZERS else [f"tokenizer {name!r}"]
+    filters = params.get("filter") or []
+    unsupported += [f"filter {f!r}" for f in (filters if isinstance(filters, list) else [filters]) if not _lite_filter(f)]
+    if not unsupported:
+        return None
+    return (
+        f"Milvus Lite supports only the {' and '.join(LITE_TOKENIZERS)} tokenizers with lowercase and stop "
+        f"(explicit word list) filters, not {', '.join(unsupported)}: use e.g. "
+        '{"tokenizer": "standard", "filter": ["lowercase", {"type": "stop", "stop_words": ["the", "a"]}]}, '
+        "or a Milvus server (STRATA_MILVUS__URI=http://host:19530)"
+    )
+
+
+def _lite_filter(spec: Any) -> bool:
+    name = spec.get("type") if isinstance(spec, Mapping) else spec
+    if name not in _LITE_FILTERS:
+        return False
+    words = spec.get("stop_words", []) if isinstance(spec, Mapping) else []
+    return isinstance(words, list) and not any(str(w).startswith("_") and str(w).endswith("_") for w in words)
+
+
 def is_punctuation(term: str) -> bool:
     """True for a token of punctuation, symbols, separators or control characters only."""
     return all(unicodedata.category(ch)[0] in "PSZC" for ch in term)
