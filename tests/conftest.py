@@ -218,17 +218,20 @@ class MilvusServerProcess:
 
 
 def milvus_answers(uri: str, token: str = "") -> bool:
-    from pymilvus import MilvusClient
+    import grpc
     from pymilvus.exceptions import MilvusException
 
+    from strata.errors import StoreError
+    from strata.stores.milvus import milvus_client
+
     try:
-        client = MilvusClient(uri=uri, token=token, timeout=2)
-    except MilvusException:
+        client = milvus_client(MilvusSettings(uri=uri, token=token, timeout_s=2))
+    except (StoreError, MilvusException, grpc.RpcError):
         return False
     try:
         client.list_collections(timeout=2)
         return True
-    except MilvusException:
+    except (MilvusException, grpc.RpcError):  # pymilvus lets a call's DEADLINE_EXCEEDED out raw
         return False
     finally:
         client.close()
@@ -285,9 +288,9 @@ def milvus_server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 
 def _record_server(uri: str, source: str) -> None:
-    from pymilvus import MilvusClient
+    from strata.stores.milvus import milvus_client
 
-    client = MilvusClient(uri=uri, token=milvus_test_token(), timeout=10)
+    client = milvus_client(MilvusSettings(uri=uri, token=milvus_test_token(), timeout_s=10))
     try:
         version = client.get_server_version(timeout=10)
     finally:
@@ -339,13 +342,13 @@ class MilvusTarget:
 @contextmanager
 def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusTarget]:
     """A collection name of its own on the server, dropped afterwards."""
-    from pymilvus import MilvusClient
+    from strata.stores.milvus import milvus_client
 
     target = MilvusTarget("server", uri, f"{prefix}_{uuid.uuid4().hex[:12]}", milvus_test_token())
     try:
         yield target
     finally:
-        client = MilvusClient(uri=uri, token=target.token, timeout=30)
+        client = milvus_client(MilvusSettings(uri=uri, token=target.token))
         try:
             for name in client.list_collections():
                 if name == target.collection or name.startswith(f"{target.collection}_"):  # and its ``another()``s

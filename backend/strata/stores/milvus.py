@@ -66,7 +66,7 @@ class LeafIndex(LeafSearch):
         )  # for a new collection; an existing one says its own layout (``_adopt_layout``)
         self._vocabulary = vocabulary
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
-        self._client = _connect(settings)
+        self._client = milvus_client(settings)
         self._engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
@@ -349,16 +349,37 @@ class LeafIndex(LeafSearch):
         self._client.close()
 
 
-def _connect(settings: MilvusSettings) -> MilvusClient:
+# Milvus Lite's gRPC server (in this process for a ``.db`` file, or a ``milvus-lite server``) keeps grpc's
+# default ping policy and answers pymilvus's 10 s keepalive pings with GOAWAY "too_many_pings", which fails
+# the call in flight; loopback needs no keepalive. Milvus standalone permits them: it keeps pymilvus's.
+_NO_KEEPALIVE = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
+
+
+def milvus_client(settings: MilvusSettings) -> MilvusClient:
+    """A client of the configured Milvus with the connection options its kind of server needs.
+
+    On a server the connection is the client's own (pymilvus would otherwise share one channel per
+    address, made with the options of whichever client came first)."""
     uri = str(settings.uri)
-    extra = {}
     if settings.is_lite:
         os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
-        # Milvus Lite's in-process gRPC server answers the client's 10 s keepalive pings with GOAWAY
-        # "too_many_pings", which drops the channel mid-session; loopback needs no keepalive.
-        extra["grpc_options"] = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
+        return _client(settings, grpc_options=_NO_KEEPALIVE)
+    client = _client(settings, dedicated=True)
     try:
-        return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s, **extra)
+        lite_server = str(client.get_server_version(timeout=settings.timeout_s)).startswith("milvus_lite")
+    except MilvusException as exc:
+        client.close()
+        raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
+    if not lite_server:
+        return client
+    client.close()
+    return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE)
+
+
+def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
+    uri = str(settings.uri)
+    try:
+        return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s, **options)
     except MilvusException as exc:
         if settings.is_lite and _lite_file_locked(uri):
             raise IndexLockedError(
