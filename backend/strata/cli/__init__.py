@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from strata.encoders import tune_openmp  # here, not at import: --help needs no numpy
+
+    tune_openmp()  # before any encoder's libgomp loads (a library caller opts in itself)
     try:
         settings = get_settings()
         configure_logging(settings, verbose=args.verbose)

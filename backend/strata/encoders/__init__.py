@@ -2,14 +2,17 @@
 
 ``create_encoder(settings.embedding)`` picks the provider named by
 ``STRATA_EMBEDDING__PROVIDER``; every provider loads its model lazily.
+``tune_openmp()`` sets the OpenMP wait the ``strata`` command uses, for a host
+application that wants it (it changes the process environment, so it is opt-in).
 """
 
 from __future__ import annotations
 
 from strata.config import EmbeddingSettings
+from strata.encoders._openmp import tune_openmp
 from strata.encoders.base import Encoder, normalized
 
-__all__ = ["Encoder", "create_encoder", "normalized"]
+__all__ = ["Encoder", "create_encoder", "normalized", "tune_openmp"]
 
 
 def create_encoder(settings: EmbeddingSettings) -> Encoder:

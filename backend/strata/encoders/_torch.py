@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from strata.encoders._openmp import bounded_active_spin
 from strata.errors import EncoderError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +56,6 @@ class LazyModelEncoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
-                bounded_active_spin()  # before torch's libgomp loads (resolve_device imports torch)
                 device = resolve_device(self._device)
                 logger.info("loading %s model %s on %s", self.provider, self._model_name, device)
                 try:

