@@ -5,10 +5,15 @@ Switching a caller from in-process to remote is one line::
     from strata.rag import retrieve_documents            # in-process
     retrieve_documents = StrataClient(url, api_key).retrieve_documents   # remote
 
-``retrieve_documents`` returns the same ``RetrievalResult`` (with the
-per-document trace) and, like the library, does not raise on outages: a
-failed retrieval comes back with ``meta.status == "failed"``. Bad arguments
-raise ``ValueError``; an unknown (or unreadable) kb raises ``NotFoundError``.
+``retrieve_documents`` takes the library's arguments (its ``settings`` aside:
+the service's apply) plus ``timeout``, and returns the same
+``RetrievalResult`` (with the per-document trace). A retrieval the service
+ran but that failed comes back, as from the library, with
+``meta.status == "failed"``. Unlike the library it raises when there is no
+answer to return: ``ValueError`` for bad arguments, ``NotFoundError`` for an
+unknown (or unreadable) kb, and ``ServiceError`` when the service cannot be
+reached, does not answer within ``timeout``, refuses the key (401, 403), is
+busy (503 with Retry-After) or answers any other error.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from strata.types import Filters, RetrievalMeta, RetrievalResult, StageError
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+ANSWER_MARGIN_S = 2.0  # a query's deadline plus this is long enough for its answer to arrive
 
 
 class ServiceError(StrataError):
@@ -59,15 +65,23 @@ class StrataClient:
 
     def retrieve_documents(
         self, query: str, top_k: int = 5, *, kb_ids: list[str] | None = None, filters: Filters | None = None,
-        rerank: bool | None = None,
+        rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
+        deadline_ms: int | None = None, timeout: float | None = None,
     ) -> RetrievalResult:  # fmt: skip
-        """The library's ``retrieve_documents`` over HTTP."""
+        """The library's ``retrieve_documents`` over HTTP (see the module docstring for what it raises).
+
+        ``deadline_ms`` is the service's time budget for this query (never past its own
+        ``STRATA_RETRIEVAL__DEADLINE_MS``); ``timeout`` bounds the whole call in seconds (default:
+        ``deadline_ms`` plus ``ANSWER_MARGIN_S`` when given, else the client's timeout).
+        """
         body: dict[str, Any] = {"query": query, "top_k": top_k, "kb_ids": kb_ids, "explain": True}
         if filters is not None and not filters.is_empty():
             body["filters"] = {k: v for k, v in filters.to_dict().items() if v}
-        if rerank is not None:
-            body["rerank"] = rerank
-        response = self._send("POST", "/retrieve", json=body)
+        optional = {"strategy": strategy, "queries": list(queries) if queries is not None else None, "deadline_ms": deadline_ms}
+        body.update({"rerank": rerank, "expand": expand, **{k: v for k, v in optional.items() if v is not None}})
+        if timeout is None and deadline_ms is not None:
+            timeout = deadline_ms / 1000 + ANSWER_MARGIN_S
+        response = self._send("POST", "/retrieve", json=body, timeout=_timeout(timeout))
         if response.status_code == 503 and "meta" in _problem(response):
             return RetrievalResult(docs=(), meta=_meta(_problem(response)["meta"]))
         return RetrievalResult.from_dict(self._json(response))
@@ -76,16 +90,21 @@ class StrataClient:
 
     def index_files(
         self, kb_id: str, files: Sequence[tuple[str, Path]], *, delete_missing: bool = False, recreate: bool = False,
-        dry_run: bool = False, timeout: float | None = None,
+        dry_run: bool = False, timeout: float | None = None, root: str = "", keep: Sequence[str] = (),
     ) -> dict[str, Any]:  # fmt: skip
-        """Uploads ``(relative name, path)`` pairs into ``kb_id``; the indexing report (``strata index --json``)."""
-        params = {"delete_missing": delete_missing, "recreate": recreate, "dry_run": dry_run}
+        """Uploads ``(relative name, path)`` pairs into ``kb_id``; the indexing report (``strata index --json``).
+
+        ``root`` names the folder the files came from (``delete_missing`` deletes only that root's documents);
+        ``keep`` are files of it that could not be read here (their documents are kept).
+        """
+        flags = {"delete_missing": delete_missing, "recreate": recreate, "dry_run": dry_run}
+        params: list[tuple[str, str]] = [(k, str(v).lower()) for k, v in flags.items()]
+        params += [("root", root), *(("keep", name) for name in keep)]
         handles = [(name, path.open("rb")) for name, path in files]
         try:
             parts = [("files", (str(PurePosixPath(name)), handle)) for name, handle in handles]
             response = self._send(
-                "POST", f"/kbs/{kb_id}/documents", files=parts, params={k: str(v).lower() for k, v in params.items()},
-                timeout=httpx.Timeout(timeout, connect=5.0) if timeout else httpx.USE_CLIENT_DEFAULT,
+                "POST", f"/kbs/{kb_id}/documents", files=parts, params=params, timeout=_timeout(timeout)
             )  # fmt: skip
         finally:
             for _, handle in handles:
@@ -108,6 +127,8 @@ class StrataClient:
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise ServiceError(f"no answer from the strata service at {self._http.base_url} in time: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise ServiceError(f"cannot reach the strata service at {self._http.base_url}: {exc}") from exc
 
@@ -122,6 +143,11 @@ class StrataClient:
         if response.status_code == 404:
             raise NotFoundError(message)
         raise ServiceError(message, status=response.status_code, problem=problem)
+
+
+def _timeout(seconds: float | None) -> httpx.Timeout | Any:
+    """One call's timeout in seconds, or the client's."""
+    return httpx.Timeout(seconds, connect=min(seconds, 5.0)) if seconds else httpx.USE_CLIENT_DEFAULT
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:

@@ -295,6 +295,9 @@ class ApiSettings(_Section):
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
     body_timeout_s: float = Field(60.0, gt=0, description="how long reading one request body may take before a 408")
     request_id_header: str = Field("X-Request-ID", min_length=1)
+    docs: bool = Field(
+        False, description="serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN); /openapi.json is always served"
+    )
 
 
 class ServerSettings(_Section):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import threading
 import time
+import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -15,6 +20,7 @@ from strata.config import ApiKeyGrant, Settings
 from strata.errors import NotFoundError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
+from strata.stores.catalog import Catalog
 from strata.types import Filters
 from tests.api.conftest import KEYS
 from tests.conftest import free_port
@@ -65,3 +71,120 @@ def test_the_client_raises_like_the_library(served_url: str) -> None:
     assert refused.value.status == 401 and refused.value.problem["title"] == "Unauthorized"
     with StrataClient(f"http://127.0.0.1:{free_port()}") as client, pytest.raises(ServiceError, match="cannot reach"):
         client.retrieve_documents("x", 3)
+
+
+# -- the library's call, its deadline and its timeout ----------------------------------------------
+
+
+def test_the_client_takes_the_librarys_arguments() -> None:
+    """Same parameters, kinds and defaults as ``strata.rag.retrieve_documents``; the client adds ``timeout``
+    (and takes no ``settings``: the service's apply)."""
+    import inspect
+
+    from strata.rag.retrieve import retrieve_documents
+
+    def params(function: object, leave_out: set[str]) -> list[tuple[str, object, object]]:
+        found = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+        return [(p.name, p.kind, p.default) for p in found if p.name not in leave_out]
+
+    assert params(StrataClient.retrieve_documents, {"self", "timeout"}) == params(retrieve_documents, {"settings"})
+
+
+def test_the_client_passes_strategy_expand_and_queries(served_url: str, stores: tuple[Settings, Resources]) -> None:
+    options = {"strategy": "fusion", "expand": False, "queries": ["how long is a reset link valid"]}
+    with StrataClient(served_url, "admin-key") as client:
+        remote = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], **options)
+    local = Retriever(stores[1]).retrieve(RESET_QUERY, 3, kb_ids=["demo"], **options)
+    assert remote.meta.strategy == local.meta.strategy == "fusion"
+    assert remote.meta.query_variants == local.meta.query_variants and remote.meta.expansion == local.meta.expansion
+    assert [d.metadata["chunk_id"] for d in remote.docs] == [d.metadata["chunk_id"] for d in local.docs]
+
+
+def test_a_requests_deadline_is_the_services_budget(served_url: str) -> None:
+    with StrataClient(served_url, "admin-key") as client:
+        hurried = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], deadline_ms=1)
+        relaxed = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], deadline_ms=600_000)
+    reasons = set(hurried.meta.degraded) | {e.error for e in hurried.meta.errors}
+    assert hurried.meta.status != "ok" and reasons & {"deadline_exceeded", "DeadlineExceeded"}, hurried.meta
+    assert relaxed.meta.status == "ok"  # a longer deadline than the service's own is cut to it, not refused
+
+
+def test_a_service_that_never_answers_raises_within_the_timeout() -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with StrataClient(url) as client:
+            started = time.monotonic()
+            with pytest.raises(ServiceError, match="no answer") as raised:
+                client.retrieve_documents("x", 3, timeout=0.5)
+            assert time.monotonic() - started < 5 and raised.value.status == 0
+            started = time.monotonic()
+            with pytest.raises(ServiceError):
+                client.retrieve_documents("x", 3, deadline_ms=200)  # the timeout follows the deadline
+            assert time.monotonic() - started < 8
+
+
+# -- strata index --server: the local command's deletions and report --------------------------------
+
+FOLDER = {
+    "alpha.md": "# Alpha\n\nThe alpha lamp is lit at dusk by the keeper.\n",
+    "beta.md": "# Beta\n\nThe beta gate closes at nine when the ferry leaves.\n",
+    "sub/gamma.md": "# Gamma\n\nGamma hives are checked for mites every June.\n",
+}
+
+
+def write_files(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def index_remote(url: str, kb: str, *paths: Path, delete_missing: bool = False) -> dict:  # noqa: ANN001
+    import json
+
+    from strata.cli import build_parser
+    from strata.cli.remote_index import cmd_remote_index
+
+    argv = ["index", *map(str, paths), "--kb", kb, "--server", url, "--json", *(["--delete-missing"] * delete_missing)]
+    args = build_parser().parse_args(argv)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cmd_remote_index(args, Settings(_env_file=None), url=url, api_key="admin-key")
+    return json.loads(out.getvalue())
+
+
+def test_index_through_the_server_deletes_and_reports_what_the_local_command_does(
+    served_url: str, stores: tuple[Settings, Resources], tmp_path: Path
+) -> None:
+    from strata.indexing.pipeline import Indexer
+
+    indexer, catalog = Indexer(stores[1]), Catalog(stores[1].documents.engine)
+    folder = write_files(tmp_path / "notes", FOLDER)
+    other = write_files(tmp_path / "other", {"delta.md": "# Delta\n\nThe delta barge carries salt on Fridays.\n"})
+    os.mkfifo(folder / "pipe.md")
+    (folder / "gone.md").symlink_to(tmp_path / "nowhere.md")
+    kbs = {"local": f"dm-local-{uuid.uuid4().hex[:6]}", "remote": f"dm-remote-{uuid.uuid4().hex[:6]}"}
+
+    reports = {"local": indexer.index_paths([folder], kb_id=kbs["local"]).to_dict(), "remote": index_remote(served_url, kbs["remote"], folder)}
+    indexer.index_paths([other], kb_id=kbs["local"])
+    index_remote(served_url, kbs["remote"], other)
+    (folder / "beta.md").unlink()
+    again = {
+        "local": indexer.index_paths([folder], kb_id=kbs["local"], delete_missing=True).to_dict(),
+        "remote": index_remote(served_url, kbs["remote"], folder, delete_missing=True),
+    }
+
+    def entries(report: dict, key: str) -> list[tuple[str, str]]:
+        return sorted((e["source"], e["reason"]) for e in report[key])
+
+    for side in ("local", "remote"):
+        assert entries(reports[side], "failures") == entries(reports["local"], "failures"), side
+        assert entries(again[side], "skipped") == entries(again["local"], "skipped"), side
+        assert (again[side]["deleted"], again[side]["failed"]) == (1, 2), (side, again[side])
+    assert {e["source"] for e in reports["remote"]["failures"]} == {str(folder / "pipe.md"), str(folder / "gone.md")}
+    kept = {side: sorted(e.doc_id for e in catalog.documents(kb)) for side, kb in kbs.items()}
+    assert kept["local"] == kept["remote"] == ["alpha.md", "delta.md", "sub/gamma.md"]

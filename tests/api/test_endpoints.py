@@ -170,7 +170,7 @@ def test_openapi_and_docs_are_generated_from_the_schemas(client: TestClient) -> 
     assert {"/retrieve", "/retrieve/by-skill", "/retrieve/by-module", "/kbs", "/kbs/{kb}/documents"} <= set(schema["paths"])
     request = schema["components"]["schemas"]["RetrieveRequest"]
     assert {"query", "top_k", "kb_ids", "filters", "rerank", "explain"} <= set(request["properties"])
-    assert client.get("/docs").status_code == 200
+    assert client.get("/docs").status_code == 404  # off unless STRATA_API__DOCS (tests/api/test_openapi.py)
 
 
 def test_query_expansion_feeds_the_bm25_route_only_and_is_recorded(client: TestClient) -> None:

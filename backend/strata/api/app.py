@@ -16,7 +16,7 @@ from typing import AsyncIterator
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
-from strata.api import problems, schemas
+from strata.api import openapi, problems
 from strata.api.auth import KeyRing
 from strata.api.deps import needs_key
 from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
@@ -58,13 +58,16 @@ def create_app(
         summary="Hierarchical RAG retrieval over Milvus: evidence plus a meta record",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url="/docs" if settings.api.docs else None,  # Swagger UI and ReDoc load their scripts from a CDN
+        redoc_url="/redoc" if settings.api.docs else None,
     )
-    app.openapi = lambda: app.openapi_schema or schemas.publish_limits(FastAPI.openapi(app), settings.retrieval)
     routers = (health.router, retrieve.router, kbs.router, ui.router)
     for router in routers:
         app.include_router(router)
     routes = [route for router in routers for route in router.routes]  # route templates label the metrics
     protected = [route for route in routes if needs_key(route)]
+    keyed = [(route.path_format, method) for route in protected for method in getattr(route, "methods", ())]
+    app.openapi = lambda: app.openapi_schema or openapi.complete(FastAPI.openapi(app), settings.retrieval, keyed)
     problems.install(app)
     api = settings.api
     app.add_middleware(ConcurrencyLimit, limit=api.max_concurrency, wait_s=api.queue_timeout_s, metrics=metrics)

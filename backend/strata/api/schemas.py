@@ -11,7 +11,7 @@ values into the OpenAPI document.
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -20,29 +20,48 @@ from strata.config import RetrievalSettings
 from strata.strategy_table import StrategyName
 from strata.types import CacheState, Filters, Mode, RerankStatus, Status
 
+MAX_DEADLINE_MS = 3_600_000  # a bound for the schema only: the service's own deadline caps it long before
 KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 LIMIT_KEY = "x-strata-limit"  # OpenAPI extension: the setting whose running value bounds the field
 LIMITS = {"max_query_chars": "maxLength", "max_top_k": "maximum"}  # setting -> JSON Schema keyword
 
 
-def _no_control(value: str, *, allowed: str = "") -> str:
-    for ch in value:
-        if ch not in allowed and unicodedata.category(ch) in ("Cc", "Cs"):
-            raise ValueError(f"control character U+{ord(ch):04X} is not allowed")
-    return value
+_CONTROL = r"\u0000-\u001f\u007f-\u009f"  # Cc, as ranges Python's re and JSON Schema both read
+_TEXT_CONTROL = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f"  # the same, tabs and newlines allowed
+_SURROGATES = r"\ud800-\udfff"  # lone surrogates (Cs) are refused too; the published pattern leaves them out, as
+# schemathesis drops a pattern that names them, and a JSON text decodes to them only from a lone \uD8xx escape
+NAME_PATTERN = rf"^[^{_CONTROL}]*$"
+TEXT_PATTERN = rf"^[^{_TEXT_CONTROL}]*[^\s{_TEXT_CONTROL}][^{_TEXT_CONTROL}]*$"  # not blank either
 
 
-def _text(value: str) -> str:
-    _no_control(value, allowed="\t\n\r")
-    if not value.strip():
-        raise ValueError("must not be blank")
-    return value
+def _matching(pattern: str, why: str) -> AfterValidator:
+    """The check of ``pattern`` by Python's ``re``, which the OpenAPI document publishes (pydantic's own
+    ``pattern`` is another regex engine, one without lone surrogates)."""
+    compiled = re.compile(pattern)
+    refused = re.compile(f"[{_CONTROL}{_SURROGATES}]" if pattern == NAME_PATTERN else f"[{_TEXT_CONTROL}{_SURROGATES}]")
+
+    def check(value: str) -> str:
+        found = refused.search(value)
+        if found:
+            raise ValueError(f"control character U+{ord(found.group()):04X} is not allowed")
+        if not compiled.search(value):
+            raise ValueError(why)
+        return value
+
+    return AfterValidator(check)
+
+
+_no_control = _matching(NAME_PATTERN, "control characters are not allowed")
+_text = _matching(TEXT_PATTERN, "must not be blank")
 
 
 QueryText = Annotated[
-    str, StringConstraints(min_length=1), AfterValidator(_text), Field(json_schema_extra={LIMIT_KEY: "max_query_chars"})
+    str, StringConstraints(min_length=1), _text,
+    Field(json_schema_extra={LIMIT_KEY: "max_query_chars", "pattern": TEXT_PATTERN}),
 ]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=512), AfterValidator(_no_control)]
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=512), _no_control, Field(json_schema_extra={"pattern": NAME_PATTERN})
+]
 KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
 TopK = Annotated[
     int, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})
@@ -71,7 +90,9 @@ class FiltersIn(_Strict):
 
     modules: list[Name] = Field(default_factory=list, max_length=50)
     skill_points: list[Name] = Field(default_factory=list, max_length=50)
-    doc_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=2048), AfterValidator(_no_control)]] = Field(
+    doc_ids: list[
+        Annotated[str, StringConstraints(min_length=1, max_length=2048), _no_control, Field(json_schema_extra={"pattern": NAME_PATTERN})]
+    ] = Field(
         default_factory=list, max_length=200
     )
     source_prefix: Name | None = None
@@ -82,6 +103,14 @@ class FiltersIn(_Strict):
 
 
 class RetrieveRequest(_Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={  # query variants are the fusion strategy's (the engine refuses them for another)
+            "if": {"required": ["queries"], "properties": {"queries": {"type": "array", "minItems": 1}}},
+            "then": {"required": ["strategy"], "properties": {"strategy": {"const": "fusion"}}},
+        },
+    )
+
     query: QueryText
     top_k: TopK = 5
     kb_ids: list[KbId] | None = Field(
@@ -96,6 +125,11 @@ class RetrieveRequest(_Strict):
     )
     queries: list[QueryText] | None = Field(
         None, max_length=8, description="the fusion strategy's extra query variants"
+    )
+    deadline_ms: int | None = Field(
+        None, ge=1, le=MAX_DEADLINE_MS,
+        description="this request's time budget in milliseconds; the service's own (STRATA_RETRIEVAL__DEADLINE_MS) "
+        "applies when it is shorter",
     )
 
 
@@ -256,7 +290,3 @@ class ProblemOut(BaseModel):
     detail: str
     request_id: str | None
 
-
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ProblemOut, "content": {"application/problem+json": {}}} for code in (401, 404, 422, 503)
-}

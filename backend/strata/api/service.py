@@ -76,10 +76,10 @@ class Service:
     def retrieve(
         self, query: str, top_k: int, *, kb_ids: Sequence[str] | None, filters: Filters | None,
         rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
-        queries: Sequence[str] | None = None,
+        queries: Sequence[str] | None = None, deadline_ms: int | None = None,
     ) -> RetrievalResult:  # fmt: skip
         """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults)."""
-        switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries}
+        switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries, "deadline_ms": deadline_ms}
         options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
         kbs = list(kb_ids) if kb_ids is not None else None
         try:
@@ -89,12 +89,16 @@ class Service:
         self.metrics.observe_retrieval(result)
         return result
 
-    def index_folder(self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool) -> IndexReport:
-        """Indexes an uploaded folder into ``kb_id`` (call from a worker thread)."""
+    def index_folder(
+        self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool, root: str,
+        keep: Sequence[str] = (),
+    ) -> IndexReport:  # fmt: skip
+        """Indexes an uploaded folder into ``kb_id`` as the root ``root`` (call from a worker thread)."""
         with self._kb_lock(kb_id):
             report = self.indexer.index_paths(
-                [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run
-            )
+                [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
+                root_names={folder: root}, keep=keep,
+            )  # fmt: skip
         _relative_sources(report, folder)
         return report
 

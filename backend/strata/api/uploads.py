@@ -1,5 +1,10 @@
 """Uploaded files: safe relative names, written under a temporary folder.
 
+An upload is one root, as a folder argument of ``strata index`` is: its
+documents record the root the client names (``strata index DIR --server``
+sends DIR), so ``delete_missing`` deletes what vanished from that folder and
+nothing else, as the local command does.
+
 Every name is checked before anything is written: a name the file system
 cannot hold (a part over 255 bytes, a path too long) or two names where one
 is a folder of the other (``conf`` and ``conf/x.md``) are a 422 naming the file.
@@ -21,6 +26,18 @@ _CHUNK = 1024 * 1024
 MAX_NAME_CHARS = 1024
 MAX_PART_BYTES = 255  # NAME_MAX of Linux and macOS file systems, in UTF-8 bytes
 MAX_PATH_BYTES = 3072  # below PATH_MAX (4096) with room for the temporary folder
+MAX_KEPT = 10_000
+ROOT_PREFIX = "upload:"  # a client's folder name never passes for a folder of the server's
+ROOT_HELP = (
+    "the folder the files came from, as the client names it; its documents record it, and delete_missing deletes "
+    "only documents of this root whose files were not sent"
+)
+KEEP_HELP = "files of the folder that could not be read where they are (delete_missing keeps their documents)"
+
+
+def root_name(root: str) -> str:
+    """The root an upload's documents record for the folder the client named."""
+    return ROOT_PREFIX + root
 
 
 def check_name(name: str) -> None:

@@ -2,57 +2,131 @@
 
 Same report, ``--json`` keys and exit codes as local indexing. File names
 are sent relative to the folder given (a file given by itself: its name), so
-documents get the ids a local ``strata index`` would give them.
+documents get the ids a local ``strata index`` would give them. Each folder
+argument is one upload naming its folder as the root, so ``--delete-missing``
+deletes what the local command deletes; entries that cannot be read (a FIFO,
+a dangling symlink) are failures or skipped, as locally, and their indexed
+versions are kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from strata.cli.index import _print_report as print_report  # the local command's printer, shared
 from strata.client import StrataClient
 from strata.config import Settings
-from strata.errors import LoaderError, NotFoundError
-from strata.indexing.loaders import iter_source_files
+from strata.errors import NotFoundError
+from strata.indexing.loaders import is_supported, unreadable_reason, walk_folder
 from strata.indexing.report import IndexReport
+
+KEPT = " (its indexed version, if any, is kept)"
+
+
+@dataclass
+class Upload:
+    """One root's files: ``(name sent, local path)``, the root named, and what deletion may touch."""
+
+    root: str
+    files: list[tuple[str, Path]] = field(default_factory=list)
+    keep: list[str] = field(default_factory=list)
+    scopes_deletion: bool = True
+
+
+@dataclass
+class Collected:
+    uploads: list[Upload] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    complete: bool = True  # every argument existed and was read whole (else nothing is deleted, as locally)
 
 
 def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, api_key: str | None) -> int:
-    files, missing = collect_files(args.paths)
-    if not files:
-        report = IndexReport(kb=args.kb, dry_run=args.dry_run).to_dict()
-        print_report(with_local_failures(report, missing), as_json=args.json)
-        return 1 if missing else 0
+    collected = collect_files(args.paths)
+    reports: list[dict[str, Any]] = []
     with StrataClient(url, api_key) as client:
-        try:
-            report = client.index_files(
-                args.kb, files, delete_missing=args.delete_missing, recreate=args.recreate, dry_run=args.dry_run,
-                timeout=settings.server.timeout_s,
-            )  # fmt: skip
-        except (ValueError, NotFoundError) as exc:
-            print(f"strata: the service refused the files: {exc}", file=sys.stderr)
-            return 1
-    report = with_local_failures(with_local_paths(report, files), missing)
+        for n, upload in enumerate(u for u in collected.uploads if u.files):
+            try:
+                report = client.index_files(
+                    args.kb, upload.files, delete_missing=args.delete_missing and upload.scopes_deletion and
+                    collected.complete, recreate=args.recreate and n == 0, dry_run=args.dry_run,
+                    timeout=settings.server.timeout_s, root=upload.root, keep=upload.keep,
+                )  # fmt: skip
+            except (ValueError, NotFoundError) as exc:
+                print(f"strata: the service refused the files: {exc}", file=sys.stderr)
+                return 1
+            reports.append(with_local_paths(report, upload.files))
+    report = with_local_entries(merged(reports, kb=args.kb, dry_run=args.dry_run), collected)
     print_report(report, as_json=args.json)
     return 1 if report["failed"] else 0
 
 
-def collect_files(paths: Sequence[Path]) -> tuple[list[tuple[str, Path]], list[dict[str, str]]]:
-    """``(name sent, local path)`` of every file under ``paths``, and the paths that do not exist."""
-    files: list[tuple[str, Path]] = []
-    missing: list[dict[str, str]] = []
+def collect_files(paths: Sequence[Path]) -> Collected:
+    """What each path argument sends, and the entries reported here (as ``strata.indexing.scan`` reports them)."""
+    collected = Collected()
+    by_parent: dict[str, Upload] = {}
     for path in paths:
-        root = path if path.is_dir() else path.parent
-        try:
-            found = iter_source_files([path])
-        except LoaderError as exc:
-            missing.append({"source": str(path), "reason": str(exc)})
-            continue
-        files += [(f.relative_to(root).as_posix(), f) for f in found]
-    return files, missing
+        if path.is_dir():
+            collected.uploads.append(_folder(path, collected))
+        elif not os.path.lexists(path):
+            collected.failures.append({"source": str(path), "reason": "no such file or directory (nothing under it was deleted)"})
+            collected.complete = False
+        else:
+            root = _root(path.parent)
+            upload = by_parent.setdefault(root, Upload(root, scopes_deletion=False))
+            _entry(path, path.name, upload, collected)
+    collected.uploads.extend(by_parent.values())
+    return collected
+
+
+def _folder(path: Path, collected: Collected) -> Upload:
+    upload = Upload(_root(path))
+    walk = walk_folder(path)
+    collected.failures.extend({"source": str(path), "reason": error} for error in walk.errors)
+    collected.complete &= not walk.errors
+    for entry, reason in walk.unreadable:
+        _unreadable(entry, entry.relative_to(path).as_posix(), reason, upload, collected)
+    collected.skipped.extend({"source": str(entry), "reason": reason} for entry, reason in walk.skipped)
+    upload.files.extend((f.relative_to(path).as_posix(), f) for f in walk.files)
+    return upload
+
+
+def _entry(path: Path, name: str, upload: Upload, collected: Collected) -> None:
+    reason = unreadable_reason(path)
+    if reason is None:
+        upload.files.append((name, path))
+    else:
+        _unreadable(path, name, reason, upload, collected)
+
+
+def _unreadable(path: Path, name: str, reason: str, upload: Upload, collected: Collected) -> None:
+    if not is_supported(path):
+        collected.skipped.append({"source": str(path), "reason": reason})
+        return
+    collected.failures.append({"source": str(path), "reason": reason + KEPT})
+    upload.keep.append(name)
+
+
+def _root(folder: Path) -> str:
+    """The folder as the root an upload names: the path given, normalised (``./docs/`` is ``docs``)."""
+    return Path(os.path.normpath(folder)).as_posix()
+
+
+def merged(reports: Sequence[dict[str, Any]], *, kb: str, dry_run: bool) -> dict[str, Any]:
+    """One report of several uploads: counts and seconds added, lists joined."""
+    total = IndexReport(kb=kb, dry_run=dry_run).to_dict()
+    for report in reports:
+        for key, value in report.items():
+            if isinstance(value, list) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                total[key] = total.get(key, type(value)()) + value
+    seconds = total.get("seconds", 0)
+    total["chunks_per_s"] = round(total.get("chunks_written", 0) / seconds, 2) if seconds else 0.0
+    return total
 
 
 def with_local_paths(report: dict[str, Any], files: Sequence[tuple[str, Path]]) -> dict[str, Any]:
@@ -65,7 +139,9 @@ def with_local_paths(report: dict[str, Any], files: Sequence[tuple[str, Path]]) 
     return {**report, "failures": renamed(report["failures"]), "skipped": renamed(report["skipped"])}
 
 
-def with_local_failures(report: dict[str, Any], missing: list[dict[str, str]]) -> dict[str, Any]:
-    if not missing:
-        return report
-    return {**report, "failed": report["failed"] + len(missing), "failures": [*missing, *report["failures"]]}
+def with_local_entries(report: dict[str, Any], collected: Collected) -> dict[str, Any]:
+    """The report with the entries found here that were never sent."""
+    return {
+        **report, "failed": report["failed"] + len(collected.failures),
+        "failures": [*collected.failures, *report["failures"]], "skipped": [*collected.skipped, *report["skipped"]],
+    }  # fmt: skip

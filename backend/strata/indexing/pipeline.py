@@ -27,7 +27,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 from strata.config import ChunkingSettings
 from strata.errors import StoreError
@@ -96,30 +96,34 @@ class Indexer:
         recreate: bool = False,
         dry_run: bool = False,
         progress: Progress | None = None,
+        root_names: Mapping[Path, str] | None = None,
+        keep: Collection[str] = (),
     ) -> IndexReport:
         """Brings ``kb_id`` in line with the files under ``paths``.
 
         ``delete_missing`` deletes documents that vanished from a folder argument that was
         read whole; ``recreate`` rebuilds every document as a new version and switches to
         them all at once at the end, or, if anything failed, keeps the old kb serving.
+        ``root_names`` and ``keep`` are for uploads (see ``scan_paths``).
         """
         _check_kb_id(kb_id)
         progress = progress or NoProgress()
         started = time.perf_counter()
         report = IndexReport(kb=kb_id, dry_run=dry_run)
         if dry_run:
-            self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
+            scan = scan_paths(paths, report, root_names=root_names, keep=keep)
+            self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
         else:
             with self.lease(kb_id):
-                self._run(paths, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
+                scan = scan_paths(paths, report, root_names=root_names, keep=keep)
+                self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
         report.seconds = time.perf_counter() - started
         return report
 
     def _run(
-        self, paths: Sequence[Path], kb_id: str, report: IndexReport, progress: Progress, *,
+        self, scan: Scan, kb_id: str, report: IndexReport, progress: Progress, *,
         delete_missing: bool, recreate: bool, dry_run: bool,
     ) -> None:  # fmt: skip
-        scan = scan_paths(paths, report)
         if not dry_run:
             # Open Milvus before any document write: a Milvus Lite file held by another process must fail
             # the run before it encodes or writes pending rows. A collection created now gets the scanned

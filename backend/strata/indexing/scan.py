@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Mapping, Sequence
 
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
@@ -22,21 +22,27 @@ from strata.indexing.report import IndexReport, record_failure
 from strata.types import SourceDocument
 
 
-def scan_paths(paths: Sequence[Path], report: IndexReport) -> Scan:
+def scan_paths(
+    paths: Sequence[Path], report: IndexReport, *, root_names: Mapping[Path, str] | None = None,
+    keep: Collection[str] = (),
+) -> Scan:  # fmt: skip
+    """``root_names`` record a folder under another name than its absolute path (an upload: the client's
+    folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept)."""
     docs: dict[str, SourceDocument] = {}
     roots: dict[str, str] = {}
     complete: set[str] = set()
-    kept: set[str] = set()
+    kept: set[str] = set(keep)
     all_complete = True
     for path in paths:
         files, root, whole = _files(path, report, kept)
+        name = (root_names or {}).get(path, root)
         all_complete &= whole
         if whole and path.is_dir():
-            complete.add(root)
+            complete.add(name)
         for file in files:
             doc = _load(file, Path(root), report, docs, kept)
             if doc is not None:
-                docs[doc.doc_id], roots[doc.doc_id] = doc, root
+                docs[doc.doc_id], roots[doc.doc_id] = doc, name
     return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete)
 
 

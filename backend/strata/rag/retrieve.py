@@ -67,15 +67,18 @@ class Retriever:
     def retrieve(
         self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
         rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
+        deadline_ms: int | None = None,
     ) -> RetrievalResult:  # fmt: skip
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
         ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
         ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one
         of ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the
-        ``fusion`` strategy's extra query variants.
+        ``fusion`` strategy's extra query variants; ``deadline_ms`` shortens this call's time
+        budget (never past ``STRATA_RETRIEVAL__DEADLINE_MS``).
         """
         self._cfg.check_query(query, top_k, queries or ())
+        budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
         if isinstance(kb_ids, str):
             raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
         self.warm_up()
@@ -85,7 +88,7 @@ class Retriever:
         candidate_k = self._cfg.candidates_for(top_k)
         run = Recorder(
             query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters,
-            deadline=Deadline(self._cfg.deadline_ms / 1000),
+            deadline=Deadline(budget_ms / 1000),
         )  # fmt: skip
         run.strategy = plan.name
         if plan.multi_query:
@@ -337,14 +340,26 @@ def retrieve_documents(
     expand: bool = True,
     strategy: str | None = None,
     queries: Sequence[str] | None = None,
+    deadline_ms: int | None = None,
     settings: Settings | None = None,
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
 
     Outages never raise: they show in ``result.meta`` (``status`` degraded or
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
-    over-long query, ``top_k`` outside 1..``max_top_k``) raise ``ValueError``.
+    over-long query, ``top_k`` outside 1..``max_top_k``, ``deadline_ms`` below 1)
+    raise ``ValueError``. ``deadline_ms`` shortens this call's time budget.
     """
-    return get_retriever(settings).retrieve(
-        query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand, strategy=strategy, queries=queries
+    return default_engine(settings).retrieve(
+        query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand, strategy=strategy, queries=queries,
+        deadline_ms=deadline_ms,
     )
+
+
+def _budget_ms(configured_ms: int, requested_ms: int | None) -> int:
+    """A call's time budget: the caller's deadline when it is shorter than the configured one."""
+    if requested_ms is None:
+        return configured_ms
+    if isinstance(requested_ms, bool) or not isinstance(requested_ms, int) or requested_ms < 1:
+        raise ValueError(f"deadline_ms must be a positive integer (milliseconds), got {requested_ms!r}")
+    return min(configured_ms, requested_ms)

@@ -13,10 +13,11 @@ from starlette.responses import JSONResponse
 from strata.api import uploads
 from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, not_found
 from strata.api.problems import Problem
-from strata.api.schemas import PROBLEMS, DocumentList, KbCreate, KbList
+from strata.api.openapi import problems
+from strata.api.schemas import DocumentList, KbCreate, KbList
 from strata.errors import EncoderMismatchError
 
-router = APIRouter(prefix="/kbs", tags=["knowledge bases"], responses=PROBLEMS)
+router = APIRouter(prefix="/kbs", tags=["knowledge bases"])
 
 
 @router.get("", summary="the knowledge bases this key may read", response_model=KbList)
@@ -25,7 +26,7 @@ def list_kbs(service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
     return {"kbs": [{"kb_id": k.kb_id, "encoder": k.encoder, "dim": k.dim, "generation": k.generation} for k in kbs]}
 
 
-@router.post("", summary="create an empty knowledge base", status_code=201)
+@router.post("", summary="create an empty knowledge base", status_code=201, responses=problems(403, 404))
 def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     if not principal.can_read(body.kb_id):
         raise not_found(body.kb_id)
@@ -35,33 +36,45 @@ def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep) -> J
     return JSONResponse({"kb_id": body.kb_id, "created": created}, status_code=201 if created else 200)
 
 
-@router.get("/{kb}/documents", summary="the documents a knowledge base serves", response_model=DocumentList)
+@router.get(
+    "/{kb}/documents", summary="the documents a knowledge base serves", response_model=DocumentList, responses=problems(404)
+)
 def list_documents(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
     entries = service.catalog.documents(kb)
     return {"kb": kb, "documents": [uploads.entry_dict(e) for e in entries]}
 
 
-@router.post("/{kb}/documents", summary="upload files and index them (the report of strata index)")
+@router.post(
+    "/{kb}/documents", summary="upload files and index them (the report of strata index)",
+    responses=problems(403, 404, 409),
+)  # fmt: skip
 async def upload_documents(
     kb: WritableKb,
     service: ServiceDep,
     files: Annotated[list[UploadFile], File(description="files; a name may be a relative path (folder/file.md)")],
-    delete_missing: Annotated[bool, Query(description="delete documents whose files were not sent")] = False,
+    delete_missing: Annotated[bool, Query(description="delete documents of this root whose files were not sent")] = False,
     recreate: Annotated[bool, Query(description="drop the knowledge base first")] = False,
     dry_run: Annotated[bool, Query(description="report what would change, write nothing")] = False,
+    root: Annotated[str, Query(max_length=uploads.MAX_NAME_CHARS, description=uploads.ROOT_HELP)] = "",
+    keep: Annotated[list[str], Query(max_length=uploads.MAX_KEPT, description=uploads.KEEP_HELP)] = [],  # noqa: B006
 ) -> dict[str, Any]:
+    uploads.check_name(root)
+    kept = [str(uploads.relative_name(name)) for name in keep]
     with tempfile.TemporaryDirectory(prefix="strata-upload-") as folder:
         await run_in_threadpool(uploads.save_all, files, Path(folder))
         try:
             report = await run_in_threadpool(
-                service.index_folder, kb, Path(folder), delete_missing=delete_missing, recreate=recreate, dry_run=dry_run
-            )
+                service.index_folder, kb, Path(folder), delete_missing=delete_missing, recreate=recreate,
+                dry_run=dry_run, root=uploads.root_name(root), keep=kept,
+            )  # fmt: skip
         except EncoderMismatchError as exc:
             raise Problem(409, str(exc), title="Encoder Mismatch") from None
     return report.to_dict()
 
 
-@router.delete("/{kb}/documents/{doc_id:path}", summary="delete a document from every store")
+@router.delete(
+    "/{kb}/documents/{doc_id:path}", summary="delete a document from every store", responses=problems(403, 404)
+)
 def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
     if not principal.can_write(kb):
         raise Problem(403, f"this key may not write to {kb!r}", title="Forbidden")
@@ -71,6 +84,8 @@ def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal:
     return {"kb": kb, "deleted": doc_id}
 
 
-@router.get("/{kb}/stats", summary="documents, chunks per level and Milvus leaves (they must agree)")
+@router.get(
+    "/{kb}/stats", summary="documents, chunks per level and Milvus leaves (they must agree)", responses=problems(404)
+)
 def kb_stats(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
     return service.kb_stats(kb)

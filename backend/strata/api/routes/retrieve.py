@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse
 
 from strata.api import answers
 from strata.api.deps import PrincipalDep, ServiceDep
+from strata.api.openapi import problems
 from strata.api.schemas import (
-    PROBLEMS,
     ModuleRequest,
     ModuleResponse,
     RetrieveRequest,
@@ -22,7 +22,7 @@ from strata.api.schemas import (
     SkillResponse,
 )
 
-router = APIRouter(tags=["retrieval"], responses=PROBLEMS)
+router = APIRouter(tags=["retrieval"], responses=problems(404))
 
 
 @router.post("/retrieve", summary="evidence for a query, with the meta record", response_model=RetrieveResponse)
@@ -32,7 +32,7 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
     filters = body.filters.to_filters() if body.filters else None
     result = service.retrieve(
         body.query, body.top_k, kb_ids=scope, filters=filters, rerank=body.rerank, expand=body.expand,
-        strategy=body.strategy, queries=body.queries,
+        strategy=body.strategy, queries=body.queries, deadline_ms=body.deadline_ms,
     )  # fmt: skip
     return answers.retrieval(result, explain=body.explain)
 
