@@ -279,12 +279,26 @@ def test_the_k8s_deployment_probes_ready_and_health_and_is_autoscaled() -> None:
     docs = _k8s_documents()
     (container,) = _containers(_workloads(docs)["Deployment/strata"])
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert "/ready" in json.dumps(container["readinessProbe"])
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}  # no exec, no key header
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert {("Service", "strata"), ("ConfigMap", "strata-settings"), ("Secret", "strata-secrets"),
             ("HorizontalPodAutoscaler", "strata")} <= kinds  # fmt: skip
     hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "strata"
+
+
+def test_every_probed_path_answers_without_a_key() -> None:
+    """A probe cannot read the Secret: each path the kubelet, Docker or compose asks must be a route without a key."""
+    from strata.api.deps import needs_key
+    from strata.api.routes import health
+
+    (container,) = _containers(_workloads(_k8s_documents())["Deployment/strata"])
+    probed = {container[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
+    probed |= set(re.findall(r"127\.0\.0\.1:8080(/\w+)", (DEPLOY / "Dockerfile").read_text(encoding="utf-8")))
+    probed |= set(re.findall(r":8080(/\w+)", json.dumps(_compose()["services"]["strata"]["healthcheck"]["test"])))
+    keyless = {route.path for route in health.router.routes if not needs_key(route)}
+    assert probed == {"/health", "/ready"} and probed <= keyless
+    assert "/ready/detail" not in keyless  # the errors and timings stay behind a key
 
 
 def test_the_milvus_helm_values_run_a_pinned_cluster() -> None:

@@ -285,6 +285,9 @@ class ApiSettings(_Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
+    ready_cache_s: float = Field(
+        5.0, ge=0, description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe"
+    )
     api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
     keys: dict[str, ApiKeyGrant] = Field(
         default_factory=dict, description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}'

@@ -21,7 +21,7 @@ def test_health_answers_without_a_key(client: TestClient) -> None:
 
 
 def test_ready_maps_every_component(client: TestClient) -> None:
-    response = client.get("/ready", headers=ADMIN)
+    response = client.get("/ready/detail", headers=ADMIN)
     body = response.json()
     assert response.status_code == 200 and body["status"] == "ready"
     components = body["components"]

@@ -30,13 +30,13 @@ def assert_problem(response: Any, status: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("headers", [{}, auth("not-a-key"), {"Authorization": "Basic YWRtaW4ta2V5"}, {"Authorization": "Bearer"}])
-def test_every_endpoint_but_health_needs_a_valid_key(client: TestClient, headers: dict[str, str]) -> None:
-    for method, path in [("GET", "/ready"), ("GET", "/metrics"), ("POST", "/retrieve"), ("GET", "/kbs"),
+def test_every_endpoint_but_health_and_ready_needs_a_valid_key(client: TestClient, headers: dict[str, str]) -> None:
+    for method, path in [("GET", "/ready/detail"), ("GET", "/metrics"), ("POST", "/retrieve"), ("GET", "/kbs"),
                          ("GET", "/kbs/demo/documents"), ("GET", "/kbs/demo/stats"), ("POST", "/retrieve/by-module")]:  # fmt: skip
         response = client.request(method, path, headers=headers, json={"query": "x", "module": "auth"})
         body = assert_problem(response, 401)
         assert response.headers["www-authenticate"].startswith("Bearer") and "Bearer" in body["detail"]
-    assert client.get("/health").status_code == 200
+    assert client.get("/health").status_code == 200 and client.get("/ready", headers=headers).status_code == 200
 
 
 def test_a_sane_request_id_is_kept_and_echoed(client: TestClient) -> None:
@@ -214,7 +214,8 @@ def test_a_reranker_that_fails_leaves_the_service_ready_but_degraded(make_client
     from tests.rag.rerank_server import RerankServer, status
 
     with RerankServer() as server:  # answers by word overlap until told to fail
-        client = make_client(rerank={"url": server.url, "read_timeout_s": 1.0, "max_retries": 0})
+        # each /ready checks again (the default reuses a check for 5 s)
+        client = make_client(rerank={"url": server.url, "read_timeout_s": 1.0, "max_retries": 0}, api={"ready_cache_s": 0})
         query = {"query": "tomatoes deep watering twice a week", "top_k": 3, "kb_ids": ["garden"]}
         assert client.post("/retrieve", json=query).json()["meta"]["rerank"]["status"] == "applied"
         skipped = client.post("/retrieve", json={**query, "rerank": False}).json()["meta"]["rerank"]

@@ -21,6 +21,7 @@ from strata.api.auth import KeyRing
 from strata.api.deps import needs_key
 from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
 from strata.api.metrics import Metrics
+from strata.api.readiness import Readiness
 from strata.api.routes import health, kbs, retrieve, ui
 from strata.api.service import Service
 from strata.config import Settings, get_settings
@@ -44,6 +45,7 @@ def create_app(
         owns = resources is None
         service = Service(settings, resources or Resources(settings), owns_resources=owns, metrics=metrics, keys=keys)
         app.state.service = service
+        app.state.readiness = Readiness(service, cache_s=settings.api.ready_cache_s)
         if warm_up:
             await run_in_threadpool(service.warm_up)
         logger.info("strata service ready (%s)", "API keys required" if service.keys.enabled else "no API keys")

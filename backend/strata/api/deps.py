@@ -1,4 +1,4 @@
-"""Route dependencies, as ``Annotated`` aliases: the service, the caller and kb access."""
+"""Route dependencies, as ``Annotated`` aliases: the service, its readiness, the caller and kb access."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.routing import BaseRoute
 from strata.api.auth import CHALLENGE, UNAUTHORIZED, Principal
 from strata.api.middleware import principal_of
 from strata.api.problems import Problem
+from strata.api.readiness import Readiness
 from strata.api.schemas import KB_ID_PATTERN
 from strata.api.service import Service
 
@@ -20,6 +21,13 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def get_readiness(request: Request) -> Readiness:
+    return request.app.state.readiness
+
+
+ReadinessDep = Annotated[Readiness, Depends(get_readiness)]
 
 
 def get_principal(request: Request) -> Principal:

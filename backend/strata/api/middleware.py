@@ -27,7 +27,7 @@ from strata.api.problems import problem_response
 
 access_log = logging.getLogger("strata.api.access")
 
-UNLIMITED_PATHS = frozenset({"/health", "/ready", "/metrics"})
+UNLIMITED_PATHS = frozenset({"/health", "/ready", "/ready/detail", "/metrics"})
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 

@@ -40,7 +40,7 @@ NOT_IN_RESULT: frozenset[str] = frozenset({
     "retrieval.batch_max",
     # the HTTP service and the remote-indexing client
     "api.host", "api.port", "api.api_key", "api.keys", "api.keys_file", "api.max_upload_bytes", "api.max_concurrency",
-    "api.queue_timeout_s", "api.body_timeout_s", "api.request_id_header",
+    "api.queue_timeout_s", "api.body_timeout_s", "api.request_id_header", "api.ready_cache_s",
     "server.url", "server.api_key", "server.timeout_s",
 })  # fmt: skip
 

@@ -252,6 +252,13 @@ class LeafIndex(LeafSearch):
         )  # fmt: skip
         return int(rows[0]["count(*)"]) if rows else 0
 
+    def ping(self) -> dict[str, Any]:
+        """One metadata call to the server, cut at the search timeout (readiness: no count, no data read);
+        raises ``StoreError`` when the server does not answer or the collection is gone."""
+        if not self._call("has_collection", self._name, timeout=self._search_timeout):
+            raise StoreError(f"Milvus collection {self._name!r} does not exist (dropped after it was opened?)")
+        return {"collection": self._name}
+
     def _lite_count(self, where: str, partitions: list[str] | None, *, whole_kb: bool) -> int:
         """Milvus Lite answers ``count(*)`` under a filter by materialising every matching row, vectors
         included (5 GB for 200,000 leaves): a kb in a partition of its own is counted from ids alone,

@@ -1,17 +1,14 @@
-"""``/health`` (the process answers), ``/ready`` (the components) and ``/metrics``."""
+"""``/health`` (the process answers), ``/ready`` (the components; no key), ``/ready/detail`` and ``/metrics``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
-from fastapi.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from strata.api.deps import MetricsReader, PrincipalDep, ServiceDep
+from strata.api.deps import MetricsReader, ReadinessDep, ServiceDep
 from strata.api.metrics import CONTENT_TYPE
 from strata.api.openapi import problems
-from strata.api.readiness import check_components, overall
+from strata.api.readiness import overall, public
 
 router = APIRouter(tags=["operations"])
 
@@ -22,13 +19,23 @@ def health() -> dict[str, str]:
 
 
 @router.get(
-    "/ready", summary="a status per component; 503 when Milvus or SQL is unusable",
+    "/ready", summary="a status per component (no key; one check serves STRATA_API__READY_CACHE_S); 503 when Milvus or SQL is unusable",
     responses={503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}}},
 )  # fmt: skip
-async def ready(service: ServiceDep, _: PrincipalDep) -> JSONResponse:
-    components: dict[str, Any] = await run_in_threadpool(check_components, service)
+async def ready(readiness: ReadinessDep) -> JSONResponse:
+    components, _ = await readiness.components()
     status, code = overall(components)
-    return JSONResponse({"status": status, "components": components}, status_code=code)
+    return JSONResponse({"status": status, "components": public(components)}, status_code=code)
+
+
+@router.get(
+    "/ready/detail", summary="a fresh check with timings, errors and details (the metrics grant or full access)",
+    responses={503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}}},
+)  # fmt: skip
+async def ready_detail(readiness: ReadinessDep, _: MetricsReader) -> JSONResponse:
+    components, age_s = await readiness.components(fresh=True)
+    status, code = overall(components)
+    return JSONResponse({"status": status, "checked_s_ago": round(age_s, 3), "components": components}, status_code=code)
 
 
 @router.get(

