@@ -186,6 +186,17 @@ class IndexingSettings(_Section):
         50 * 1024 * 1024, ge=1,
         description="largest document text (UTF-8 bytes) indexed; a larger file fails with the reason, the others are indexed",
     )  # fmt: skip
+    max_decompressed_bytes: int = Field(
+        256 * 1024 * 1024, ge=1,
+        description="largest file, or a .docx's members or a PDF's text once decompressed, that a loader reads (bytes)",
+    )  # fmt: skip
+    max_elements: int = Field(
+        100_000, ge=1, description="most paragraphs or table cells (.docx), pages (PDF), tags (HTML) or headings (Markdown) in one file"
+    )
+    parse_timeout_s: float = Field(60.0, gt=0, description="how long parsing one .docx or PDF (in a child process) may take")
+    parse_max_memory_bytes: int = Field(
+        1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the child process parsing one .docx or PDF may add (bytes)"
+    )
 
 
 class RetrievalSettings(_Section):
@@ -297,6 +308,9 @@ class ApiSettings(_Section):
     max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
     body_timeout_s: float = Field(60.0, gt=0, description="how long reading one request body may take before a 408")
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="after SIGTERM, how long requests in flight may finish before they are cancelled and parses stopped"
+    )
     request_id_header: str = Field("X-Request-ID", min_length=1)
     docs: bool = Field(
         False, description="serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN); /openapi.json is always served"

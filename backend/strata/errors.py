@@ -13,6 +13,7 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     │   └── CacheError           the parent cache (Redis) failed
     ├── LoaderError              a source file could not be read
     ├── IndexingError            a document could not be indexed consistently
+    │   └── IndexingStoppedError an indexing run was stopped (the service is shutting down)
     ├── RerankError              the rerank service failed or answered nonsense
     ├── NotFoundError            a knowledge base or document does not exist
     ├── LeaseHeldError           another indexer holds the knowledge base's lease
@@ -66,6 +67,10 @@ class LoaderError(StrataError):
 
 class IndexingError(StrataError):
     """A document could not be written consistently to the stores."""
+
+
+class IndexingStoppedError(IndexingError):
+    """An indexing run was stopped before it finished (``Indexer.stop``: the service is shutting down)."""
 
 
 class RerankError(StrataError):

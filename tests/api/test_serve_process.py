@@ -67,7 +67,8 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path: Path, milvus_target: MilvusTarget) -> Iterator[Service]:
-    env = strata_env(tmp_path / "data", STRATA_LOG_LEVEL="INFO", **milvus_target.env())
+    # a grace long enough that the drain below is what ends the slow upload (test_serve_shutdown: a short one)
+    env = strata_env(tmp_path / "data", STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="600", **milvus_target.env())
     port = free_port()
     process = subprocess.Popen(
         [str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO,

@@ -1,4 +1,5 @@
-"""Files built to hurt the indexer: YAML bombs, oversized front matter, legacy encodings, entries that are no files.
+"""Files built to hurt the indexer: YAML bombs, oversized front matter, legacy encodings, entries that are no files,
+small .docx files of millions of paragraphs or hundreds of MB inflated, parses that run too long or grow too large.
 
 Each fails its own file with a reason the user can act on; none stops the walk or costs unbounded memory.
 """
@@ -6,19 +7,28 @@ Each fails its own file with a reason the user can act on; none stops the walk o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from strata.config import ChunkingSettings
-from strata.errors import LoaderError
+from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.chunking import chunk_document
-from strata.indexing.loaders import load_document, walk_folder
+from strata.indexing.loaders import LoaderLimits, load_document, walk_folder
 from strata.indexing.loaders._markdown import FRONT_MATTER_MAX_BYTES
 from strata.indexing.report import IndexReport
 from strata.indexing.scan import scan_paths
+from tests.hostile_documents import empty_paragraphs_docx, zip_bomb_docx
+from tests.indexing.test_loaders import _pdf_bytes
+from tests.strata_support import run_strata, strata_env, write_files
+
+# The default bounds (STRATA_INDEXING__*), as the messages print them
+MAX_ELEMENTS = r"STRATA_INDEXING__MAX_ELEMENTS \(100,000\)"
+MAX_DECOMPRESSED = r"STRATA_INDEXING__MAX_DECOMPRESSED_BYTES \(268,435,456\)"
 
 
 def alias_bomb(levels: int) -> str:
@@ -154,3 +164,85 @@ def test_load_document_never_blocks_on_a_fifo(tmp_path: Path) -> None:
                           timeout=60)  # fmt: skip
 
     assert done.stdout.strip() == "not a regular file (a FIFO)", done.stderr
+
+
+# --- documents that cost far more than their size -------------------------------------------------------------------
+
+
+def test_a_docx_of_two_million_empty_paragraphs_fails_with_the_count(tmp_path: Path) -> None:
+    path = _write(tmp_path / "empty.docx", empty_paragraphs_docx(2_000_000))  # about 25 KB
+
+    with pytest.raises(LoaderError, match=f"^docx has 2,000,001 paragraphs, more than {MAX_ELEMENTS}$"):
+        load_document(path)
+
+
+def test_a_docx_zip_bomb_fails_before_it_is_inflated(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bomb.docx", zip_bomb_docx(300))
+    assert path.stat().st_size < 1024 * 1024
+
+    with pytest.raises(LoaderError, match=f"^docx decompresses to ([0-9,]+) bytes, more than {MAX_DECOMPRESSED}$") as failed:
+        load_document(path)
+    inflated = re.search(r"to ([0-9,]+) bytes", str(failed.value)).group(1)  # type: ignore[union-attr]
+    assert int(inflated.replace(",", "")) > 300 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "counted"),
+    [
+        ("report.pdf", _pdf_bytes(["one", "two", "three", "four"]), "PDF has 4 pages"),
+        ("page.html", "<html><body>" + "<p>x</p>" * 5 + "</body></html>", "HTML has 7 tags"),
+        ("notes.md", "".join(f"# Part {n}\n\nText.\n\n" for n in range(4)), "Markdown has 4 sections"),
+        ("table.docx", empty_paragraphs_docx(3), "docx has 4 paragraphs"),
+    ],
+)
+def test_every_format_counts_its_elements(tmp_path: Path, name: str, content: str | bytes, counted: str) -> None:
+    path = _write(tmp_path / name, content)
+
+    with pytest.raises(LoaderError, match=f"^{counted}, more than STRATA_INDEXING__MAX_ELEMENTS \\(3\\)$"):
+        load_document(path, limits=LoaderLimits(max_elements=3))
+    assert load_document(path, limits=LoaderLimits(max_elements=10)).text
+
+
+def test_a_file_larger_than_the_bound_is_not_read(tmp_path: Path) -> None:
+    path = _write(tmp_path / "big.txt", "word " * 1000)
+
+    with pytest.raises(LoaderError, match=r"^the file is 5,000 bytes, more than STRATA_INDEXING__MAX_DECOMPRESSED_BYTES \(4,096\)$"):
+        load_document(path, limits=LoaderLimits(max_decompressed_bytes=4096))
+
+
+def test_a_parse_running_past_its_time_is_killed(tmp_path: Path) -> None:
+    # Two million paragraphs allowed: python-docx would take minutes over them
+    path = _write(tmp_path / "long.docx", empty_paragraphs_docx(2_000_000))
+    limits = LoaderLimits(max_elements=10_000_000, parse_timeout_s=1)
+
+    with pytest.raises(LoaderError, match=r"^parsing took longer than STRATA_INDEXING__PARSE_TIMEOUT_S \(1 s\) and was stopped$"):
+        load_document(path, limits=limits)
+
+
+def test_a_parse_growing_past_its_memory_fails_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path / "large.docx", empty_paragraphs_docx(2_000_000))  # an XML tree of hundreds of MB
+    limits = LoaderLimits(max_elements=10_000_000, parse_max_memory_bytes=64 * 1024 * 1024)
+
+    with pytest.raises(LoaderError, match=r"^parsing needed more memory than STRATA_INDEXING__PARSE_MAX_MEMORY_BYTES \(67,108,864 bytes\)$"):
+        load_document(path, limits=limits)
+
+
+def test_a_stopped_run_reads_no_more_files(tmp_path: Path) -> None:
+    stop = threading.Event()
+    stop.set()
+
+    with pytest.raises(IndexingStoppedError, match="shutting down"):
+        load_document(_write(tmp_path / "a.docx", empty_paragraphs_docx(1)), stop=stop)
+
+
+def test_strata_index_fails_the_hostile_files_with_their_reasons_and_indexes_the_rest(tmp_path: Path) -> None:
+    docs = write_files(tmp_path / "docs", {
+        "harbour.md": "# Harbour\n\nThe harbour gates open at dawn and close at dusk.\n",
+        "empty.docx": empty_paragraphs_docx(2_000_000), "bomb.docx": zip_bomb_docx(300),
+    })  # fmt: skip
+
+    done = run_strata(["index", str(docs), "--kb", "hostile"], strata_env(tmp_path / "data"), timeout=600)
+
+    assert done.returncode == 1 and "1 added" in done.stdout and "2 failed" in done.stdout, done.stdout + done.stderr
+    assert f"FAILED {docs / 'empty.docx'}: docx has 2,000,001 paragraphs, more than STRATA_INDEXING__MAX_ELEMENTS (100,000)" in done.stdout
+    assert re.search(f"FAILED {re.escape(str(docs / 'bomb.docx'))}: docx decompresses to [0-9,]+ bytes, more than {MAX_DECOMPRESSED}", done.stdout)

@@ -31,6 +31,7 @@ from strata.types import Filters, RetrievalResult
 logger = logging.getLogger(__name__)
 
 WARM_UP_QUERY = "warm-up 预热"
+WRITERS_GRACE_S = 10.0  # at shutdown, how long stopped indexing runs get to release their leases
 
 
 class Service:
@@ -136,11 +137,25 @@ class Service:
         return getattr(owner, "reranker", None)
 
     def close(self) -> None:
+        """Stops indexing runs (a parse in progress is killed), waits for them to unwind, then closes."""
+        self.indexer.stop()
+        self._wait_for_writers(WRITERS_GRACE_S)
         closer = getattr(self.retriever, "close", None)
         if closer is not None:
             closer()
         if self.owns_resources:
             self.resources.close()
+
+    def _wait_for_writers(self, timeout_s: float) -> None:
+        """Waits until no kb lock is held (the runs released their leases), at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._kb_locks_guard:
+            locks = dict(self._kb_locks)
+        for kb_id, lock in locks.items():
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                logger.warning("closing while a write to kb %r is still running (its lease expires)", kb_id)
+                continue
+            lock.release()
 
     def _kb_lock(self, kb_id: str) -> threading.Lock:
         with self._kb_locks_guard:

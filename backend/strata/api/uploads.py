@@ -8,14 +8,20 @@ nothing else, as the local command does.
 Every name is checked before anything is written: a name the file system
 cannot hold (a part over 255 bytes, a path too long) or two names where one
 is a folder of the other (``conf`` and ``conf/x.md``) are a 422 naming the file.
+
+The temporary ``strata-upload-*`` folder is made, filled, indexed and removed
+in one worker thread (``index_in_temporary_folder``): a request cancelled at
+shutdown cannot remove it under a run still reading it, and the run, stopped
+then, removes it on its way out.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import unicodedata
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from fastapi import UploadFile
 
@@ -33,6 +39,9 @@ ROOT_HELP = (
     "only documents of this root whose files were not sent"
 )
 KEEP_HELP = "files of the folder that could not be read where they are (delete_missing keeps their documents)"
+FOLDER_PREFIX = "strata-upload-"
+
+T = TypeVar("T")
 
 
 def root_name(root: str) -> str:
@@ -83,6 +92,14 @@ def _folder_clash(file: PurePosixPath, inside: PurePosixPath) -> Problem:
         422, f"the file {str(file)!r} is also the folder of the file {str(inside)!r}: one name cannot be both",
         title="Invalid Input",
     )  # fmt: skip
+
+
+def index_in_temporary_folder(files: Sequence[UploadFile], index: Callable[[Path], T]) -> T:
+    """``index(folder)`` of a new temporary folder holding the uploads; the folder is removed whatever happens
+    (blocking I/O: run it in one worker thread)."""
+    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
+        save_all(files, Path(folder))
+        return index(Path(folder))
 
 
 def save_all(files: Sequence[UploadFile], folder: Path) -> None:

@@ -4,7 +4,10 @@ Refuses what cannot work or is unsafe, with one line each: several workers
 on a Milvus Lite file (one process owns it), a non-loopback address without
 API keys unless ``--insecure``, and a local model folder that is missing,
 unreadable or does not load (``model folder /models/bge-m3: not found``).
-SIGTERM lets in-flight requests finish, then the process exits 0.
+SIGTERM lets in-flight requests finish for ``STRATA_API__SHUTDOWN_GRACE_S``;
+then the ones still running are cancelled (their uploads' temporary folders
+removed), indexing runs stopped (a parse in progress killed, the kb's lease
+released), and the process exits 0.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ def _run(
     # receives it instead of the default action, so a SIGTERM shutdown exits 0.
     signal.signal(signal.SIGTERM, lambda *_: logger.info("stopped by SIGTERM"))
     logging.getLogger("uvicorn.error").setLevel(logging.INFO)
-    common = {"host": host, "port": port, "log_config": None, "access_log": False, "timeout_graceful_shutdown": None}
+    grace = settings.api.shutdown_grace_s
+    common = {"host": host, "port": port, "log_config": None, "access_log": False, "timeout_graceful_shutdown": grace}
     if workers == 1:
         from strata.api import create_app
 

@@ -20,10 +20,12 @@ each; a document over ``STRATA_INDEXING__MAX_DOCUMENT_BYTES`` fails on its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,6 +35,7 @@ from strata.config import ChunkingSettings
 from strata.errors import StoreError
 from strata.indexing.chunking import chunk_document
 from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
 from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores
 from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
@@ -71,6 +74,9 @@ class Indexer:
         self._signature = chunking_signature(self._chunking)
         self._group_leaves = group_leaves  # also the leaves looked up, encoded and upserted at a time
         self._max_document_bytes = resources.settings.indexing.max_document_bytes
+        self._stopping = threading.Event()
+        limits = LoaderLimits.from_settings(resources.settings.indexing)
+        self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
         self._lease_ttl_s = lease_ttl_s
         self._leases: dict[str, KbLease] = {}
         self._kill_at = os.environ.get(KILL_ENV, "")
@@ -78,6 +84,11 @@ class Indexer:
         self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
         if why_not:
             logger.info(why_not)
+
+    def stop(self) -> None:
+        """Stops the runs in progress at their next file (a parse in progress is killed) and refuses new ones:
+        they raise ``IndexingStoppedError``, releasing their leases. For a service shutting down."""
+        self._stopping.set()
 
     def lease(self, kb_id: str) -> KbLease:
         """The kb's indexing lease (re-entrant): a second writer of the kb fails at once, naming the holder."""
@@ -111,11 +122,11 @@ class Indexer:
         started = time.perf_counter()
         report = IndexReport(kb=kb_id, dry_run=dry_run)
         if dry_run:
-            scan = scan_paths(paths, report, root_names=root_names, keep=keep)
+            scan = scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load)
             self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
         else:
             with self.lease(kb_id):
-                scan = scan_paths(paths, report, root_names=root_names, keep=keep)
+                scan = scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load)
                 self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
         report.seconds = time.perf_counter() - started
         return report

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
@@ -22,12 +22,16 @@ from strata.indexing.report import IndexReport, record_failure
 from strata.types import SourceDocument
 
 
+Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
+
+
 def scan_paths(
     paths: Sequence[Path], report: IndexReport, *, root_names: Mapping[Path, str] | None = None,
-    keep: Collection[str] = (),
+    keep: Collection[str] = (), load: Load = load_document,
 ) -> Scan:  # fmt: skip
     """``root_names`` record a folder under another name than its absolute path (an upload: the client's
-    folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept)."""
+    folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept);
+    ``load`` reads one file (``load_document`` with the run's ``LoaderLimits`` and stop event)."""
     docs: dict[str, SourceDocument] = {}
     roots: dict[str, str] = {}
     complete: set[str] = set()
@@ -40,7 +44,7 @@ def scan_paths(
         if whole and path.is_dir():
             complete.add(name)
         for file in files:
-            doc = _load(file, Path(root), report, docs, kept)
+            doc = _load(file, Path(root), report, docs, kept, load)
             if doc is not None:
                 docs[doc.doc_id], roots[doc.doc_id] = doc, name
     return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete)
@@ -80,14 +84,16 @@ def _unreadable(path: Path, reason: str, root: Path, report: IndexReport, kept: 
     kept.add(Path(os.path.abspath(path)).relative_to(root).as_posix())
 
 
-def _load(path: Path, root: Path, report: IndexReport, docs: dict[str, SourceDocument], kept: set[str]) -> SourceDocument | None:
+def _load(
+    path: Path, root: Path, report: IndexReport, docs: dict[str, SourceDocument], kept: set[str], load: Load
+) -> SourceDocument | None:
     """The loaded document, or None (reported; a file that failed keeps its indexed version)."""
     if not is_supported(path):
         report.skipped.append({"source": str(path), "reason": f"unsupported file type {path.suffix!r}"})
         return None
     source = Path(os.path.abspath(path)).relative_to(root).as_posix()
     try:
-        doc = load_document(path, root=root)
+        doc = load(path, root=root)
     except LoaderError as exc:
         record_failure(report, str(path), f"{exc} (its indexed version, if any, is kept)")
         kept.add(source)

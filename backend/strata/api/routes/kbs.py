@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +14,8 @@ from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, no
 from strata.api.problems import Problem
 from strata.api.openapi import problems
 from strata.api.schemas import DocumentList, KbCreate, KbList
-from strata.errors import EncoderMismatchError
+from strata.errors import EncoderMismatchError, IndexingStoppedError
+from strata.indexing.report import IndexReport
 
 router = APIRouter(prefix="/kbs", tags=["knowledge bases"])
 
@@ -60,15 +60,19 @@ async def upload_documents(
 ) -> dict[str, Any]:
     uploads.check_name(root)
     kept = [str(uploads.relative_name(name)) for name in keep]
-    with tempfile.TemporaryDirectory(prefix="strata-upload-") as folder:
-        await run_in_threadpool(uploads.save_all, files, Path(folder))
-        try:
-            report = await run_in_threadpool(
-                service.index_folder, kb, Path(folder), delete_missing=delete_missing, recreate=recreate,
-                dry_run=dry_run, root=uploads.root_name(root), keep=kept,
-            )  # fmt: skip
-        except EncoderMismatchError as exc:
-            raise Problem(409, str(exc), title="Encoder Mismatch") from None
+
+    def index(folder: Path) -> IndexReport:
+        return service.index_folder(
+            kb, folder, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
+            root=uploads.root_name(root), keep=kept,
+        )  # fmt: skip
+
+    try:
+        report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)
+    except EncoderMismatchError as exc:
+        raise Problem(409, str(exc), title="Encoder Mismatch") from None
+    except IndexingStoppedError as exc:
+        raise Problem(503, f"{exc}; send the files again once it is back", title="Service Unavailable") from None
     return report.to_dict()
 
 

@@ -10,9 +10,16 @@ plain text (one section, heading path ``()``), HTML (``<h1>``-``<h3>`` give
 sections), PDF (one section per page) and DOCX ("Title"/"Heading n" paragraph
 styles give sections).
 
+Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
+and what it decompresses to; its elements (paragraphs, pages, tags, headings);
+and, for .docx and PDF, which parse in a child process (``_isolated``), the
+parse's time and memory. A file over a bound fails with one line naming the
+setting. ``stop``, when set, ends a parse in progress with
+``IndexingStoppedError``: a stopping service does not wait for a parser.
+
 The private modules hold the pieces: ``_text`` (normalization and section
 assembly shared by every format), ``_markdown`` (Markdown and plain text),
-``_html``, ``_pdf`` and ``_docx``.
+``_html``, ``_pdf`` and ``_docx``, with ``_limits`` and ``_isolated``.
 """
 
 from __future__ import annotations
@@ -22,19 +29,22 @@ import hashlib
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
-from strata.errors import LoaderError
+from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.loaders._docx import parse_docx
 from strata.indexing.loaders._html import parse_html
+from strata.indexing.loaders._isolated import Parse, parse_isolated
+from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.loaders._markdown import parse_markdown, parse_text
 from strata.indexing.loaders._pdf import parse_pdf
 from strata.indexing.loaders._text import Parsed, normalize_text
 from strata.types import SourceDocument
 
 __all__ = [
-    "SUPPORTED_SUFFIXES", "FolderWalk", "is_supported", "iter_source_files", "load_document", "normalize_text",
+    "SUPPORTED_SUFFIXES", "FolderWalk", "LoaderLimits", "is_supported", "iter_source_files", "load_document", "normalize_text",
     "unreadable_reason", "walk_folder",
 ]  # fmt: skip
 
@@ -126,20 +136,25 @@ def _walk(folder: Path, walk: FolderWalk | None = None) -> Iterator[Path]:
                 walk.unreadable.append((path, reason))
 
 
-def load_document(path: Path, *, root: Path | None = None) -> SourceDocument:
+def load_document(
+    path: Path, *, root: Path | None = None, limits: LoaderLimits = LoaderLimits(), stop: threading.Event | None = None
+) -> SourceDocument:
     """Load one file into a ``SourceDocument``.
 
     ``source`` is the path relative to ``root`` as a POSIX string (the file
     name when ``root`` is None); ``doc_id`` is the Markdown front-matter
-    ``doc_id`` when given, else ``source``. Raises ``LoaderError``.
+    ``doc_id`` when given, else ``source``. Raises ``LoaderError``, or
+    ``IndexingStoppedError`` once ``stop`` is set.
     """
+    if stop is not None and stop.is_set():
+        raise IndexingStoppedError("indexing stopped before this file was read: the service is shutting down")
     suffix = path.suffix.lower()
     parse = _PARSERS.get(suffix)
     if parse is None:
         raise LoaderError(f"unsupported file type '{suffix}'" if suffix else "unsupported file type (no suffix)")
     source = _relative_source(path, root)
-    raw = _read_bytes(path)
-    parsed = parse(raw)
+    raw = _read_bytes(path, limits)
+    parsed = parse_isolated(parse, raw, limits, stop) if suffix in _ISOLATED else parse(raw, limits)
     if not parsed.text:
         raise LoaderError("empty file")
     doc_id = str(parsed.metadata.get("doc_id") or "").strip() or source
@@ -164,26 +179,34 @@ def _relative_source(path: Path, root: Path | None) -> str:
         raise LoaderError(f"file is outside the root folder {root}") from None
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, limits: LoaderLimits) -> bytes:
     # O_NONBLOCK: a FIFO put in the file's place after the walk fails here instead of blocking the run.
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
                 raise LoaderError(unreadable_reason(path) or "not a regular file")
-            raw = file.read()
+            limits.check_bytes("the file is", status.st_size)  # what a file decompresses to is at least its size
+            raw = file.read(limits.max_decompressed_bytes + 1)
     except OSError as exc:
         raise LoaderError(unreadable_reason(path) or f"cannot read file: {exc.strerror or exc}") from exc
     if not raw:
         raise LoaderError("empty file")
+    limits.check_bytes("the file is at least", len(raw))  # it grew after fstat
     return raw
 
 
-_PARSERS: dict[str, Callable[[bytes], Parsed]] = {
+def _parse_text(raw: bytes, limits: LoaderLimits) -> Parsed:
+    return parse_text(raw)  # one section: nothing to count
+
+
+_PARSERS: dict[str, Parse] = {
     ".md": parse_markdown,
     ".markdown": parse_markdown,
-    ".txt": parse_text,
+    ".txt": _parse_text,
     ".html": parse_html,
     ".htm": parse_html,
     ".pdf": parse_pdf,
     ".docx": parse_docx,
 }
+_ISOLATED = frozenset({".pdf", ".docx"})  # parsers that no check inside strata can interrupt (see _isolated)

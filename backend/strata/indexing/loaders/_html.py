@@ -1,7 +1,9 @@
 """HTML loader: the visible text, split into sections at ``<h1>``-``<h3>``.
 
 Scripts, styles and other invisible elements are dropped; block elements break
-lines or paragraphs, and ``<pre>`` keeps its whitespace.
+lines or paragraphs, and ``<pre>`` keeps its whitespace. The tags are counted
+(a start tag is ``<`` and a letter) before BeautifulSoup builds its tree, whose
+objects cost far more than the bytes they came from.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import re
 from bs4 import BeautifulSoup, NavigableString, Tag
 
 from strata.errors import LoaderError
+from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.loaders._text import Parsed, assemble, heading_parts
 
 _HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "head", "title", "iframe", "svg"})
@@ -27,12 +30,14 @@ _BREAK_MARKS = _LINE_MARK + _PARAGRAPH_MARK
 _BREAKS = re.compile(f"[ {_BREAK_MARKS}]*[{_BREAK_MARKS}][ {_BREAK_MARKS}]*")
 _MARKS_IN_SOURCE = re.compile("[\ue000-\ue002]")  # removed from the page text so they cannot be misread
 _WHITESPACE_RUN = re.compile(r"\s+")
+_START_TAG = re.compile(rb"<[A-Za-z]")
 
 
-def parse_html(raw: bytes) -> Parsed:
+def parse_html(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     """HTML: ``<title>`` as metadata and preamble heading, one section per ``<h1>``-``<h3>``."""
     if b"\x00" in raw:
         raise LoaderError("binary file (contains NUL bytes)")
+    limits.check_elements("HTML tags", sum(1 for _ in _START_TAG.finditer(raw)))
     soup = BeautifulSoup(raw, "html.parser")  # detects the encoding from <meta charset> or the bytes
     title = " ".join(soup.title.get_text().split()) if soup.title else ""
     rendered: list[str] = []

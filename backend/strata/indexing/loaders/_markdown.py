@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import yaml
 
 from strata.errors import LoaderError
+from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.loaders._text import LINE_BREAKS, Parsed, decode_text, normalize_text, push_heading, tiled
 from strata.types import Section
 
@@ -39,14 +40,16 @@ def parse_text(raw: bytes) -> Parsed:
     return Parsed(text, (Section((), 0, len(text)),) if text else (), {})
 
 
-def parse_markdown(raw: bytes) -> Parsed:
+def parse_markdown(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     """Markdown: front matter as metadata, one section per ATX heading (and one for a preamble)."""
     text = LINE_BREAKS.sub("\n", decode_text(raw))
     metadata, body = _split_front_matter(text)
     body = normalize_text(body)
     title = metadata.get("title")
     preamble_path = (str(title).strip(),) if title not in (None, "") else ()
-    return Parsed(body, _markdown_sections(body, preamble_path), metadata)
+    sections = _markdown_sections(body, preamble_path)
+    limits.check_elements("Markdown sections", len(sections))  # the parse is linear; what follows is per section
+    return Parsed(body, sections, metadata)
 
 
 def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:

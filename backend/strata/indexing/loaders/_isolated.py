@@ -1,0 +1,121 @@
+"""Parsing a .docx or PDF in a child process that can be killed: bounded in time and memory, and stoppable.
+
+python-docx and pypdf run in C and Python loops that no check inside strata can
+interrupt, so each parse of those formats runs in a child process. The parent
+waits for its answer at most ``parse_timeout_s``, then kills it and fails the
+file; the child caps its own address space at what it had when it started plus
+``parse_max_memory_bytes``, so a parse that needs more fails with
+``MemoryError`` (reported as such) instead of growing the service. A ``stop``
+event set while the parent waits (the service is shutting down) kills the
+child and raises ``IndexingStoppedError``.
+
+The children are forked by a forkserver that has imported the parsers: a child
+starts in milliseconds (a fresh interpreter would import lxml, python-docx and
+pypdf again, a second or more each time), and none of the parent's threads,
+locks or connections come with it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from strata.errors import IndexingStoppedError, LoaderError
+from strata.indexing.loaders._limits import LoaderLimits, setting
+from strata.indexing.loaders._text import Parsed, reason
+
+Parse = Callable[[bytes, LoaderLimits], Parsed]
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+_PRELOAD = ["strata.indexing.loaders._docx", "strata.indexing.loaders._pdf"]
+_POLL_S = 0.1  # how soon a set stop event is seen
+
+
+def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None = None) -> Parsed:
+    """``parse(raw, limits)`` in a child process; ``LoaderError`` when it fails, runs out of time or memory."""
+    _CONTEXT.set_forkserver_preload(_PRELOAD)  # takes effect when the first parse starts the forkserver
+    receiver, sender = _CONTEXT.Pipe(duplex=False)
+    child = _CONTEXT.Process(target=_parse_in_child, args=(parse, raw, limits, sender), name="strata-parse", daemon=True)
+    child.start()
+    sender.close()  # the child holds the only writer: its death reads as end of file
+    try:
+        outcome, value = _answer(child, receiver, limits, stop)
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receiver.close()
+    if outcome != "parsed":
+        raise LoaderError(value)
+    return value
+
+
+def _answer(child: Any, receiver: Connection, limits: LoaderLimits, stop: threading.Event | None) -> tuple[str, Any]:
+    deadline = time.monotonic() + limits.parse_timeout_s
+    while not receiver.poll(_POLL_S):
+        if stop is not None and stop.is_set():
+            raise IndexingStoppedError("indexing stopped while parsing this file: the service is shutting down")
+        if time.monotonic() >= deadline:
+            raise LoaderError(
+                f"parsing took longer than {setting('parse_timeout_s')} ({limits.parse_timeout_s:g} s) and was stopped"
+            )
+    try:
+        return receiver.recv()
+    except EOFError:
+        child.join()
+        return "failed", f"the parser process died (exit code {child.exitcode}) before it answered"
+
+
+def _parse_in_child(parse: Parse, raw: bytes, limits: LoaderLimits, sender: Connection) -> None:
+    cap = _cap_address_space(limits.parse_max_memory_bytes)
+    try:
+        answer: tuple[str, Any] = ("parsed", parse(raw, limits))
+    except (LoaderError, MemoryError) as exc:
+        # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
+        answer = ("failed", _out_of_memory(limits) if _reached(cap) else str(exc) or "out of memory")
+    except Exception as exc:  # a parser bug: the file fails with it, the run goes on
+        answer = ("failed", _out_of_memory(limits) if _reached(cap) else f"parser error: {type(exc).__name__}: {reason(exc)}")
+    del raw
+    sender.send(answer)
+    sender.close()
+
+
+def _out_of_memory(limits: LoaderLimits) -> str:
+    limit = limits.parse_max_memory_bytes
+    return f"parsing needed more memory than {setting('parse_max_memory_bytes')} ({limit:,} bytes)"
+
+
+def _cap_address_space(extra_bytes: int) -> int | None:
+    """RLIMIT_AS at this process's current size plus ``extra_bytes``; the cap, or None where there is no
+    /proc (there the timeout still holds)."""
+    current = _address_space("VmSize")
+    if current is None:
+        return None
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    wanted = current + extra_bytes
+    cap = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
+
+
+def _reached(cap: int | None) -> bool:
+    """Whether this process's address space came near ``cap`` (an allocation that failed there)."""
+    peak = _address_space("VmPeak")
+    return cap is not None and peak is not None and peak > cap - _NEAR_CAP
+
+
+def _address_space(field: str) -> int | None:
+    """``VmSize`` or ``VmPeak`` of this process in bytes, from /proc/self/status (Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith(f"{field}:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024  # "VmPeak:   123456 kB"
+
+
+_NEAR_CAP = 64 * 1024 * 1024
