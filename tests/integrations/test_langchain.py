@@ -13,6 +13,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
+import strata.rag.retrieve as rag_retrieve
 from strata.config import Settings, get_settings
 from strata.integrations.langchain import META_KEY, StrataRetriever
 from strata.rag.registry import register_retriever, unregister_retriever
@@ -110,8 +111,9 @@ def test_async_invoke_returns_the_same_documents(indexed: Settings, memo_encoder
     assert async_docs and [d.id for d in async_docs] == [d.id for d in sync_docs]
 
 
-def test_without_an_engine_the_settings_choose_the_stores(indexed: Settings) -> None:
-    docs = StrataRetriever(kb_ids=["garden"], top_k=2, settings=indexed).invoke("tomato soil pH")
+def test_without_an_engine_the_default_engine_answers(indexed: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rag_retrieve, "get_settings", lambda: indexed)  # the environment's settings, as default_engine() reads them
+    docs = StrataRetriever(kb_ids=["garden"], top_k=2).invoke("tomato soil pH")
 
     assert docs and docs[0].metadata["kb_id"] == "garden" and "pH" in docs[0].page_content
 
@@ -128,12 +130,7 @@ def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_enco
     assert named[0].metadata[META_KEY]["strategy"] == "hybrid"
 
 
-def test_without_an_engine_the_given_or_the_environments_settings_name_the_strategy(
-    indexed: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    adjacent = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "adjacent"})})
-    assert StrataRetriever(settings=adjacent)._call().retriever_name() == "adjacent"
-
+def test_without_an_engine_the_environments_settings_name_the_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATA_RETRIEVAL__STRATEGY", "basic")
     get_settings.cache_clear()
     try:

@@ -18,7 +18,7 @@ from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.bm25_hygiene import BM25QueryHygiene
 from strata.rag.expansion import Expansion
-from strata.rag.recorder import Recorder
+from strata.rag.run_state import RunState
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import ServingState
@@ -155,7 +155,7 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
 )
 def test_pruning_is_off_with_the_reason_where_the_analyzer_is_not_reproduced(milvus: dict[str, Any], reason: str) -> None:
     settings = Settings(_env_file=None, milvus=milvus, retrieval={"bm25_prune_min_leaves": 1})
-    run = Recorder("the query", 3, 9, None, None)
+    run = RunState("the query", 3, 9, None, None)
     hygiene = BM25QueryHygiene(Resources(settings), settings.retrieval)  # opens nothing: fails no lookup either
     given = Expansion("the query", ())
     assert hygiene.apply(run, ServingState({"kb": "e#1"}, ()), given, "hybrid") is given

@@ -1,11 +1,11 @@
-"""Reciprocal-rank fusion of the dense and BM25 routes, with hand-computed scores."""
+"""Reciprocal-rank fusion of the dense and BM25 routes (``strata.rag.route_fusion``), with hand-computed scores."""
 
 from __future__ import annotations
 
 import pytest
 
 from strata.rag.candidates import Candidate
-from strata.rag.fusion import FusionWeights, rrf_fuse, single_route
+from strata.rag.route_fusion import FusionWeights, as_candidate, rrf_fuse, single_rank
 from strata.types import Chunk, LeafHit
 
 
@@ -24,6 +24,11 @@ def hits(*chunk_ids: str) -> list[LeafHit]:
 
 def ids(candidates: list[Candidate]) -> list[str]:
     return [c.chunk_id for c in candidates]
+
+
+def single_route(hits: list[LeafHit], **options: object) -> list[Candidate]:
+    """``single_rank`` of hits that carry their leaf, as the search stage makes candidates of them."""
+    return [as_candidate(f, f.item.chunk) for f in single_rank(hits, **options)]  # type: ignore[arg-type]
 
 
 def scores(candidates: list[Candidate]) -> dict[str, float]:

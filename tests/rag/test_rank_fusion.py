@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.rag.candidates import Candidate, Trace
-from strata.rag.fusion import FusionWeights, rrf_fuse
+from strata.rag.route_fusion import FusionWeights, rrf_fuse
 from strata.rag.rank_fusion import Fused, fuse_candidates, fuse_documents, reciprocal_rank_fusion
 from strata.types import LeafHit
 from strata.types import Chunk, RetrievedDocument

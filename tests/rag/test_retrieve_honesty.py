@@ -21,7 +21,7 @@ from strata.errors import EncoderError
 from strata.indexing.embedding import search_text
 from strata.indexing.pipeline import Indexer
 from strata.rag.fingerprint import config_fingerprint
-from strata.rag.retrieve import Retriever, get_retriever
+from strata.rag.retrieve import DEFAULT_ENGINES, Retriever, close_default_engines, default_engine
 from strata.resources import Resources
 from strata.stores.sql import DocumentVersion
 from tests.conftest import EXAMPLES_KB, REDIS_URL, free_port
@@ -189,8 +189,27 @@ def test_settings_differing_only_by_a_secret_get_their_own_retriever(tmp_path: P
     one = base.model_copy(update={"rerank": base.rerank.model_copy(update={"api_key": SecretStr("token-one")})})
     two = base.model_copy(update={"rerank": base.rerank.model_copy(update={"api_key": SecretStr("token-two")})})
     assert one.model_dump_json() == two.model_dump_json()  # pydantic masks both as **********
-    assert get_retriever(one) is not get_retriever(two)
-    assert get_retriever(one) is get_retriever(one.model_copy())
+    assert default_engine(one) is not default_engine(two)
+    assert default_engine(one) is default_engine(one.model_copy())
+
+
+def test_default_engines_are_bounded_and_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least recently used default engine is closed when another configuration needs room; the rest at exit."""
+    closed: list[Retriever] = []
+    close = Retriever.close
+    monkeypatch.setattr(Retriever, "close", lambda self: (closed.append(self), close(self)))
+    close_default_engines()
+    closed.clear()
+    base = Settings(_env_file=None, data_dir=tmp_path)
+    configs = [base.model_copy(update={"rerank": base.rerank.model_copy(update={"api_key": SecretStr(f"t{i}")})})
+               for i in range(DEFAULT_ENGINES + 1)]  # fmt: skip
+    engines = [default_engine(c) for c in configs[:DEFAULT_ENGINES]]
+    assert default_engine(configs[0]) is engines[0] and not closed  # now the most recently used
+    newest = default_engine(configs[-1])
+    assert closed == [engines[1]]  # the least recently used, closed
+    assert default_engine(configs[1]) is not engines[1]  # built afresh (closing engines[2])
+    close_default_engines()
+    assert {id(e) for e in closed} >= {id(engines[0]), id(newest)} and len(closed) == DEFAULT_ENGINES + 2
 
 
 def test_close_releases_the_redis_and_http_clients(tmp_path: Path, pg_url: str, memo_encoder, private_redis) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from strata.config import Settings
+from strata.errors import StoreError
 from strata.rag import get_retriever as registered
 from strata.rag.expansion import SynonymDictionary
 from strata.rag.retrieve import Retriever
@@ -15,7 +17,7 @@ from strata.rag.strategies import STRATEGIES, plan_for, query_variants
 from strata.resources import Resources
 from tests.conftest import MilvusTarget
 from tests.rag.conftest import examples_kb
-from tests.rag.test_retrieve import RESET_QUERY
+from tests.rag.test_retrieve import RESET_QUERY, retriever, texts
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +77,47 @@ def test_fusion_makes_variants_from_the_synonym_dictionary(tmp_path: Path, demo:
     result = Retriever(Resources(settings, encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"], strategy="fusion")
     assert result.meta.query_variants[0] == RESET_QUERY
     assert any("找回密码" in v for v in result.meta.query_variants[1:])
+
+
+TAG_QUERY = "How do I filter search results by tag?"
+
+
+class FailingVariantIndex:
+    """The real leaf index whose searches fail for one query variant: BM25 for its text, dense for its vector."""
+
+    def __init__(self, real: Any, text: str, vector: np.ndarray) -> None:
+        self._real, self._text, self._vector = real, text, vector
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def search_dense_many(self, vectors: Any, **kwargs: Any) -> Any:
+        if any(np.allclose(v, self._vector) for v in vectors):
+            raise StoreError(f"dense search refused for {self._text!r}")
+        return self._real.search_dense_many(vectors, **kwargs)
+
+    def search_sparse_many(self, texts: Any, **kwargs: Any) -> Any:
+        if self._text in texts:
+            raise StoreError(f"BM25 search refused for {self._text!r}")
+        return self._real.search_sparse_many(texts, **kwargs)
+
+
+def test_a_failed_fusion_variant_degrades_the_query_in_either_order(demo: Settings, memo_encoder) -> None:
+    """Every route fails for the tag variant: the other variant's evidence is the answer, degraded with
+    the reason, whichever variant comes first (status and mode come from all variants' outcomes)."""
+    settings = demo.model_copy(update={"retrieval": demo.retrieval.model_copy(update={"bm25_max_df": 1.0})})  # BM25 text = variant
+    vector = memo_encoder.encode_queries([TAG_QUERY])[0]
+    failing = FailingVariantIndex(Resources(settings, encoder=memo_encoder).leaf_index, TAG_QUERY, vector)
+    engine_ = retriever(settings, memo_encoder, leaf_index=failing)
+    first = engine_.retrieve(RESET_QUERY, 3, kb_ids=["demo"], strategy="fusion", queries=[TAG_QUERY])
+    last = engine_.retrieve(TAG_QUERY, 3, kb_ids=["demo"], strategy="fusion", queries=[RESET_QUERY])
+    for result in (first, last):
+        meta = result.meta
+        assert (meta.status, meta.mode) == ("degraded", "hybrid") and result.docs
+        assert {"hybrid_search_failed", "query_variant_failed"} <= set(meta.degraded)
+        assert any(e.error == "QueryVariantFailed" and TAG_QUERY in e.message for e in meta.errors)
+    assert texts(first) == texts(last)
+    assert first.meta.fused_candidates == last.meta.fused_candidates > 0
 
 
 def test_bad_strategy_arguments_are_value_errors(engine: Retriever) -> None:

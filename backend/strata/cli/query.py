@@ -8,7 +8,7 @@ from typing import Any
 
 from strata.config import Settings
 from strata.rag import format_for_tool_output
-from strata.rag.retrieve import get_retriever
+from strata.rag.retrieve import default_engine
 from strata.types import Filters, RetrievalResult
 
 
@@ -16,7 +16,7 @@ def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
     filters = Filters(
         modules=tuple(args.module), skill_points=tuple(args.skill_point), source_prefix=args.source_prefix
     )
-    result = get_retriever(settings).retrieve(
+    result = default_engine(settings).retrieve(
         args.query, args.top_k, kb_ids=args.kb, filters=None if filters.is_empty() else filters,
         strategy=args.strategy, queries=args.query_variant or None,
     )  # fmt: skip

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from strata.config import Settings, get_settings
+from strata.config import get_settings
 from strata.rag.registry import get_retriever
 from strata.types import Filters, RetrievalResult, RetrievedDocument
+
+if TYPE_CHECKING:
+    from strata.rag.retrieve import Retriever
 
 META_KEY = "strata_meta"
 """The metadata key under which every returned document carries the call's meta record (one dict, shared)."""
@@ -17,23 +20,23 @@ ResultCallback = Callable[[RetrievalResult], None]
 
 @dataclass(frozen=True)
 class RetrievalCall:
-    """One adapter's configuration: which retriever, over which kbs and filters, how many results.
+    """One adapter's configuration: which retriever, on which engine, over which kbs and filters, how many results.
 
-    ``strategy`` None means the configured one (``STRATA_RETRIEVAL__STRATEGY`` of the engine's
-    settings, else of ``settings`` or the environment's), as ``retrieve_documents`` would use.
+    ``engine`` is the ``strata.rag.retrieve.Retriever`` strata's strategies run on; None means
+    ``default_engine()`` (the environment's settings), as ``retrieve_documents`` would use.
+    ``strategy`` None means the configured one (``STRATA_RETRIEVAL__STRATEGY`` of the engine's settings).
     """
 
     strategy: str | None = None
     kb_ids: Sequence[str] | None = None
     filters: Filters | None = None
     top_k: int = 5
-    settings: Settings | None = None
-    engine: Any = None
+    engine: Retriever | None = None
     on_result: ResultCallback | None = None
 
     def run(self, query: str) -> RetrievalResult:
         """The registered retriever's result for ``query``; ``on_result`` sees it first (even when empty)."""
-        config = {name: value for name, value in (("settings", self.settings), ("engine", self.engine)) if value is not None}
+        config = {"engine": self.engine} if self.engine is not None else {}
         scope = {name: value for name, value in (("kb_ids", self.kb_ids), ("filters", self.filters)) if value is not None}
         result = get_retriever(self.retriever_name(), **config).retrieve(query, self.top_k, **scope)
         if self.on_result is not None:
@@ -44,7 +47,7 @@ class RetrievalCall:
         """The registered retriever this call runs: the given strategy, or the configured one."""
         if self.strategy is not None:
             return self.strategy
-        settings = self.engine.settings if self.engine is not None else self.settings or get_settings()
+        settings = self.engine.settings if self.engine is not None else get_settings()  # default_engine()'s
         return settings.retrieval.strategy
 
 

@@ -28,8 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from pydantic import Field, field_validator
 
-from strata.config import Settings
 from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
+from strata.rag.retrieve import Retriever
 from strata.types import Filters, RetrievalResult
 
 __all__ = ["META_KEY", "StrataRetriever"]
@@ -39,16 +39,16 @@ class StrataRetriever(BaseRetriever):
     """A LangChain ``BaseRetriever`` over a registered strata retriever (by default the configured
     strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
 
-    ``engine`` is a ``strata.rag.retrieve.Retriever`` of the caller's own
-    ``Resources``; without it ``settings`` (or the environment's) choose the stores.
+    ``engine`` is the ``strata.rag.retrieve.Retriever`` it runs on, e.g. one of the caller's own
+    ``Resources`` or ``default_engine(settings)``; without one, ``default_engine()`` (the
+    environment's settings) answers.
     """
 
     strategy: str | None = None
     kb_ids: list[str] | None = None
     filters: Filters | None = None
     top_k: int = Field(5, ge=1)
-    settings: Settings | None = None
-    engine: Any = None
+    engine: Retriever | None = None
     on_result: ResultCallback | None = None
 
     @field_validator("filters", mode="before")
@@ -71,7 +71,7 @@ class StrataRetriever(BaseRetriever):
     def _call(self) -> RetrievalCall:
         return RetrievalCall(
             strategy=self.strategy, kb_ids=self.kb_ids, filters=self.filters, top_k=self.top_k,
-            settings=self.settings, engine=self.engine, on_result=self.on_result,
+            engine=self.engine, on_result=self.on_result,
         )  # fmt: skip
 
 

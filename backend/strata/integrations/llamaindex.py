@@ -27,8 +27,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "strata.integrations.llamaindex needs llama-index-core: pip install 'strata-rag[llamaindex]'"
     ) from exc
 
-from strata.config import Settings
 from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
+from strata.rag.retrieve import Retriever
 from strata.types import Filters, RetrievalResult
 
 __all__ = ["META_KEY", "StrataRetriever"]
@@ -40,8 +40,9 @@ class StrataRetriever(BaseRetriever):
     """A LlamaIndex ``BaseRetriever`` over a registered strata retriever (by default the configured
     strategy, ``STRATA_RETRIEVAL__STRATEGY``: ``auto_merge`` unless set).
 
-    ``engine`` is a ``strata.rag.retrieve.Retriever`` of the caller's own
-    ``Resources``; without it ``settings`` (or the environment's) choose the stores.
+    ``engine`` is the ``strata.rag.retrieve.Retriever`` it runs on, e.g. one of the caller's own
+    ``Resources`` or ``default_engine(settings)``; without one, ``default_engine()`` (the
+    environment's settings) answers.
     """
 
     def __init__(
@@ -51,8 +52,7 @@ class StrataRetriever(BaseRetriever):
         kb_ids: Sequence[str] | None = None,
         filters: Filters | Mapping[str, Any] | None = None,
         top_k: int = 5,
-        settings: Settings | None = None,
-        engine: Any = None,
+        engine: Retriever | None = None,
         on_result: ResultCallback | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
@@ -61,7 +61,7 @@ class StrataRetriever(BaseRetriever):
             raise ValueError("top_k must be at least 1")
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         kbs = list(kb_ids) if kb_ids is not None else None
-        self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, settings, engine, on_result)
+        self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, engine, on_result)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return to_nodes(self.call.run(query_bundle.query_str))

@@ -4,8 +4,9 @@ The public surface is ``retrieve_documents`` (and ``Retriever`` for callers
 that manage their own ``Resources``), the formatting helpers, the strategies
 and the retriever registry (``get_retriever(name, **config)``; strata's own
 strategies are registered there like a user's), and the pure utilities
-``reciprocal_rank_fusion`` and ``merge_adjacent_chunks``. The settings-keyed
-process-wide ``Retriever`` is ``strata.rag.retrieve.get_retriever``.
+``reciprocal_rank_fusion`` and ``merge_adjacent_chunks``. The process's
+engine of a configuration (the ``Retriever`` ``retrieve_documents`` uses) is
+``strata.rag.retrieve.default_engine``.
 """
 
 from strata.rag.adjacent import merge_adjacent_chunks

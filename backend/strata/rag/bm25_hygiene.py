@@ -20,7 +20,7 @@ from cachetools import LRUCache
 from strata.config import RetrievalSettings
 from strata.rag.bm25_query import PrunedQuery, prune_bm25_query
 from strata.rag.expansion import Expansion
-from strata.rag.recorder import Recorder
+from strata.rag.run_state import RunState
 from strata.resources import Resources
 from strata.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
 from strata.stores.term_stats import TermFrequencies
@@ -75,7 +75,7 @@ class BM25QueryHygiene:
             self._max_df,
         )
 
-    def apply(self, run: Recorder, state: ServingState, expansion: Expansion, routes: str) -> Expansion:
+    def apply(self, run: RunState, state: ServingState, expansion: Expansion, routes: str) -> Expansion:
         """``expansion`` with its BM25 text pruned; ``run.bm25_query`` records what was left out, or why nothing was."""
         if routes == "dense" or self._max_df >= 1.0:
             return expansion
@@ -91,7 +91,7 @@ class BM25QueryHygiene:
                 return expansion
         return replace(expansion, bm25_text=pruned.text) if pruned.dropped else expansion
 
-    def _prune(self, run: Recorder, state: ServingState, text: str, tokenize: Tokenize) -> PrunedQuery:
+    def _prune(self, run: RunState, state: ServingState, text: str, tokenize: Tokenize) -> PrunedQuery:
         stats = self._stats.get(state.generations, timeout_s=run.deadline.remaining())
         if stats.leaves < self._min_leaves:
             run.bm25_query = {"skipped": f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"}

@@ -6,7 +6,7 @@ list counts once, at its first position, and does not push the items after it
 down). Ties go to the best single-list rank, then to the id, so the
 order never depends on which list an item came from.
 
-The two-route fusion of dense and BM25 hits (``strata.rag.fusion``), the
+The two-route fusion of dense and BM25 hits (``strata.rag.route_fusion``), the
 ``fusion`` strategy's query variants and the fusion of a custom retriever's
 results with strata's are all calls of ``reciprocal_rank_fusion``;
 ``fuse_candidates`` and ``fuse_documents`` are that call on ``Candidate`` and

@@ -119,7 +119,7 @@ class StrategyRetriever:
     """One of strata's strategies over ``retrieve_documents``.
 
     ``engine`` (a ``strata.rag.retrieve.Retriever`` built on the caller's own
-    ``Resources``) replaces the process-wide retriever of ``settings``.
+    ``Resources``) replaces ``default_engine(settings)``, the process's engine of ``settings``.
     ``kb_ids`` and ``filters`` given to ``retrieve`` override the configured ones.
     """
 

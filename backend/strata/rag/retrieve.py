@@ -7,11 +7,14 @@ the meta record and none raised to the caller.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
 from dataclasses import replace
 from typing import Any, Sequence
+
+from cachetools import LRUCache
 
 from strata.config import Settings, get_settings
 from strata.rag.candidates import Candidate
@@ -24,7 +27,7 @@ from strata.rag.rank_fusion import fuse_candidates
 from strata.rag.merge import apply_merge, parents_to_fetch
 from strata.rag.fingerprint import config_fingerprint, settings_fingerprint
 from strata.rag.query_cache import QueryCache, cache_key, normalize_query
-from strata.rag.recorder import Recorder
+from strata.rag.run_state import FusionOutcome, RunState
 from strata.rag.rerank import Reranker, build_reranker
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
@@ -61,6 +64,11 @@ class Retriever:
         return self._res.settings
 
     @property
+    def resources(self) -> Resources:
+        """The stores and models this retriever answers from (the caller's to close, unless from ``default_engine``)."""
+        return self._res
+
+    @property
     def reranker(self) -> Reranker | None:
         return self._reranker
 
@@ -86,7 +94,7 @@ class Retriever:
         if queries and not plan.multi_query:
             raise ValueError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
         candidate_k = self._cfg.candidates_for(top_k)
-        run = Recorder(
+        run = RunState(
             query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters,
             deadline=Deadline(budget_ms / 1000),
         )  # fmt: skip
@@ -139,7 +147,7 @@ class Retriever:
             parents.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
 
-    def _cache_key(self, run: Recorder, state: ServingState, rerank: bool, expansion: Expansion) -> str:
+    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, expansion: Expansion) -> str:
         return cache_key({
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
             "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
@@ -156,7 +164,7 @@ class Retriever:
 
     # -- stages ------------------------------------------------------------------
 
-    def _serving_state(self, run: Recorder) -> ServingState | None:
+    def _serving_state(self, run: RunState) -> ServingState | None:
         """SQL's serving state; during an outage the last one this process saw (fail closed)."""
         with run.timed("state"):
             try:
@@ -168,7 +176,7 @@ class Retriever:
             run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_kb")
         return state
 
-    def _current_state(self, run: Recorder) -> ServingState:
+    def _current_state(self, run: RunState) -> ServingState:
         """The kbs' generations (one small query); the full state only when a generation moved since
         this process last read it: every change to what may be served bumps the generation."""
         documents, last = self._res.documents, self._states.get(run.kb_ids)
@@ -177,7 +185,7 @@ class Retriever:
         self._states.remember(run.kb_ids, last)  # also keeps a state in use from being evicted
         return last
 
-    def _last_state(self, run: Recorder, exc: Exception) -> ServingState | None:
+    def _last_state(self, run: RunState, exc: Exception) -> ServingState | None:
         last = self._states.get(run.kb_ids)
         if last is None:
             run.error(
@@ -189,19 +197,19 @@ class Retriever:
         return last
 
     def _compute(
-        self, run: Recorder, state: ServingState | None, reranker: Reranker | None, expansion: Expansion,
+        self, run: RunState, state: ServingState | None, reranker: Reranker | None, expansion: Expansion,
         plan: StrategyPlan,
     ) -> RetrievalResult:  # fmt: skip
         if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
-            run.mode = "failed"
-            return _expanded(run.result([], dropped=0), expansion)
+            return _expanded(run.result([], dropped=0), expansion)  # no search ran: failed
         where = self._where(run, state)
         searched = self._bm25_hygiene.apply(run, state, expansion, plan.routes)  # the BM25 text, pruned
         if plan.multi_query:
             candidates = self._search_variants(run, where, searched, plan.routes)
         else:
-            vectors = self._routes.encode(run, [run.query], plan.routes)
-            candidates = self._routes.search(run, vectors[0] if vectors else None, where, searched.bm25_text, plan.routes)
+            encoded = run.add(self._routes.encode(run, [run.query], plan.routes))
+            found = run.add(self._routes.search(run, encoded.vector(0), where, searched.bm25_text, plan.routes))
+            candidates = list(found.candidates)
         if plan.merge == "parents" and candidates:
             candidates = self._merge(run, candidates)
         elif plan.merge == "adjacent" and candidates:
@@ -211,26 +219,27 @@ class Retriever:
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
 
-    def _search_variants(self, run: Recorder, where: str, expansion: Expansion, routes: str) -> list[Candidate]:
-        """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF."""
-        vectors = self._routes.encode(run, run.variants, routes)
-        lists = []
+    def _search_variants(self, run: RunState, where: str, expansion: Expansion, routes: str) -> list[Candidate]:
+        """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF.
+        A variant whose search failed is no list at all (not an empty one): the fused scores keep
+        their scale, and the run's status says a variant failed."""
+        encoded = run.add(self._routes.encode(run, run.variants, routes))
+        lists: list[list[Candidate] | None] = []
         for i, variant in enumerate(run.variants):
             bm25_text = expansion.bm25_text if i == 0 else variant
-            lists.append(self._routes.search(run, vectors[i] if vectors else None, where, bm25_text, routes))
-        if all(not found for found in lists):
-            return []
+            found = run.add(self._routes.search(run, encoded.vector(i), where, bm25_text, routes, variant=variant))
+            lists.append(list(found.candidates) if found.mode != "failed" else None)
         fused = fuse_candidates(lists, k=self._cfg.rrf_k, limit=run.candidate_k)
-        run.fused = len(fused)
+        run.add(FusionOutcome("fusion", candidates=tuple(fused), fused=len(fused)))
         return fused
 
-    def _where(self, run: Recorder, state: ServingState) -> str:
+    def _where(self, run: RunState, state: ServingState) -> str:
         hidden = state.hidden_version_keys
         return expr.all_of(
             expr.filters_expression(run.filters), expr.not_in("version_key", list(hidden)) if hidden else None
         )
 
-    def _merge(self, run: Recorder, candidates: list[Candidate]) -> list[Candidate]:
+    def _merge(self, run: RunState, candidates: list[Candidate]) -> list[Candidate]:
         if run.deadline.expired():  # the leaves as found are the answer
             run.error("merge", DeadlineExceeded("merge"))
             return candidates
@@ -239,7 +248,7 @@ class Retriever:
                 candidates = self._merge_round(run, candidates, round_no, level)
         return candidates
 
-    def _merge_round(self, run: Recorder, candidates: list[Candidate], round_no: int, level: int) -> list[Candidate]:
+    def _merge_round(self, run: RunState, candidates: list[Candidate], round_no: int, level: int) -> list[Candidate]:
         refs = parents_to_fetch(candidates, level=level, min_children=self._cfg.merge_min_children)
         if not refs:
             run.merge_rounds.append(MergeRound(round=round_no))
@@ -259,7 +268,7 @@ class Retriever:
         run.merge_rounds.append(record)
         return merged
 
-    def _rerank(self, run: Recorder, candidates: list[Candidate], reranker: Reranker | None) -> tuple[list[Candidate], bool]:
+    def _rerank(self, run: RunState, candidates: list[Candidate], reranker: Reranker | None) -> tuple[list[Candidate], bool]:
         if reranker is None or not candidates:
             reason = "no candidates" if reranker else ("off for this request" if self._reranker else "not configured")
             run.rerank = RerankOutcome("skipped", reason)
@@ -312,22 +321,57 @@ def _decodes(value: dict[str, Any]) -> bool:
     return True
 
 
-_retrievers: dict[str, Retriever] = {}
-_retrievers_lock = threading.Lock()
+DEFAULT_ENGINES = 4
+"""How many default engines (one per configuration) a process keeps; the least recently used goes first."""
 
 
-def get_retriever(settings: Settings | None = None) -> Retriever:
-    """The process-wide ``Retriever`` of these settings (built on first use).
+class _Engines(LRUCache[str, Retriever]):
+    """The default engines by settings fingerprint; an engine evicted (or ``clear``-ed) is closed."""
 
-    Keyed on a fingerprint that includes the secrets (hashed): settings that
-    differ only by a token never share a Retriever.
+    def popitem(self) -> tuple[str, Retriever]:
+        key, engine = super().popitem()
+        _close_engine(engine)
+        return key, engine
+
+
+_engines = _Engines(maxsize=DEFAULT_ENGINES)
+_engines_lock = threading.Lock()
+
+
+def default_engine(settings: Settings | None = None) -> Retriever:
+    """The process's ``Retriever`` of these settings (default: the environment's), built on first use
+    over ``Resources`` of its own; ``retrieve_documents`` and the framework adapters use it.
+
+    Keyed on a fingerprint that includes the secrets (hashed): settings that differ only by a
+    token never share an engine. At most ``DEFAULT_ENGINES`` are kept: the least recently used
+    one is closed when another configuration needs room (a caller still holding it then gets
+    errors in its meta records), and all are closed when the interpreter exits. A caller that
+    manages its own lifetimes builds ``Retriever(Resources(settings))`` and closes it.
     """
     settings = settings or get_settings()
     key = settings_fingerprint(settings)
-    with _retrievers_lock:
-        if key not in _retrievers:
-            _retrievers[key] = Retriever(Resources(settings))
-        return _retrievers[key]
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = Retriever(Resources(settings))
+        return engine
+
+
+def _close_engine(engine: Retriever) -> None:
+    """Closes a default engine: its own clients, then the stores it owns."""
+    try:
+        engine.close()
+        engine.resources.close()
+    except Exception as exc:  # closing is best effort: one engine's failure must not keep the others open
+        logger.warning("closing a default engine failed: %s: %s", type(exc).__name__, exc)
+
+
+@atexit.register
+def close_default_engines() -> None:
+    """Closes every default engine (registered with ``atexit``; tests call it to start afresh)."""
+    with _engines_lock:
+        while _engines:
+            _engines.popitem()
 
 
 def retrieve_documents(

@@ -3,7 +3,9 @@
 Hybrid search, or the fallbacks the settings allow: dense-only when hybrid
 fails, BM25-only when there is no query vector (or dense failed too). A
 switched-off fallback is a ``failed`` answer with the reason, never a quieter
-route. Every outcome is reported to the run's ``Recorder``.
+route. ``encode`` and ``search`` return frozen outcomes (``EncodeOutcome``,
+``SearchOutcome``: what they produced, the mode the search ran in, errors and
+timings); they read the run's inputs and write none of its state.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import NamedTuple
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,13 +22,13 @@ import numpy as np
 from strata.config import RetrievalSettings
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import DeadlineExceeded
-from strata.rag.fusion import FusionWeights, as_candidate, rrf_rank, single_rank
 from strata.rag.microbatch import MicroBatcher
 from strata.rag.rank_fusion import Fused
-from strata.rag.recorder import Recorder
+from strata.rag.route_fusion import FusionWeights, as_candidate, rrf_rank, single_rank
+from strata.rag.run_state import EncodeOutcome, RunState, SearchOutcome, StageLog
 from strata.resources import Resources
 from strata.stores import filters as expr
-from strata.types import Chunk, RouteHit
+from strata.types import Chunk, Mode, RouteHit
 
 Ranked = Fused[RouteHit]
 
@@ -45,6 +48,18 @@ class _RouteKey:
     exact_prefix: str  # a source prefix checked after the search ("" for none)
 
 
+class _Routed(NamedTuple):
+    """The ranked hits of the routes that answered, the mode that is, and each route's hit count."""
+
+    ranked: list[Ranked]
+    mode: Mode
+    dense: int = 0
+    sparse: int = 0
+
+
+_NO_ROUTE = _Routed([], "failed")
+
+
 class RouteSearch:
     """Runs one query's routes against the leaf index of one ``Resources``."""
 
@@ -61,98 +76,108 @@ class RouteSearch:
             self._search_batch, window_s=window_s, max_batch=most, name="strata-search", inline_when_idle=True
         )  # a Milvus search is bounded by its own timeout: one caller runs it in its own thread
 
-    def encode(self, run: Recorder, queries: Sequence[str], routes: str) -> list[np.ndarray] | None:
-        """Query vectors (one encoder call for every query, shared with concurrent queries), or None for BM25-only or when the encoder failed."""
+    def encode(self, run: RunState, queries: Sequence[str], routes: str) -> EncodeOutcome:
+        """Query vectors (one encoder call for every query, shared with concurrent queries); none for BM25-only or when the encoder failed."""
+        log = run.log("encode")
         if routes == "sparse":
-            return None
+            return log.outcome(EncodeOutcome)
         wait = run.deadline.within(float("inf"), keep_s=ENCODE_KEEPS * run.deadline.budget_s)
-        with run.timed("encode"):
+        with log.timed("encode"):
             try:
                 if wait <= 0:
                     raise DeadlineExceeded("encode")
-                return list(self._encodings.submit(None, queries).result(timeout=wait))
+                vectors = tuple(self._encodings.submit(None, queries).result(timeout=wait))
             except FutureTimeout:
-                run.error("encode", DeadlineExceeded("encode"), degraded="query_encoder_failed")
-                return None
+                log.error("encode", DeadlineExceeded("encode"), degraded="query_encoder_failed")
+                vectors = None
             except Exception as exc:
-                run.error("encode", exc, degraded="query_encoder_failed")
-                return None
+                log.error("encode", exc, degraded="query_encoder_failed")
+                vectors = None
+        return log.outcome(EncodeOutcome, vectors=vectors)
 
     def close(self) -> None:
         self._encodings.close()
         self._searches.close()
 
-    def search(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Candidate]:
+    def search(
+        self, run: RunState, vector: np.ndarray | None, where: str, bm25_text: str, routes: str, *, variant: str = ""
+    ) -> SearchOutcome:  # fmt: skip
         """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
         BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
         (the query plus its synonyms); the dense route embedded the query as given. The routes
-        return ids; the fused candidates' leaves are read in one batch afterwards."""
-        with run.timed("search"):
-            ranked = self._ranked(run, vector, where, bm25_text, routes)
-            return self._with_leaves(run, ranked) if ranked else []
+        return ids; the fused candidates' leaves are read in one batch afterwards. The outcome's
+        mode is the route(s) that answered; ``failed`` when none did or the leaves are unreadable."""
+        log = run.log("search")
+        with log.timed("search"):
+            routed = self._ranked(run, log, vector, where, bm25_text, routes)
+            candidates = self._with_leaves(run, log, routed.ranked) if routed.ranked else []
+        mode = "failed" if candidates is None else routed.mode
+        return log.outcome(
+            SearchOutcome, variant=variant or run.query, mode=mode, candidates=tuple(candidates or ()),
+            dense=routed.dense, sparse=routed.sparse, fused=len(routed.ranked),
+        )  # fmt: skip
 
     def weights(self) -> FusionWeights:
         if self._cfg.fusion == "weighted_rrf":
             return FusionWeights(self._cfg.vector_weight, self._cfg.keyword_weight)
         return FusionWeights()
 
-    def _ranked(self, run: Recorder, vector: np.ndarray | None, where: str, bm25_text: str, routes: str) -> list[Ranked]:
+    def _ranked(
+        self, run: RunState, log: StageLog, vector: np.ndarray | None, where: str, bm25_text: str, routes: str
+    ) -> _Routed:  # fmt: skip
         if routes != "hybrid":
-            return self._single(run, routes, vector, where, bm25_text)
+            return self._single(run, log, routes, vector, where, bm25_text)
         if vector is not None:
-            fused = self._hybrid(run, vector, where, bm25_text)
+            fused = self._hybrid(run, log, vector, where, bm25_text)
             if fused is not None:
                 return fused
             if self._cfg.dense_fallback:
-                dense = self._route(run, "dense", vector, where)
+                dense = self._route(run, log, "dense", vector, where)
                 if dense is not None:
-                    run.mode = "dense_fallback"
-                    return self._one_route(run, dense, "dense")
+                    return _Routed(self._one_route(run, dense, "dense"), "dense_fallback", dense=len(dense))
         if not self._cfg.sparse_fallback:
-            return run.failed("fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off")
-        sparse = self._route(run, "sparse", bm25_text, where)
+            reason = "fallbacks switched off" if vector is not None else "query encoder failed and BM25 fallback is off"
+            log.error_message("search", "NoRouteLeft", reason)
+            return _NO_ROUTE
+        sparse = self._route(run, log, "sparse", bm25_text, where)
         if sparse is None:
-            return run.failed()
-        run.mode = "sparse_fallback"
-        return self._one_route(run, sparse, "sparse")
+            return _NO_ROUTE
+        return _Routed(self._one_route(run, sparse, "sparse"), "sparse_fallback", sparse=len(sparse))
 
-    def _single(self, run: Recorder, route: str, vector: np.ndarray | None, where: str, bm25_text: str) -> list[Ranked]:
+    def _single(
+        self, run: RunState, log: StageLog, route: str, vector: np.ndarray | None, where: str, bm25_text: str
+    ) -> _Routed:  # fmt: skip
         """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
         query = vector if route == "dense" else bm25_text
-        hits = self._route(run, route, query, where, stage="search") if query is not None else None
+        hits = self._route(run, log, route, query, where, stage="search") if query is not None else None
         if hits is None:
-            return run.failed()
-        run.mode = route  # type: ignore[assignment]
-        return self._one_route(run, hits, route)
+            return _NO_ROUTE
+        return _Routed(self._one_route(run, hits, route), route, **{route: len(hits)})  # type: ignore[arg-type]
 
-    def _one_route(self, run: Recorder, hits: list[RouteHit], route: str) -> list[Ranked]:
+    def _one_route(self, run: RunState, hits: list[RouteHit], route: str) -> list[Ranked]:
         return single_rank(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
 
-    def _hybrid(self, run: Recorder, vector: np.ndarray, where: str, bm25_text: str) -> list[Ranked] | None:
+    def _hybrid(self, run: RunState, log: StageLog, vector: np.ndarray, where: str, bm25_text: str) -> _Routed | None:
         try:
             dense = self._submit("dense", run, vector, where)
             sparse = self._submit("sparse", run, bm25_text, where)
             dense_hits, sparse_hits = self._wait("dense", run, dense), self._wait("sparse", run, sparse)
         except Exception as exc:
-            run.error("search", exc, degraded="hybrid_search_failed")
+            log.error("search", exc, degraded="hybrid_search_failed")
             return None
-        run.mode = "hybrid"
-        run.route_counts(dense=len(dense_hits), sparse=len(sparse_hits))
         fused = rrf_rank(dense_hits, sparse_hits, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
-        run.fused = len(fused)
-        return fused
+        return _Routed(fused, "hybrid", dense=len(dense_hits), sparse=len(sparse_hits))
 
-    def _route(self, run: Recorder, route: str, query: Any, where: str, *, stage: str = "") -> list[RouteHit] | None:
+    def _route(
+        self, run: RunState, log: StageLog, route: str, query: Any, where: str, *, stage: str = ""
+    ) -> list[RouteHit] | None:  # fmt: skip
         try:
-            hits = self._wait(route, run, self._submit(route, run, query, where))
+            return self._wait(route, run, self._submit(route, run, query, where))
         except Exception as exc:
-            run.error(stage or f"{route}_fallback", exc)
+            log.error(stage or f"{route}_fallback", exc)
             return None
-        run.route_counts(**{route: len(hits)})
-        run.fused = min(len(hits), run.candidate_k)
-        return hits
 
-    def _submit(self, route: str, run: Recorder, query: Any, where: str) -> Future:
+    def _submit(self, route: str, run: RunState, query: Any, where: str) -> Future:
         """The route's search, queued to share a Milvus search with concurrent queries like it."""
         if run.deadline.expired():
             raise DeadlineExceeded(f"the {route} route")
@@ -160,7 +185,7 @@ class RouteSearch:
                         self._cfg.route_limit(run.candidate_k), _exact_prefix(run))  # fmt: skip
         return self._searches.submit(key, [(query, run.deadline.remaining())])
 
-    def _wait(self, route: str, run: Recorder, search: Future) -> list[RouteHit]:
+    def _wait(self, route: str, run: RunState, search: Future) -> list[RouteHit]:
         remaining = run.deadline.remaining()
         try:
             hits: list[RouteHit] = search.result(timeout=None if math.isinf(remaining) else remaining)[0]
@@ -179,31 +204,32 @@ class RouteSearch:
             timeout=max(left for _, left in items), with_source=bool(key.exact_prefix),
         )  # fmt: skip
 
-    def _with_leaves(self, run: Recorder, ranked: list[Ranked]) -> list[Candidate]:
+    def _with_leaves(self, run: RunState, log: StageLog, ranked: list[Ranked]) -> list[Candidate] | None:
         """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
-        batch, or from the index itself when that fails. A leaf SQL no longer holds (its version was
-        removed after the search) is left out and reported."""
+        batch, or from the index itself when that fails (None when that fails too). A leaf SQL no
+        longer holds (its version was removed after the search) is left out and reported."""
         refs = [(f.item.kb_id, f.key) for f in ranked]
-        with run.timed("leaf_fetch"):
+        with log.timed("leaf_fetch"):
             try:
                 fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
-                leaves = dict(fetch.chunks)
-                run.leaf_fetch(fetch)
+                leaves: dict[str, Chunk] | None = dict(fetch.chunks)
+                log.leaf_fetch(fetch)
             except Exception as exc:
-                run.error("leaf_fetch", exc, note="leaf texts read from the leaf index")
-                leaves = self._from_index(run, refs)
+                log.error("leaf_fetch", exc, note="leaf texts read from the leaf index")
+                leaves = self._from_index(run, log, refs)
+        if leaves is None:
+            return None
         return [as_candidate(f, leaves[f.key]) for f in ranked if f.key in leaves]
 
-    def _from_index(self, run: Recorder, refs: list[tuple[str, str]]) -> dict[str, Chunk]:
+    def _from_index(self, run: RunState, log: StageLog, refs: list[tuple[str, str]]) -> dict[str, Chunk] | None:
         try:
             return self._res.leaf_index.fetch_leaves(refs, timeout=run.deadline.remaining())
         except Exception as exc:
-            run.error("leaf_fetch", exc, degraded="leaf_fetch_failed")
-            run.mode = "failed"
-            return {}
+            log.error("leaf_fetch", exc, degraded="leaf_fetch_failed")
+            return None
 
 
-def _exact_prefix(run: Recorder) -> str:
+def _exact_prefix(run: RunState) -> str:
     """The source prefix to check on each hit after the search ("" for none): LIKE wildcards in it over-match."""
     prefix = run.filters.source_prefix if run.filters else ""
     return prefix if prefix and expr.needs_exact_check(prefix) else ""

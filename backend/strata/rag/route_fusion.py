@@ -1,4 +1,8 @@
-"""Reciprocal-rank fusion of the dense and BM25 routes (pure).
+"""Reciprocal-rank fusion of one query's two routes, dense and BM25 (pure).
+
+The two-list case of ``strata.rag.rank_fusion.reciprocal_rank_fusion`` (the
+generic N-list RRF), with the routes' weights, ``None`` for a route that did not
+run, and each candidate's per-route trace.
 
 ``rrf(d) = Σ_r w_r / (k + rank_r(d))`` over the routes that returned ``d``
 (ranks are 1-based). Plain RRF uses ``w = 1`` for both routes; weighted RRF
@@ -95,9 +99,3 @@ def single_rank(
         return rrf_rank(None, hits, k=k, limit=limit, weights=weights)
     raise ValueError(f"unknown route {route!r} (dense or sparse)")
 
-
-def single_route(
-    hits: Sequence[LeafHit], *, route: str, k: int = 60, limit: int, weights: FusionWeights = FusionWeights()
-) -> list[Candidate]:
-    """``single_rank`` of hits that carry their leaf."""
-    return [as_candidate(f, f.item.chunk) for f in single_rank(hits, route=route, k=k, limit=limit, weights=weights)]

@@ -1,0 +1,303 @@
+"""One query's run: what each stage returned, folded into the ``RetrievalMeta`` record once.
+
+Stages return frozen outcomes (``StageOutcome`` and its kinds: what the stage
+produced, the mode a search ran in, its errors, reason codes and timings); the
+``RunState`` of the ``retrieve`` call collects them in the order they ended.
+Nothing a stage reports is overwritten by a later one: ``result`` computes the
+``mode`` and ``status`` once, from all outcomes (``run_mode``, ``run_status``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence, TypeVar
+
+from strata.rag.candidates import Candidate
+from strata.rag.deadline import REASON as DEADLINE_REASON
+from strata.rag.deadline import Deadline, DeadlineExceeded
+from strata.stores.parents import ParentFetch
+from strata.strategy_table import DEFAULT_STRATEGY
+from strata.types import (
+    Filters,
+    MergeRound,
+    Mode,
+    RerankOutcome,
+    RetrievalMeta,
+    RetrievalResult,
+    RetrievedDocument,
+    StageError,
+    Status,
+)
+
+logger = logging.getLogger("strata.rag")
+
+VARIANT_FAILED = "query_variant_failed"
+"""The reason code of a ``fusion`` query some of whose variants failed while others found evidence."""
+
+# The search modes, most capable first: a run whose searches ran in several reports the least capable.
+_MODES: tuple[Mode, ...] = ("hybrid", "dense", "sparse", "dense_fallback", "sparse_fallback")
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What one stage reported when it ended: its errors, reason codes, timings and parent-store reads."""
+
+    stage: str
+    errors: tuple[StageError, ...] = ()
+    degraded: tuple[str, ...] = ()
+    timings_ms: tuple[tuple[str, float], ...] = ()
+    parent_cache: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class EncodeOutcome(StageOutcome):
+    """The query vectors (one per query), or None: BM25 only, or the encoder failed."""
+
+    vectors: tuple[Any, ...] | None = None
+
+    def vector(self, i: int) -> Any:
+        return self.vectors[i] if self.vectors is not None else None
+
+
+@dataclass(frozen=True)
+class SearchOutcome(StageOutcome):
+    """One query's (one variant's) search: the candidates with their leaves, and the mode it ran in
+    (``failed``: no route answered, or the leaves found could not be read)."""
+
+    variant: str = ""
+    mode: Mode = "failed"
+    candidates: tuple[Candidate, ...] = ()
+    dense: int = 0
+    sparse: int = 0
+    fused: int = 0
+
+
+@dataclass(frozen=True)
+class FusionOutcome(StageOutcome):
+    """The ``fusion`` strategy's variants fused by N-list RRF."""
+
+    candidates: tuple[Candidate, ...] = ()
+    fused: int = 0
+
+
+O = TypeVar("O", bound=StageOutcome)
+
+
+class StageLog:
+    """A stage's own log while it runs; ``outcome`` freezes it. Never shared between stages."""
+
+    def __init__(self, stage: str, deadline: Deadline) -> None:
+        self.stage, self.deadline = stage, deadline
+        self._errors: list[StageError] = []
+        self._degraded: list[str] = []
+        self._timings: dict[str, float] = {}
+        self._parent_cache: dict[str, int] = {}
+
+    @contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[key] = self._timings.get(key, 0.0) + (time.perf_counter() - started) * 1000
+
+    def error(self, stage: str, exc: BaseException, *, degraded: str | None = None, note: str = "") -> None:
+        """A step failed; when the request's time is up, the reason ``deadline_exceeded`` is recorded too."""
+        logger.warning("retrieval stage %s failed: %s: %s", stage, type(exc).__name__, exc)
+        self.error_message(stage, type(exc).__name__, f"{exc} ({note})" if note else str(exc), degraded)
+        if isinstance(exc, DeadlineExceeded) or self.deadline.expired():
+            self.error_message(stage, "DeadlineExceeded", f"{stage} ran out of the request deadline", DEADLINE_REASON)
+
+    def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
+        self._errors.append(StageError(stage=stage, error=error, message=message[:500]))
+        if degraded and degraded not in self._degraded:
+            self._degraded.append(degraded)
+
+    def parent_fetch(self, fetch: ParentFetch) -> None:
+        """A merge round read its parents (cache, then SQL); a parent not found is reported."""
+        self._count(fetch, "")
+        if fetch.missing:
+            shown = ", ".join(fetch.missing[:5])
+            self.error_message("parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing")
+
+    def leaf_fetch(self, fetch: ParentFetch) -> None:
+        """The candidates' leaves were read (cache, then SQL); a leaf SQL no longer holds is reported."""
+        self._count(fetch, "leaf_")
+        if fetch.missing:
+            self.error_message(
+                "leaf_fetch", "MissingLeaf", f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
+                f"(removed since, or orphans for `strata reconcile`), left out: {', '.join(fetch.missing[:5])}",
+            )  # fmt: skip
+
+    def _count(self, fetch: ParentFetch, prefix: str) -> None:
+        """Counts a read through the parent store under ``{prefix}hits`` / ``{prefix}misses``."""
+        for key, n in ((f"{prefix}hits", fetch.cache_hits), (f"{prefix}misses", fetch.cache_misses)):
+            self._parent_cache[key] = self._parent_cache.get(key, 0) + n
+        if fetch.cache_error:
+            self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
+
+    def outcome(self, kind: type[O] = StageOutcome, **produced: Any) -> O:  # type: ignore[assignment]
+        """The frozen outcome: what was logged, and what the stage ``produced`` (the fields of ``kind``)."""
+        return kind(
+            stage=self.stage, errors=tuple(self._errors), degraded=tuple(self._degraded),
+            timings_ms=tuple(self._timings.items()), parent_cache=tuple(self._parent_cache.items()), **produced,
+        )  # fmt: skip
+
+
+class RunState:
+    """One ``retrieve`` call: its inputs, and the outcomes of the stages that ran, in the order they ended.
+
+    Stages read the inputs and hand their outcomes to ``add`` (or, for a single step, report it
+    with ``timed`` / ``error``, each an outcome of its own); ``result`` folds them into the record.
+    """
+
+    def __init__(
+        self, query: str, top_k: int, candidate_k: int, kb_ids: tuple[str, ...] | None, filters: Filters | None,
+        *, deadline: Deadline | None = None,
+    ) -> None:  # fmt: skip
+        self.query, self.top_k, self.candidate_k = query, top_k, candidate_k
+        self.deadline = deadline or Deadline(float("inf"))
+        self.kb_ids, self.filters = kb_ids, filters
+        self.strategy = DEFAULT_STRATEGY
+        self.variants: tuple[str, ...] = ()
+        self.bm25_query: dict[str, Any] = {}  # what BM25 query hygiene left out, or why it did not run
+        self.merge_rounds: list[MergeRound] = []
+        self.rerank = RerankOutcome()
+        self._started = time.perf_counter()
+        self._outcomes: list[StageOutcome] = []
+
+    @property
+    def filters_dict(self) -> dict[str, Any]:
+        return self.filters.to_dict() if self.filters and not self.filters.is_empty() else {}
+
+    @property
+    def outcomes(self) -> tuple[StageOutcome, ...]:
+        return tuple(self._outcomes)
+
+    def log(self, stage: str) -> StageLog:
+        """A fresh log for one stage of this run (under its deadline)."""
+        return StageLog(stage, self.deadline)
+
+    def add(self, outcome: O) -> O:
+        """Collects a stage's outcome; returns it."""
+        self._outcomes.append(outcome)
+        return outcome
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        log = self.log(stage)
+        try:
+            with log.timed(stage):
+                yield
+        finally:
+            self.add(log.outcome())
+
+    def error(self, stage: str, exc: BaseException, *, degraded: str | None = None, note: str = "") -> None:
+        log = self.log(stage)
+        log.error(stage, exc, degraded=degraded, note=note)
+        self.add(log.outcome())
+
+    def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
+        log = self.log(stage)
+        log.error_message(stage, error, message, degraded)
+        self.add(log.outcome())
+
+    def parent_fetch(self, fetch: ParentFetch) -> None:
+        log = self.log("parent_fetch")
+        log.parent_fetch(fetch)
+        self.add(log.outcome())
+
+    def result(self, docs: Sequence[RetrievedDocument], *, dropped: int) -> RetrievalResult:
+        outcomes = self.outcomes
+        mode, status, degraded = run_mode(outcomes), run_status(outcomes), _degraded(outcomes)
+        searches = [o for o in outcomes if isinstance(o, SearchOutcome)]
+        fusions = [o for o in outcomes if isinstance(o, FusionOutcome)]
+        meta = RetrievalMeta(
+            query=self.query, top_k=self.top_k, candidate_k=self.candidate_k, status=status, mode=mode,
+            kb_ids=self.kb_ids, filters=self.filters_dict, dense_candidates=sum(o.dense for o in searches),
+            sparse_candidates=sum(o.sparse for o in searches),
+            fused_candidates=fusions[-1].fused if fusions else sum(o.fused for o in searches),
+            merge_rounds=tuple(self.merge_rounds), rerank=self.rerank, returned=len(docs), dropped_by_min_score=dropped,
+            timings_ms=self._timings(total=True), cache="miss", parent_cache=_parent_cache(outcomes),
+            errors=_errors(outcomes), degraded=degraded, strategy=self.strategy, query_variants=self.variants,
+            bm25_query=dict(self.bm25_query),
+        )  # fmt: skip
+        if status == "failed":
+            logger.error("retrieval failed for %r: %s", self.query[:80], "; ".join(f"{e.stage}: {e.message}" for e in meta.errors))
+        return RetrievalResult(docs=tuple(docs), meta=meta)
+
+    def uncached(self, result: RetrievalResult) -> RetrievalResult:
+        return replace(result, meta=replace(result.meta, cache="off"))
+
+    def with_cache_errors(self, result: RetrievalResult) -> RetrievalResult:
+        """A computed result, plus what the query cache reported after it was computed."""
+        meta = result.meta
+        errors = tuple(e for e in _errors(self.outcomes) if e not in meta.errors)
+        degraded = tuple(d for d in _degraded(self.outcomes) if d not in meta.degraded)
+        if not errors and not degraded:
+            return result
+        status = meta.status if meta.status == "failed" else "degraded"
+        return replace(result, meta=replace(meta, status=status, errors=meta.errors + errors, degraded=meta.degraded + degraded))
+
+    def from_cache(self, result: RetrievalResult, source: str) -> RetrievalResult:
+        """A result another call computed (``hit``: from the cache; ``shared``: a concurrent identical query)."""
+        timings = self._timings(total=False) | {"total": round((time.perf_counter() - self._started) * 1000, 3)}
+        return self.with_cache_errors(replace(result, meta=replace(result.meta, cache=source, timings_ms=timings)))
+
+    def _timings(self, *, total: bool) -> dict[str, float]:
+        summed: dict[str, list[float]] = {}
+        for outcome in self._outcomes:
+            for key, ms in outcome.timings_ms:
+                summed.setdefault(key, []).append(ms)
+        timings = {key: round(math.fsum(ms), 3) for key, ms in summed.items()}
+        if total:
+            timings["total"] = round((time.perf_counter() - self._started) * 1000, 3)
+        return timings
+
+
+def run_mode(outcomes: Sequence[StageOutcome]) -> Mode:
+    """The run's mode: the least capable mode among the searches that answered; ``failed`` when
+    none did (or none ran: the run stopped before searching)."""
+    answered = [o.mode for o in outcomes if isinstance(o, SearchOutcome) and o.mode != "failed"]
+    return max(answered, key=_MODES.index) if answered else "failed"
+
+
+def run_status(outcomes: Sequence[StageOutcome]) -> Status:
+    """``failed`` when no search answered; else ``degraded`` when any outcome gave a reason code (or
+    a ``fusion`` variant failed while others answered); else ``ok``."""
+    if run_mode(outcomes) == "failed":
+        return "failed"
+    return "degraded" if _degraded(outcomes) else "ok"
+
+
+def _degraded(outcomes: Sequence[StageOutcome]) -> tuple[str, ...]:
+    reasons = [reason for o in outcomes for reason in o.degraded]
+    searches = [o for o in outcomes if isinstance(o, SearchOutcome)]
+    if any(o.mode == "failed" for o in searches) and any(o.mode != "failed" for o in searches):
+        reasons.append(VARIANT_FAILED)
+    return tuple(dict.fromkeys(reasons))
+
+
+def _errors(outcomes: Sequence[StageOutcome]) -> tuple[StageError, ...]:
+    errors = [e for o in outcomes for e in o.errors]
+    searches = [o for o in outcomes if isinstance(o, SearchOutcome)]
+    if VARIANT_FAILED in _degraded(outcomes):
+        failed = [o.variant for o in searches if o.mode == "failed"]
+        errors.append(StageError(
+            stage="search", error="QueryVariantFailed",
+            message=f"{len(failed)} of {len(searches)} query variants failed (no route answered), fused without them: "
+            + "; ".join(repr(v[:80]) for v in failed),
+        ))  # fmt: skip
+    return tuple(errors)
+
+
+def _parent_cache(outcomes: Sequence[StageOutcome]) -> dict[str, int]:
+    counts = {"hits": 0, "misses": 0, "leaf_hits": 0, "leaf_misses": 0}
+    for outcome in outcomes:
+        for key, n in outcome.parent_cache:
+            counts[key] = counts.get(key, 0) + n
+    return counts
