@@ -12,6 +12,7 @@ from typing import Any
 
 from strata.cli.progress import make_progress
 from strata.config import ConfigError, Settings, with_overrides
+from strata.errors import NotFoundError
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 from strata.stores.milvus import LeafIndex
@@ -129,7 +130,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
     """Reports what differs between the stores (exit 1 when something does); ``--repair`` fixes it."""
-    report = Indexer(Resources(settings)).reconcile(args.kb, repair=args.repair).to_dict()
+    resources = Resources(settings)
+    _known_kb(resources, args.kb)
+    report = Indexer(resources).reconcile(args.kb, repair=args.repair).to_dict()
     if args.json:
         print(json.dumps(report, ensure_ascii=False, indent=2))
     else:
@@ -137,11 +140,19 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"kb {args.kb}: {report['leftover_versions']} unfinished or retired versions, "
             f"{report['missing_in_milvus']} leaves missing in Milvus, {report['orphans_in_milvus']} orphan leaves "
-            f"in Milvus, {cache} stale cache entries, {report['versions_without_term_stats']} versions without "
-            "term statistics" + (" - repaired" if report["repaired"] else "")
+            f"in Milvus, {cache} stale cache entries, {report['invalidations_pending']} failed cache invalidations "
+            f"recorded, {report['versions_without_term_stats']} versions without term statistics"
+            + (" - repaired" if report["repaired"] else "")
         )
         for note in report["notes"]:
             print(f"  note: {note}")
         if report["differences"] and not report["repaired"]:
             print("  run again with --repair to fix them")
     return 0 if report["repaired"] or not report["differences"] else 1
+
+
+def _known_kb(resources: Resources, kb_id: str) -> None:
+    """Raises ``NotFoundError`` (one line, naming the kbs there are) for a kb SQL does not know."""
+    if resources.documents.get_kb(kb_id) is None:
+        known = sorted(kb.kb_id for kb in resources.documents.list_kbs())
+        raise NotFoundError(f"no knowledge base {kb_id!r}; known: {', '.join(known) if known else 'none'}")

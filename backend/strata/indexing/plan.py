@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
@@ -61,6 +61,7 @@ def plan_changes(
     legacy_ok: bool = False,
     delete_missing: bool = False,
     force: bool = False,
+    marks: Mapping[str, int] | None = None,
 ) -> IndexPlan:
     """Compares the scanned files with stored versions.
 
@@ -68,10 +69,13 @@ def plan_changes(
     content with the same ``chunking`` (``legacy_ok``: versions stored before
     the chunking was part of the hash count when their plain content hash
     matches). ``force`` rewrites every file (``--recreate``). Anything else gets
-    the next free version number. With ``delete_missing``, see ``deletable``.
+    the next free version number: above every stored version and above its
+    ``marks`` entry (the highest version it ever served, deleted ones
+    included), so a version number, hence a chunk id, that served is never given again.
+    With ``delete_missing``, see ``deletable``.
     """
     active = {v.doc_id: v for v in versions if v.status == ACTIVE}
-    latest: dict[str, int] = {}
+    latest: dict[str, int] = dict(marks or {})
     for v in versions:
         latest[v.doc_id] = max(latest.get(v.doc_id, 0), v.version)
     to_write, unchanged = [], []

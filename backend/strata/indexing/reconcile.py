@@ -1,10 +1,11 @@
 """``strata reconcile``: compare the three stores of a kb with SQL, and repair them on request.
 
 SQL is the source of truth. Milvus must hold exactly the leaves of the active
-versions; the parent cache may hold only parents of active versions; every
-active version has its term statistics (BM25 query hygiene). Repair deletes
-orphan leaves, writes missing ones again (vectors from the embedding cache,
-encoding only what is not cached), drops stale cache entries and counts the
+versions; the parent cache may hold only parents of active versions, and no
+cache invalidation may be left recorded as failed; every active version has
+its term statistics (BM25 query hygiene). Repair deletes orphan leaves, writes
+missing ones again (vectors from the embedding cache, encoding only what is
+not cached), drops stale cache entries (the recorded ones too) and counts the
 terms of versions that lack them.
 """
 
@@ -36,6 +37,7 @@ class ReconcileReport:
     missing_in_milvus: int = 0
     orphans_in_milvus: int = 0
     stale_cache: int | None = 0  # None: the cache could not be read
+    invalidations_pending: int = 0  # cache entries of removed versions whose deletion failed (recorded in SQL)
     versions_without_term_stats: int = 0
     repaired: bool = False
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -44,7 +46,7 @@ class ReconcileReport:
     @property
     def differences(self) -> int:
         found = self.leftover_versions + self.missing_in_milvus + self.orphans_in_milvus + (self.stale_cache or 0)
-        return found + self.versions_without_term_stats
+        return found + self.versions_without_term_stats + self.invalidations_pending
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "differences": self.differences}
@@ -61,6 +63,7 @@ def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
     """The differences, without changing anything."""
     report = ReconcileReport(kb=kb_id)
     report.leftover_versions = sum(v.status != ACTIVE for v in resources.documents.versions(kb_id))
+    report.invalidations_pending = resources.documents.count_invalidations(kb_id)
     _fill(report, _diff(resources, kb_id, report))
     if _tokenizer(resources, report) is not None:
         report.versions_without_term_stats = len(resources.documents.uncounted_versions(kb_id))
@@ -70,6 +73,9 @@ def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
 def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0) -> ReconcileReport:
     """Makes Milvus and the cache agree with SQL; the report counts what was found (and fixed)."""
     report = ReconcileReport(kb=kb_id, leftover_versions=removed_versions, repaired=True)
+    report.invalidations_pending, error = retry_invalidations(resources, kb_id)
+    if error:
+        report.notes.append(f"recorded cache invalidations not done: {error}")
     diff = _diff(resources, kb_id, report)
     _fill(report, diff)
     if diff.orphans:
@@ -87,6 +93,20 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
         report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
         resources.documents.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
     return report
+
+
+def retry_invalidations(resources: Resources, kb_id: str) -> tuple[int, str | None]:
+    """Deletes the kb's cache entries whose invalidation failed earlier; returns (how many were
+    recorded, the cache's error if they are still there)."""
+    documents = resources.documents
+    pending = documents.pending_invalidations(kb_id)
+    if not pending:
+        return 0, None
+    error = resources.parents.invalidate([(kb_id, cid) for cid in pending])
+    if error is None:
+        documents.clear_invalidations(kb_id, pending)
+        logger.info("deleted %d cache entries of %s whose invalidation had failed", len(pending), kb_id)
+    return len(pending), error
 
 
 def _tokenizer(resources: Resources, report: ReconcileReport) -> Tokenize | None:

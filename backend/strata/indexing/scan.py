@@ -7,19 +7,25 @@ to load, and an entry that exists but cannot be read (a dangling symlink, a
 symlink loop, a FIFO), is reported as a failure and keeps its active version;
 entries not indexed on purpose (unsupported types, symlinked folders) are
 listed as skipped. Every entry but a hidden one is accounted for in the report.
+
+A document id is the path relative to its root (or a front-matter ``doc_id``),
+so two folders indexed into one kb can name the same id (``teamA/README.md``
+and ``teamB/README.md`` are both ``README.md``). ``without_root_conflicts``
+refuses the second one, naming both files, instead of replacing the first.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
 from strata.indexing.plan import Scan
 from strata.indexing.report import IndexReport, record_failure
-from strata.types import SourceDocument
+from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
 
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
@@ -103,3 +109,51 @@ def _load(
         kept.add(source)
         return None
     return doc
+
+
+def without_root_conflicts(scan: Scan, versions: Iterable[DocumentVersion], report: IndexReport) -> Scan:
+    """``scan`` without the documents whose id an active document of another root holds (each a failure
+    naming both files; the indexed one keeps serving and ``--delete-missing`` leaves it alone)."""
+    active = {v.doc_id: v for v in versions if v.status == ACTIVE}
+    refused: set[str] = set()
+    for doc in scan.docs:
+        previous = active.get(doc.doc_id)
+        root = scan.roots.get(doc.doc_id, "")
+        if previous is not None and _other_document(previous, root, doc.source):
+            old, new = _shown(previous.root, previous.source), _shown(root, doc.source)
+            record_failure(
+                report, new,
+                f"document id {doc.doc_id!r} is already indexed from {old}, another folder; not replaced. Index each "
+                "folder into a kb of its own, index their common parent folder, or delete the indexed one first",
+            )  # fmt: skip
+            refused.add(doc.doc_id)
+    if not refused:
+        return scan
+    docs = tuple(d for d in scan.docs if d.doc_id not in refused)
+    return replace(scan, docs=docs, kept=scan.kept | refused)
+
+
+def _other_document(previous: DocumentVersion, root: str, source: str) -> bool:
+    """True when ``root``/``source`` is not the file ``previous`` was indexed from, nor where it moved.
+
+    A root recorded before roots were (``""``) matches anything. A local root (an absolute path) whose
+    file is gone means the folder moved (or an upload's temporary folder was removed): the same document.
+    A folder of the same name elsewhere is the same folder copied (a checkout or CI workspace at a new
+    path, a copied data dir): its documents are updated, as before. A root named by a client (an
+    upload) has nothing on disk to look at: another name is another folder.
+    """
+    if not previous.root or previous.root == root:
+        return False
+    old = Path(previous.root) / previous.source
+    if os.path.isabs(previous.root) and not os.path.lexists(old):
+        return False
+    if os.path.isabs(previous.root) and os.path.isabs(root) and Path(previous.root).name == Path(root).name:
+        return False
+    try:
+        return not os.path.samefile(old, Path(root) / source)
+    except OSError:
+        return True
+
+
+def _shown(root: str, source: str) -> str:
+    return str(Path(root) / source) if root else source

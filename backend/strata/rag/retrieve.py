@@ -202,6 +202,8 @@ class Retriever:
     ) -> RetrievalResult:  # fmt: skip
         if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
             return _expanded(run.result([], dropped=0), expansion)  # no search ran: failed
+        if not self._leaf_index_opens(run):
+            return _expanded(run.result([], dropped=0), expansion)
         where = self._where(run, state)
         searched = self._bm25_hygiene.apply(run, state, expansion, plan.routes)  # the BM25 text, pruned
         if plan.multi_query:
@@ -218,6 +220,22 @@ class Retriever:
         candidates, reranked = self._rerank(run, candidates, reranker)
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
+
+    def _leaf_index_opens(self, run: RunState) -> bool:
+        """A Milvus Lite file another process holds (``IndexLockedError``, e.g. during ``strata index``) is
+        the query's failure, named in the meta record: no route can search without it, and finding out
+        costs no network. Otherwise the encoder would spend the deadline first (the machine busy indexing)
+        and the record would blame it, the lock error lost in the warm-up's log or a search abandoned at
+        the deadline. A server's connection errors surface in the search stage as before."""
+        if not self._res.settings.milvus.is_lite:
+            return True
+        with run.timed("search"):
+            try:
+                self._res.leaf_index  # noqa: B018 - opens it once; afterwards a cached attribute
+            except Exception as exc:
+                run.error("search", exc, degraded="leaf_index_unavailable")
+                return False
+        return True
 
     def _search_variants(self, run: RunState, where: str, expansion: Expansion, routes: str) -> list[Candidate]:
         """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF.

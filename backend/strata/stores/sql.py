@@ -12,6 +12,7 @@ from __future__ import annotations
 from strata.config import DatabaseSettings
 from strata.stores.chunks import Chunks
 from strata.stores.embedding_cache import EmbeddingCache
+from strata.stores.invalidations import CacheInvalidations
 from strata.stores.knowledge_bases import KnowledgeBases
 from strata.stores.schema_version import open_schema
 from strata.stores.sql_database import SqlDatabase
@@ -22,8 +23,9 @@ from strata.types import ACTIVE, PENDING, RETIRED, DocumentVersion, KnowledgeBas
 __all__ = ["ACTIVE", "PENDING", "RETIRED", "DocumentStore", "DocumentVersion", "KnowledgeBase", "ServingState"]
 
 
-class DocumentStore(KnowledgeBases, DocumentVersions, Chunks, TermStatistics, EmbeddingCache):
-    """Knowledge bases, document versions, chunks, term statistics and the embedding cache of one database."""
+class DocumentStore(KnowledgeBases, DocumentVersions, Chunks, TermStatistics, EmbeddingCache, CacheInvalidations):
+    """Knowledge bases, document versions, chunks, term statistics, the embedding cache and the
+    cache invalidations still to do, of one database."""
 
     def __init__(self, settings: DatabaseSettings) -> None:
         db = SqlDatabase(settings)

@@ -110,6 +110,22 @@ kb_embeddings = Table(
     Column("vector", LargeBinary, nullable=False),
 )
 
+version_marks = Table(
+    "strata_version_marks",
+    metadata,
+    Column("kb_id", String(256), primary_key=True),
+    Column("doc_id", String(2048), primary_key=True),
+    Column("last_version", Integer, nullable=False, comment="highest version of the document ever activated; outlives its deletion"),
+)
+
+cache_invalidations = Table(
+    "strata_cache_invalidations",
+    metadata,
+    Column("kb_id", String(256), primary_key=True),
+    Column("chunk_id", String(64), primary_key=True),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 kb_leases = Table(
     "strata_kb_leases",
     metadata,

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from strata.stores.chunks import chunk_row
 from strata.stores.knowledge_bases import bump_generation
 from strata.stores.sql_database import IN_BATCH, INSERT_BATCH, SqlPart
-from strata.stores.sql_schema import chunks, documents, version_terms
+from strata.stores.sql_schema import chunks, documents, version_marks, version_terms
 from strata.stores.term_stats import drop_absent_terms, insert_version_terms, start_serving, stop_serving
 from strata.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion
 
@@ -32,6 +32,17 @@ class DocumentVersions(SqlPart):
         with self._connect() as conn:
             rows = conn.execute(query.order_by(documents.c.doc_id, documents.c.version)).all()
         return [_version(r) for r in rows]
+
+    def version_marks(self, kb_id: str) -> dict[str, int]:
+        """The highest version each document of a kb was ever given, deleted ones included: doc id -> version.
+
+        The mark rises when a version is activated: a new version is numbered above it, so a version that
+        ever served (and may be in a cache) never has its number, hence its chunk ids, given again. A
+        version that never served (left pending by a crash or a failed check) may be: a rerun rewrites it.
+        """
+        query = select(version_marks.c.doc_id, version_marks.c.last_version).where(version_marks.c.kb_id == kb_id)
+        with self._connect() as conn:
+            return {row.doc_id: row.last_version for row in conn.execute(query)}
 
     def write_pending(
         self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None
@@ -68,6 +79,7 @@ class DocumentVersions(SqlPart):
                     stop_serving(conn, kb_id, doc_id, old)
                 if version not in serving.get(doc_id, set()):
                     start_serving(conn, kb_id, doc_id, version)
+                _raise_mark(conn, kb_id, doc_id, version)
                 doc = and_(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id)
                 conn.execute(update(documents).where(doc, documents.c.version != version).values(status=RETIRED))
                 conn.execute(update(documents).where(doc, documents.c.version == version).values(status=ACTIVE))
@@ -141,6 +153,16 @@ def _serving_versions(conn: Connection, kb_id: str, doc_ids: Sequence[str]) -> d
         for row in conn.execute(query):
             found.setdefault(row.doc_id, set()).add(row.version)
     return found
+
+
+def _raise_mark(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
+    """The document's version mark becomes ``version`` if that is higher (one indexer per kb: its lease)."""
+    doc = and_(version_marks.c.kb_id == kb_id, version_marks.c.doc_id == doc_id)
+    mark = conn.execute(select(version_marks.c.last_version).where(doc)).scalar()
+    if mark is None:
+        conn.execute(version_marks.insert().values(kb_id=kb_id, doc_id=doc_id, last_version=version))
+    elif mark < version:
+        conn.execute(update(version_marks).where(doc).values(last_version=version))
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
