@@ -9,9 +9,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from strata.encoders import tune_openmp
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from strata.stores.milvus import LeafIndex
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -49,3 +54,26 @@ def quiet_logging() -> None:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def native_hybrid_search(
+    index: LeafIndex, vector: np.ndarray, text: str, *, limit: int, route_limit: int, kb: str, rrf_k: int = 60,
+    with_text: bool = True,
+) -> list[Any]:  # fmt: skip
+    """The baseline, what a hand-rolled script gets: Milvus's own ``hybrid_search`` with ``RRFRanker``
+    over a kb's two routes, through the client (leaves with their text, or ids only with ``with_text=False``)."""
+    from pymilvus import AnnSearchRequest, RRFRanker
+
+    from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit, route_fields, route_hit
+
+    partitions, where = index._partitions_for([kb]), index._where([kb], "")
+    ef = max(index._settings.search_ef, route_limit)
+    requests = [
+        AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=where),
+        AnnSearchRequest([text], "sparse", {}, route_limit, expr=where),
+    ]
+    hits = index._client.hybrid_search(
+        index._name, requests, RRFRanker(rrf_k), limit=limit, partition_names=partitions,
+        output_fields=SCALAR_FIELDS if with_text else route_fields(False), timeout=index._search_timeout,
+    )[0]  # fmt: skip
+    return [leaf_hit(h, h["distance"]) if with_text else route_hit(h, h["distance"]) for h in hits]

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from _bench import CMRC, machine, p, quiet_logging, timed_ms
+from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 
 from strata.cli.progress import make_progress
 from strata.config import load_settings
@@ -52,6 +52,7 @@ from strata.evaluation.runner import build_index, eval_settings, sampled_queries
 from strata.rag.route_fusion import rrf_fuse
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
+from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafIndex
 from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 
@@ -111,12 +112,13 @@ def search_stage(retriever: Retriever, resources: Resources, questions: list[str
     route_limit = cfg.route_limit(candidate_k)
     client = LeafIndex(resources.settings.milvus.model_copy(update={"lite_in_process": False}),
                        encoder_name=resources.encoder.name, dim=resources.encoder.dim)  # fmt: skip
-    assert index.in_process and not client.in_process, "the in-process engine was not found"
+    assert LiteEngine(str(resources.settings.milvus.uri), resources.settings.milvus.collection).available(), \
+        "the in-process engine was not found"
     before, native_ids, via_client, in_process, engine = [], [], [], [], []
     for n, (question, vector) in enumerate(zip(questions, vectors)):
         t_before, _ = timed_ms(lambda: before_change(index, vector, question, candidate_k, kb))
-        t_native, _ = timed_ms(lambda: index.hybrid_search_raw(
-            vector, question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k, with_text=False))
+        t_native, _ = timed_ms(lambda: native_hybrid_search(
+            index, vector, question, limit=candidate_k, route_limit=route_limit, kb=kb, rrf_k=cfg.rrf_k, with_text=False))
         t_client, _ = timed_ms(lambda: two_routes(client, vector, question, route_limit, kb))
         t_in_process, _ = timed_ms(lambda: two_routes(index, vector, question, route_limit, kb))
         result = retriever.retrieve(question, top_k, kb_ids=[kb])
@@ -138,7 +140,7 @@ def search_stage(retriever: Retriever, resources: Resources, questions: list[str
 
 
 def two_routes(index: LeafIndex, vector: np.ndarray, question: str, limit: int, kb: str) -> None:
-    index.search_dense(vector, limit=limit, kb_ids=[kb])
+    index.search_dense_many([vector], limit=limit, kb_ids=[kb])
     index.search_sparse(question, limit=limit, kb_ids=[kb])
 
 
@@ -162,8 +164,8 @@ def overhead(retriever: Retriever, resources: Resources, questions: list[str], t
     enc, native, full, parts = [], [], [], []
     for n, question in enumerate(questions):
         t_enc, vecs = timed_ms(lambda: encoder.encode_queries([question]))
-        t_native, _ = timed_ms(lambda: index.hybrid_search_raw(
-            vecs[0], question, limit=candidate_k, route_limit=route_limit, kb_ids=[kb], rrf_k=cfg.rrf_k))
+        t_native, _ = timed_ms(lambda: native_hybrid_search(
+            index, vecs[0], question, limit=candidate_k, route_limit=route_limit, kb=kb, rrf_k=cfg.rrf_k))
         t_full, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=[kb]))
         assert result.meta.status == "ok", result.meta.errors
         if n >= WARMUP:

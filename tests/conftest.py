@@ -443,3 +443,11 @@ def _hermetic_environment() -> None:
     # A query's default deadline (2.5 s) is a production figure; a test process on a loaded 2-core machine
     # gets a generous one so that only the tests of the deadline see it expire (they set their own).
     os.environ[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS
+@pytest.fixture
+def retriever_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test registers retrievers (``register_retriever``) in a copy of the registry, gone afterwards."""
+    from strata.rag import registry
+
+    monkeypatch.setattr(registry, "_factories", dict(registry._factories))
+
+

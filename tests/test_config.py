@@ -337,7 +337,7 @@ def test_an_unknown_key_of_strata_toml_stops_start_up(clean_env: Path) -> None:
 
 
 def test_variables_that_are_not_settings_are_allowed_by_name(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("STRATA_TEST_KILL_AT", "STRATA_TEST_ANYTHING", "STRATA_API_KEY", "STRATA_ENCODER", "STRATA_CONFIG"):
+    for name in ("STRATA_TEST_PG_URL", "STRATA_TEST_ANYTHING", "STRATA_API_KEY", "STRATA_ENCODER", "STRATA_CONFIG"):
         monkeypatch.setenv(name, "x" if name != "STRATA_CONFIG" else str(clean_env / "absent.toml"))
     monkeypatch.setenv("STRATA_API__KEYS__reader__KBS", '["kb1"]')  # a key under a mapping setting
     monkeypatch.setenv("strata_milvus__hnsw_m", "8")  # variables are case-insensitive

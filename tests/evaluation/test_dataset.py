@@ -16,7 +16,6 @@ from strata.evaluation.dataset import (
     Query,
     article_markdown,
     load_squad,
-    paragraph_doc_ids,
     subsample,
     write_corpus,
 )
@@ -113,9 +112,10 @@ def test_load_squad_queries_and_gold(tiny_squad: Path) -> None:
     ]
 
 
-def test_paragraph_to_article_map(tiny_squad: Path) -> None:
+def test_paragraphs_belong_to_their_articles(tiny_squad: Path) -> None:
     articles, _ = load_squad(tiny_squad)
-    assert paragraph_doc_ids(articles) == {"PAR_A1": "ART_A", "ART_A_1": "ART_A", "42": "1"}
+    found = {p.paragraph_id: a.doc_id for a in articles for p in a.paragraphs}
+    assert found == {"PAR_A1": "ART_A", "ART_A_1": "ART_A", "42": "1"}
 
 
 def test_duplicate_paragraph_ids_are_refused(tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_cmrc2018_subset_counts() -> None:
     assert len(articles) == 100
     assert sum(len(a.paragraphs) for a in articles) == 100
     assert len(queries) == 418
-    assert len(paragraph_doc_ids(articles)) == 100
+    assert len({p.paragraph_id for a in articles for p in a.paragraphs}) == 100
     assert articles[0].doc_id == "DEV_0"
     assert queries[0].answers == ("光荣和ω-force",)  # three identical answers collapse
 

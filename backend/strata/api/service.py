@@ -23,6 +23,7 @@ from strata.encoders.model_folder import check_encoder_loads
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
 from strata.rag.expansion import SynonymDictionary, load_synonyms
+from strata.rag.rerank import Reranker
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
@@ -131,18 +132,15 @@ class Service:
         }  # fmt: skip
 
     @property
-    def reranker(self) -> Any:
-        """The configured reranker or None (the retriever owns it; older engines kept it on ``Resources``)."""
-        owner = self.retriever if hasattr(self.retriever, "reranker") else self.resources
-        return getattr(owner, "reranker", None)
+    def reranker(self) -> Reranker | None:
+        """The configured reranker or None (the retriever owns it)."""
+        return self.retriever.reranker
 
     def close(self) -> None:
         """Stops indexing runs (a parse in progress is killed), waits for them to unwind, then closes."""
         self.indexer.stop()
         self._wait_for_writers(WRITERS_GRACE_S)
-        closer = getattr(self.retriever, "close", None)
-        if closer is not None:
-            closer()
+        self.retriever.close()
         if self.owns_resources:
             self.resources.close()
 

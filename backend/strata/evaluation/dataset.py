@@ -94,11 +94,6 @@ def load_squad(path: Path) -> tuple[list[Article], list[Query]]:
     return articles, queries
 
 
-def paragraph_doc_ids(articles: Iterable[Article]) -> dict[str, str]:
-    """SPEC §2's map ``paragraph_id -> doc_id``."""
-    return {p.paragraph_id: a.doc_id for a in articles for p in a.paragraphs}
-
-
 def subsample(queries: Sequence[Query], n: int | None, seed: int = SUBSAMPLE_SEED) -> list[Query]:
     """SPEC §3's fixed subsample of ``n`` queries, in file order.
 

@@ -173,10 +173,6 @@ class MetricsReport:
         """JSON-safe mapping keyed by field name."""
         return asdict(self)
 
-    def to_row(self, columns: Sequence[Column] | None = None) -> dict[str, float | int | None]:
-        """Values keyed by table column label (``ans@5``, ``MRR@10``…); all columns by default."""
-        return {c.label: getattr(self, c.field) for c in (columns or ALL_COLUMNS)}
-
 
 def summarize(outcomes: Sequence[QueryOutcome]) -> MetricsReport:
     """Average every SPEC §5 metric over the queries' outcomes."""

@@ -23,13 +23,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
-import signal
 import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from strata.config import ChunkingSettings
 from strata.errors import StoreError
@@ -50,9 +48,8 @@ from strata.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
 
 logger = logging.getLogger(__name__)
 
-KILL_ENV = "STRATA_TEST_KILL_AT"
 WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
-ENCODER_BATCH = "encoder_batch"  # a checkpoint after each encoder batch is cached (``encoder_batch:3``: the third)
+ENCODER_BATCH = "encoder_batch"  # a step passed after each encoder batch is cached
 
 
 def chunking_signature(settings: ChunkingSettings) -> str:
@@ -64,10 +61,13 @@ class Indexer:
     """Indexes folders into one knowledge base, incrementally, holding the kb's lease while it writes."""
 
     def __init__(
-        self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0, kb_only_notes: bool = False
+        self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0, kb_only_notes: bool = False,
+        after_write_step: Callable[[str], None] | None = None,
     ) -> None:
         """``kb_only_notes``: the report names nothing learned from other kbs (the service, whose keys may be
-        scoped to some kbs); without it the notes may name what the collection's BM25 dictionary lacks."""
+        scoped to some kbs); without it the notes may name what the collection's BM25 dictionary lacks.
+        ``after_write_step`` is called with the name of each step (``WRITE_STEPS``, ``ENCODER_BATCH``) right
+        after it: the crash tests' seam (tests/kill_at_launcher.py kills the process there)."""
         self._res = resources
         self._kb_only_notes = kb_only_notes
         self._chunking = resources.settings.chunking
@@ -79,8 +79,7 @@ class Indexer:
         self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
         self._lease_ttl_s = lease_ttl_s
         self._leases: dict[str, KbLease] = {}
-        self._kill_at = os.environ.get(KILL_ENV, "")
-        self._passed: dict[str, int] = {}  # checkpoint -> times passed
+        self._after_write_step = after_write_step
         self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
         if why_not:
             logger.info(why_not)
@@ -403,12 +402,8 @@ class Indexer:
         return frozenset(Catalog(self._res.documents.engine).vocabulary([kb_id]).terms)
 
     def _checkpoint(self, step: str) -> None:
-        """Crash-test hook: ``STRATA_TEST_KILL_AT=<step>`` kills the process right after ``step``,
-        ``<step>:<n>`` right after the n-th time the run passes ``step``."""
-        self._passed[step] = self._passed.get(step, 0) + 1
-        if self._kill_at in (step, f"{step}:{self._passed[step]}"):
-            logger.warning("%s=%s: killing the indexer", KILL_ENV, step)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self._after_write_step is not None:
+            self._after_write_step(step)
 
 
 def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:

@@ -63,12 +63,6 @@ def register_retriever(name: str, factory: RetrieverFactory, *, replace: bool = 
         _factories[name] = factory
 
 
-def unregister_retriever(name: str) -> None:
-    """Forgets ``name`` (nothing happens when it is not registered)."""
-    with _lock:
-        _factories.pop(name, None)
-
-
 def available_retrievers() -> tuple[str, ...]:
     """The registered names, sorted."""
     with _lock:

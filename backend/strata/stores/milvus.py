@@ -94,11 +94,6 @@ class LeafIndex(LeafSearch):
             raise StoreError(f"Milvus collection {self._name!r} could not be opened: {exc}") from exc
 
     @property
-    def in_process(self) -> bool:
-        """Whether the route searches run on Milvus Lite's engine in this process (no gRPC round trip)."""
-        return self._engine is not None and self._engine.available()
-
-    @property
     def analyzer_tokenizer(self) -> str:
         tokenizer = self._settings.analyzer.get("tokenizer")
         return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")

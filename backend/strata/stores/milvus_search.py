@@ -1,4 +1,4 @@
-"""The searches of the leaf index: ids and scores per route, leaves by id, Milvus's own hybrid search.
+"""The searches of the leaf index: ids and scores per route, leaves by id.
 
 ``LeafSearch`` is the search half of ``LeafIndex`` (``strata.stores.milvus``),
 which supplies the client call, the partition lookup and the timeouts. The
@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from pymilvus import AnnSearchRequest, RRFRanker
 
 from strata.config import MilvusSettings
 from strata.stores import filters as expr
-from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_chunk, leaf_hit, route_fields, route_hit
+from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_chunk, route_fields, route_hit
 from strata.stores.lite_engine import LiteEngine
-from strata.types import Chunk, LeafHit, RouteHit
+from strata.types import Chunk, RouteHit
 
 
 class LeafSearch:
@@ -29,7 +28,6 @@ class LeafSearch:
 
     _name: str
     _settings: MilvusSettings
-    _search_timeout: float
     _engine: LiteEngine | None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
@@ -39,13 +37,6 @@ class LeafSearch:
     def _where(self, kb_ids: Sequence[str] | None, where: str) -> str: ...
 
     def _cut(self, timeout: float | None) -> float: ...
-
-    def search_dense(
-        self, vector: np.ndarray, *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[RouteHit]:  # fmt: skip
-        """Top leaves by inner product with ``vector``: ids and scores, no text (``search_dense_many`` of one)."""
-        return self.search_dense_many([vector], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)[0]
 
     def search_dense_many(
         self, vectors: Sequence[np.ndarray], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
@@ -124,27 +115,3 @@ class LeafSearch:
             )  # fmt: skip
             found.update((str(r["chunk_id"]), leaf_chunk(r)) for r in rows)
         return found
-
-    def hybrid_search_raw(
-        self, vector: np.ndarray, text: str, *, limit: int, route_limit: int, kb_ids: Sequence[str] | None,
-        where: str = "", rrf_k: int = 60, with_text: bool = True,
-    ) -> list[LeafHit] | list[RouteHit]:  # fmt: skip
-        """Milvus's own ``hybrid_search`` with ``RRFRanker``: the benchmark baseline (leaves with their
-        text, or only ids with ``with_text=False``)."""
-        partitions = self._partitions_for(kb_ids)
-        if partitions == []:
-            return []
-        ef = max(self._settings.search_ef, route_limit)
-        full_where = self._where(kb_ids, where)
-        requests = [
-            AnnSearchRequest([np.asarray(vector, dtype=np.float32).tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=full_where),
-            AnnSearchRequest([text], "sparse", {}, route_limit, expr=full_where),
-        ]  # fmt: skip
-        result = self._call(
-            "hybrid_search", self._name, requests, RRFRanker(rrf_k), limit=limit,
-            output_fields=SCALAR_FIELDS if with_text else route_fields(False), partition_names=partitions,
-            timeout=self._search_timeout,
-        )  # fmt: skip
-        if not with_text:
-            return [route_hit(h, h["distance"]) for h in result[0]]
-        return [leaf_hit(h, h["distance"]) for h in result[0]]
