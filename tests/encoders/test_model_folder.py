@@ -17,6 +17,7 @@ from strata.errors import ConfigError, EncoderError
 from tests.strata_support import run_strata, strata_env
 
 
+@pytest.mark.slow
 def test_strata_serve_with_a_missing_model_folder_exits_with_one_line_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "models" / "bge-m3"
     env = strata_env(tmp_path / "data", STRATA_EMBEDDING__PROVIDER="bge-m3", STRATA_EMBEDDING__MODEL=str(missing))

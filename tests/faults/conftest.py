@@ -26,7 +26,7 @@ from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB, free_port, migrated
-from tests.rag.test_retrieve import make_settings
+from tests.strata_support import make_settings
 
 PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 

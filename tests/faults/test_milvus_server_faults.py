@@ -35,7 +35,7 @@ from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests import conftest
 from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port, milvus_answers
-from tests.rag.test_retrieve import RESET_QUERY, make_settings
+from tests.strata_support import RESET_QUERY, make_settings
 from tests.strata_support import REPO, STRATA, opened, settings_for, strata_env
 
 pytestmark = pytest.mark.milvus_server

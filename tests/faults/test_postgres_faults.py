@@ -20,7 +20,7 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests.faults.conftest import PrivatePostgres, with_sections
-from tests.rag.test_retrieve import RESET_QUERY, texts
+from tests.strata_support import RESET_QUERY, texts
 
 UNCACHED_QUERY = "How do I filter search results by tag?"
 

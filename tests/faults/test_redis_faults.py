@@ -8,7 +8,6 @@ while it is down. A private ``redis-server`` takes the faults.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from strata.config import Settings
@@ -17,7 +16,7 @@ from strata.resources import Resources
 from strata.stores.parents import ParentStore
 from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
-from tests.rag.test_retrieve import RESET_QUERY, texts
+from tests.strata_support import RESET_QUERY, texts, wait_for
 
 OTHER_QUERY = "How do I filter search results by tag?"
 THIRD_QUERY = "How are backups restored?"
@@ -33,6 +32,11 @@ def service_on(settings: Settings, encoder: Any, *, retry_after_s: float = BYPAS
 def assert_clean(result: RetrievalResult) -> None:
     assert (result.meta.status, result.meta.mode, result.meta.degraded) == ("ok", "hybrid", ()), result.meta.errors
     assert result.docs and result.meta.errors == ()
+
+
+def wait_for_the_bypass_to_end(service: Retriever) -> None:
+    """Redis is tried again once the breaker's ``retry_after_s`` has run out."""
+    assert wait_for(lambda: not service.resources.redis_breaker.is_open, within_s=BYPASS_S + 30)
 
 
 def cache_errors(result: RetrievalResult, stage: str) -> list[str]:
@@ -59,7 +63,7 @@ def test_redis_killed_then_restarted(demo_kb: Settings, memo_encoder: Any, priva
     assert parents.cache_errors == 1
 
     private_redis.start()  # same port, empty
-    time.sleep(BYPASS_S + 0.1)  # the bypass after the error has run out
+    wait_for_the_bypass_to_end(service)
     refilled = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(refilled)
     assert refilled.meta.parent_cache["misses"] > 0  # the restarted Redis was empty: SQL, then backfill
@@ -92,7 +96,7 @@ def test_redis_paused_costs_one_socket_timeout_then_is_bypassed(demo_kb: Setting
     assert any("bypassed" in m for m in cache_errors(bypassed, "parent_cache")), bypassed.meta.errors
     assert parents.cache_errors == 1, "only the first request waited for the socket timeout"
 
-    time.sleep(BYPASS_S + 0.1)
+    wait_for_the_bypass_to_end(service)
     back = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(back)
     assert back.meta.parent_cache == warm.meta.parent_cache  # the entries written before the pause serve again
@@ -117,7 +121,7 @@ def test_query_cache_unavailable_only_while_redis_is(demo_kb: Settings, memo_enc
     assert service.retrieve(RESET_QUERY, 5, kb_ids=["demo"]).meta.cache == "hit"  # the in-process LRU still answers
 
     private_redis.start()
-    time.sleep(BYPASS_S + 0.1)
+    wait_for_the_bypass_to_end(service)
     computed = service.retrieve(THIRD_QUERY, 5, kb_ids=["demo"])
     other_process, _ = service_on(settings, memo_encoder)  # an empty in-process LRU: only Redis can answer it
     shared = other_process.retrieve(THIRD_QUERY, 5, kb_ids=["demo"])

@@ -40,6 +40,7 @@ def active(resources: Any, kb: str) -> dict[str, int]:
 # -- item 1: a mistyped path, a broken file, other roots, --recreate ---------------------------
 
 
+@pytest.mark.slow
 def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, milvus_target: MilvusTarget) -> None:
     env = strata_env(tmp_path / "data", **milvus_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
@@ -154,6 +155,7 @@ def test_a_document_that_failed_during_a_rechunk_is_rechunked_next_run(tmp_path:
 # -- item 5: two indexers on one kb -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_indexer_on_the_same_kb_fails_at_once_naming_the_holder(tmp_path: Path, pg_url: str) -> None:
     """Two indexers sharing PostgreSQL (as on a Milvus server, where no file lock exists)."""
     kb = f"leased-{uuid.uuid4().hex[:8]}"
@@ -194,6 +196,7 @@ def test_an_expired_lease_is_taken_over(tmp_path: Path, memo_encoder) -> None:
     (["query", "x", "--top-k", "0"], "top_k must be an integer from 1 to 50"),
     (["query", "x", "--top-k", "51"], "STRATA_RETRIEVAL__MAX_TOP_K"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str) -> None:
     done = run_strata(args, strata_env(tmp_path / "data"))
     assert done.returncode == 2
@@ -201,6 +204,7 @@ def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
     tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
 ) -> None:

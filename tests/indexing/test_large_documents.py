@@ -149,6 +149,7 @@ def test_stats_of_a_kb_counts_without_loading_rows(
     assert materialized == [], "Milvus Lite materialised leaf rows to count them"
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_three_encoder_batches_encodes_only_the_rest_on_the_rerun(tmp_path: Path) -> None:
     docs = write_files(tmp_path / "docs", {"guide.md": many_leaves(20)})
     env = strata_env(tmp_path / "data", STRATA_EMBEDDING__BATCH_SIZE="4")

@@ -9,7 +9,7 @@ from typing import Any
 from strata.config import Settings, load_settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.rag.test_retrieve import texts
+from tests.strata_support import texts
 from tests.strata_support import opened, write_files
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from strata.config import load_settings
 from strata.indexing.pipeline import Indexer
 from tests.strata_support import opened, run_strata, strata_env, write_files
@@ -44,6 +46,7 @@ def bm25_sources(docs: Path, data_dir: Path) -> set[str]:
     return {d["metadata"]["source"] for d in json.loads(done.stdout)["docs"]}
 
 
+@pytest.mark.slow
 def test_the_dictionary_makes_a_term_one_token(tmp_path: Path) -> None:
     """In exact mode the effect is visible: with the skill point in the dictionary, "两步验证" is one token
     only the security page holds; without it (no front-matter), jieba splits it and the other page's

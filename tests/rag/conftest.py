@@ -12,7 +12,7 @@ from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB, MilvusTarget
 from tests.rag.rerank_server import RerankServer, unused_port
-from tests.rag.test_retrieve import make_settings
+from tests.strata_support import make_settings
 
 
 def examples_kb(root: Path, encoder: Any, target: MilvusTarget = MilvusTarget("lite")) -> Resources:

@@ -1,8 +1,8 @@
 """The per-request deadline: a hanging encoder, Milvus or reranker costs a query its deadline, not a hang.
 
-Real Milvus Lite + SQLite, real HTTP servers that hang. Bounds on elapsed time
-are loose (many times the deadline) so they prove "no hang" without flaking on a
-loaded machine; the meta record says which stage ran out.
+Real Milvus Lite + SQLite, real HTTP servers that hang. No test measures elapsed
+time (that flakes on a loaded machine): the meta record says which stage ran out
+and why, and a stage that waited for its own 60 s timeout would say so instead.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from strata.errors import StoreError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.rag.test_retrieve import RESET_QUERY
+from tests.strata_support import RESET_QUERY
 
 HANG_S = 60.0
 
@@ -73,14 +73,13 @@ def test_a_hanging_encoder_gives_bm25_results_within_the_deadline(demo: Settings
         encoder = HangingQueryEncoder(memo_encoder, server.base_url + "/v1")
         engine = Retriever(Resources(with_deadline(demo, 1000), encoder=encoder))
         engine._warm = True  # the warm-up would wait for the hung encoder too; this test is about the query
-        started = time.monotonic()
         result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
-        elapsed = time.monotonic() - started
     meta = result.meta
     assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and result.docs
     assert {"query_encoder_failed", "deadline_exceeded"} <= set(meta.degraded)
-    assert elapsed < HANG_S / 4  # no hang: the encoder's own 60 s timeout was never waited for
-    assert meta.timings_ms["encode"] < 1000  # the encoder got its share of the deadline, not more
+    # the engine gave up on the encoder at its share of the deadline; the encoder's own 60 s timeout would
+    # have ended in an EncoderError naming the timeout instead
+    assert {e.error for e in meta.errors if e.stage == "encode"} == {"DeadlineExceeded"}, meta.errors
 
 
 def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: Settings, memo_encoder) -> None:
@@ -89,13 +88,12 @@ def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: 
     resources.__dict__["leaf_index"] = stalled
     engine = Retriever(resources)
     engine._warm = True
-    started = time.monotonic()
     result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
-    elapsed = time.monotonic() - started
     assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")
     assert "deadline_exceeded" in result.meta.degraded
-    assert stalled.timeouts and all(t <= 0.8 for t in stalled.timeouts)  # each search got what was left
-    assert elapsed < HANG_S / 4
+    # no hang: each search was given what was left of the 0.8 s (a stalled search lasts its timeout, not 60 s)
+    assert stalled.timeouts and all(t <= 0.8 for t in stalled.timeouts)
+    assert {e.error for e in result.meta.errors} & {"StoreError", "DeadlineExceeded"}, result.meta.errors
 
 
 def test_a_hanging_reranker_keeps_the_fused_order_within_the_deadline(demo: Settings, memo_encoder) -> None:

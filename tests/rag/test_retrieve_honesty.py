@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import redis
 from pydantic import SecretStr
-from sqlalchemy import create_engine
 
 from strata.config import Settings
 from strata.encoders.openai_http import OpenAIEmbeddingEncoder
@@ -24,30 +23,9 @@ from strata.rag.fingerprint import config_fingerprint
 from strata.rag.retrieve import DEFAULT_ENGINES, Retriever, close_default_engines, default_engine
 from strata.resources import Resources
 from strata.stores.sql import DocumentVersion
-from tests.conftest import EXAMPLES_KB, REDIS_URL, free_port
+from tests.conftest import EXAMPLES_KB, REDIS_URL
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.rag.test_retrieve import RESET_QUERY, RejectingSparseIndex, make_settings, retriever
-
-GARDEN = "# Garden\n\n## Watering\n\nTomatoes need deep watering twice a week in summer, early in the morning.\n"
-
-
-def own_db(root: Path) -> str:
-    """A database of the test's own (the session's PostgreSQL database is shared by every test)."""
-    root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'strata.sqlite3'}"
-
-
-def write(folder: Path, name: str, text: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(text, encoding="utf-8")
-    return folder
-
-
-def cut_sql(resources: Resources) -> None:
-    """The database stops answering: every new connection is refused (nothing listens on the port)."""
-    resources.documents.engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone",
-                                               connect_args={"connect_timeout": 1})  # fmt: skip
-
+from tests.strata_support import GARDEN, RESET_QUERY, RejectingSparseIndex, cut_sql, make_settings, own_db, retriever, write
 
 # -- item 6: a kb created after the process opened the index -------------------------
 

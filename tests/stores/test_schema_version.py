@@ -62,6 +62,7 @@ def _assert_rows_kept(url: str) -> None:
         store.dispose()
 
 
+@pytest.mark.slow
 def test_a_baseline_database_keeps_its_rows_through_db_upgrade(tmp_path: Path) -> None:
     with fresh_pg_database(migrate=False) as url:
         engine = create_engine(url)
@@ -115,6 +116,7 @@ def test_the_migrations_head_is_the_schema_of_the_models(dialect: str, tmp_path:
         engine.dispose()
 
 
+@pytest.mark.slow
 def test_a_database_behind_stops_serve_and_index_with_one_line(tmp_path: Path) -> None:
     with fresh_pg_database(migrate=False) as url:
         env = strata_env(tmp_path / "data", STRATA_DATABASE__URL=url)
@@ -131,6 +133,7 @@ def test_a_database_behind_stops_serve_and_index_with_one_line(tmp_path: Path) -
         assert current.returncode == 1 and f"strata needs {head}" in current.stdout
 
 
+@pytest.mark.slow
 def test_a_database_from_before_migrations_is_taken_over_at_the_baseline(tmp_path: Path) -> None:
     """An earlier strata's create_all (no version table), even one from before the ``root`` column."""
     with fresh_pg_database(migrate=False) as url:

@@ -10,18 +10,7 @@ from strata.errors import EncoderMismatchError, StoreError
 from strata.stores.keys import version_key
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.types import Chunk
-
-
-def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: int = 3) -> list[Chunk]:
-    root = f"{kb}:{doc}:{version}:L1"
-    out = [Chunk(root, kb, doc, version, 1, None, root, 0, "root text", "H", 0, 100, child_count=n_l2, metadata={"module": "m"})]
-    for j in range(n_l2):
-        l2 = f"{kb}:{doc}:{version}:L2:{j}"
-        out.append(Chunk(l2, kb, doc, version, 2, root, root, j, f"l2 {j}", "H > S", 0, 50, child_count=leaves_per_l2))
-        for i in range(leaves_per_l2):
-            leaf = f"{kb}:{doc}:{version}:L3:{j}:{i}"
-            out.append(Chunk(leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1))
-    return out
+from tests.strata_support import make_chunks
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from sqlalchemy import inspect, select
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.stores.sql_schema import version_terms
 from strata.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
-from tests.stores.test_sql import make_chunks
+from tests.strata_support import make_chunks
 from tests.strata_support import term_frequencies
 
 
