@@ -22,7 +22,7 @@ from _bench import machine, p, quiet_logging, timed_ms
 from sqlalchemy import event
 
 from strata.config import DatabaseSettings, RedisSettings
-from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.stores.parent_cache import LocalParentCache, RedisParentCache
 from strata.stores.parents import ParentStore
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.types import Chunk

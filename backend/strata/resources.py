@@ -14,7 +14,7 @@ import threading
 from typing import Iterable
 from strata.config import Settings
 from strata.encoders import Encoder, create_encoder
-from strata.stores.cache import create_parent_cache
+from strata.stores.parent_cache import create_parent_cache
 from strata.stores.keys import database_namespace
 from strata.stores.catalog import Catalog
 from strata.stores.milvus import LeafIndex

@@ -9,7 +9,7 @@ import redis
 from sqlalchemy import event
 
 from strata.config import DatabaseSettings, RedisSettings
-from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.stores.parent_cache import LocalParentCache, RedisParentCache
 from strata.stores.parents import ParentStore
 from strata.stores.sql import DocumentStore, DocumentVersion
 from tests.strata_support import make_chunks

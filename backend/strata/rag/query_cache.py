@@ -34,7 +34,7 @@ from cachetools import TTLCache
 from strata.config import RedisSettings
 from strata.errors import CacheError
 from strata.stores.redis_client import RedisBreaker
-from strata.stores.result_cache import RedisResultStore
+from strata.stores.query_result_store import RedisResultStore
 
 logger = logging.getLogger(__name__)
 

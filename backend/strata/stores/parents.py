@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.cache import ChunkRef, ParentCache
+from strata.stores.parent_cache import ChunkRef, ParentCache
 from strata.stores.redis_client import RedisBreaker
 from strata.types import Chunk
 

@@ -7,7 +7,7 @@ import redis
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.cache import LocalParentCache, RedisParentCache
+from strata.stores.parent_cache import LocalParentCache, RedisParentCache
 from strata.types import Chunk
 
 
