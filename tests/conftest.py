@@ -202,19 +202,26 @@ class MilvusServerProcess:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+            self.process.send_signal(signal.SIGCONT)  # a paused server must run to exit
+            stop_process(self.process, grace_s=20)
 
     def kill(self) -> None:
         """SIGKILL: the server is gone at once, as in a crash."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+
+def stop_process(process: subprocess.Popen, *, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL when ``process`` has not exited within ``grace_s``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
 
 
 def milvus_answers(uri: str, token: str = "") -> bool:

@@ -26,22 +26,9 @@ import pytest
 from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from tests.conftest import MilvusTarget
-from tests.strata_support import (
-    BEFORE_ACTIVATION,
-    CRASH_KB,
-    CRASH_QUERY,
-    CRASH_UPDATE,
-    CRASH_V1,
-    StoreState,
-    crash_copy,
-    opened,
-    run_strata,
-    run_strata_killed_at,
-    settings_for,
-    store_state,
-    strata_env,
-    write_files,
-)
+from tests.strata_support import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_UPDATE, CRASH_V1, crash_copy
+from tests.strata_support import StoreState, opened, run_strata, run_strata_killed_at, settings_for, store_state
+from tests.strata_support import strata_env, write_files
 
 
 def index_in_process(docs: Path, env: dict[str, str], encoder: Any) -> StoreState:

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.conftest import EXAMPLES_KB, free_port
+from tests.conftest import EXAMPLES_KB, free_port, stop_process
 from tests.strata_support import REPO, STRATA, strata_env, write_files
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -82,13 +82,7 @@ class Served:
         return response.json()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        stop_process(self.process, grace_s=60)
         self.http.close()
 
 
