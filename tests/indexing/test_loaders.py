@@ -18,6 +18,7 @@ from strata.indexing.loaders import (
     load_document,
     normalize_text,
 )
+from tests.strata_support import pdf_bytes
 
 
 def _write(path: Path, content: str | bytes) -> Path:
@@ -27,34 +28,6 @@ def _write(path: Path, content: str | bytes) -> Path:
     else:
         path.write_bytes(content)
     return path
-
-
-def _pdf_bytes(pages: list[str], title: str | None = None) -> bytes:
-    """A minimal valid PDF: one Helvetica text line per page, xref offsets computed."""
-    page_ids = [4 + 2 * i for i in range(len(pages))]
-    objects = {
-        1: "<< /Type /Catalog /Pages 2 0 R >>",
-        2: f"<< /Type /Pages /Kids [{' '.join(f'{i} 0 R' for i in page_ids)}] /Count {len(pages)} >>",
-        3: "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    }
-    for page_id, text in zip(page_ids, pages):
-        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET" if text else ""
-        objects[page_id] = (
-            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-            f"/Resources << /Font << /F1 3 0 R >> >> /Contents {page_id + 1} 0 R >>"
-        )
-        objects[page_id + 1] = f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream"
-    info_id = max(objects) + 1
-    objects[info_id] = f"<< /Title ({title}) >>" if title else "<< >>"
-    out, offsets = bytearray(b"%PDF-1.4\n"), {}
-    for number in sorted(objects):
-        offsets[number] = len(out)
-        out += f"{number} 0 obj\n{objects[number]}\nendobj\n".encode("latin-1")
-    xref = len(out)
-    out += f"xref\n0 {info_id + 1}\n0000000000 65535 f \n".encode()
-    out += "".join(f"{offsets[n]:010d} 00000 n \n" for n in range(1, info_id + 1)).encode()
-    out += f"trailer\n<< /Size {info_id + 1} /Root 1 0 R /Info {info_id} 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
 
 
 # --- Markdown -----------------------------------------------------------------
@@ -192,7 +165,7 @@ def test_html_blocks_headings_and_title(tmp_path: Path) -> None:
 
 
 def test_pdf_one_section_per_page(tmp_path: Path) -> None:
-    path = _write(tmp_path / "manual.pdf", _pdf_bytes(["First page text", "Second page text"], title="Manual"))
+    path = _write(tmp_path / "manual.pdf", pdf_bytes(["First page text", "Second page text"], title="Manual"))
     doc = load_document(path)
     assert doc.text == "First page text\n\nSecond page text"
     assert [(s.heading_path, s.page) for s in doc.sections] == [(("Manual", "p. 1"), 1), (("Manual", "p. 2"), 2)]
@@ -200,14 +173,14 @@ def test_pdf_one_section_per_page(tmp_path: Path) -> None:
 
 
 def test_pdf_pages_without_text_are_skipped_but_counted(tmp_path: Path) -> None:
-    doc = load_document(_write(tmp_path / "m.pdf", _pdf_bytes(["", "Only text"])))
+    doc = load_document(_write(tmp_path / "m.pdf", pdf_bytes(["", "Only text"])))
     assert [(s.heading_path, s.page) for s in doc.sections] == [(("p. 2",), 2)]
     assert doc.metadata == {"pages": 2}
 
 
 def test_scanned_pdf_has_no_text(tmp_path: Path) -> None:
     with pytest.raises(LoaderError, match="no text extracted"):
-        load_document(_write(tmp_path / "scan.pdf", _pdf_bytes(["", ""])))
+        load_document(_write(tmp_path / "scan.pdf", pdf_bytes(["", ""])))
 
 
 def test_corrupt_pdf(tmp_path: Path) -> None:
@@ -216,7 +189,7 @@ def test_corrupt_pdf(tmp_path: Path) -> None:
 
 
 def test_encrypted_pdf(tmp_path: Path) -> None:
-    writer = PdfWriter(clone_from=PdfReader(_write(tmp_path / "plain.pdf", _pdf_bytes(["secret text"]))))
+    writer = PdfWriter(clone_from=PdfReader(_write(tmp_path / "plain.pdf", pdf_bytes(["secret text"]))))
     writer.encrypt(user_password="s3cret", algorithm="RC4-128")
     with open(tmp_path / "locked.pdf", "wb") as handle:
         writer.write(handle)

