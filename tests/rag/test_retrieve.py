@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from milvus_lite.server_manager import server_manager_instance
@@ -21,7 +21,7 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks as chunks_table
 from strata.types import Filters
-from tests.conftest import EXAMPLES_KB, MilvusTarget
+from tests.conftest import EXAMPLES_KB, MilvusTarget, fresh_pg_database
 from tests.rag.rerank_server import RerankServer, hang, raw, results, status
 from tests.strata_support import (
     OTHER_KB_DOC, RESET_QUERY, RefusedQueryEncoder, RejectingSparseIndex, make_settings, retriever, texts,
@@ -30,19 +30,24 @@ from tests.strata_support import (
 
 @pytest.fixture(scope="module")
 def indexed(
-    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_encoder, module_milvus_target: MilvusTarget
-) -> Settings:
-    """examples/kb as kb 'demo' and a garden handbook as kb 'garden' (a database of this module's own), on a
-    Milvus Lite file and in a collection on the Milvus server: every test of it runs on both."""
+    tmp_path_factory: pytest.TempPathFactory, memo_encoder, module_milvus_target: MilvusTarget
+) -> Iterator[Settings]:
+    """examples/kb as kb 'demo' and a garden handbook as kb 'garden', on a Milvus Lite file and in a collection
+    on the Milvus server: every test of it runs on both. Each target gets a PostgreSQL database of its own:
+    with one database the second target's run finds every document unchanged and writes no leaves."""
     root = tmp_path_factory.mktemp("retrieve")
     garden = root / "garden"
     garden.mkdir()
     (garden / "handbook.md").write_text(OTHER_KB_DOC, encoding="utf-8")
-    settings = make_settings(root, module_pg_url, **module_milvus_target.overrides())
-    indexer = Indexer(Resources(settings, encoder=memo_encoder))
-    assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-    assert indexer.index_paths([garden], kb_id="garden").failed == 0
-    return settings
+    with fresh_pg_database() as database_url:
+        settings = make_settings(root, database_url, **module_milvus_target.overrides())
+        resources = Resources(settings, encoder=memo_encoder)
+        indexer = Indexer(resources)
+        assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+        assert indexer.index_paths([garden], kb_id="garden").failed == 0
+        assert resources.leaf_index.count("demo") == resources.documents.stats("demo")["chunks_by_level"]["3"] > 0
+        resources.close()
+        yield settings
 
 
 # -- the happy path ---------------------------------------------------------------

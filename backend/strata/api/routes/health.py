@@ -30,7 +30,10 @@ async def ready(readiness: ReadinessDep) -> JSONResponse:
 
 @router.get(
     "/ready/detail", summary="a fresh check with timings, errors and details (the metrics grant or full access)",
-    responses={503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}}},
+    responses={
+        503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}},
+        **problems(403),
+    },
 )  # fmt: skip
 async def ready_detail(readiness: ReadinessDep, _: MetricsReader) -> JSONResponse:
     components, age_s = await readiness.components(fresh=True)
