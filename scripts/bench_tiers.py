@@ -13,7 +13,7 @@
 5. prints p50/p95 at 1 caller, requests/s at ``--clients``, and the ratios: server p50 / embedded p50
    (target <= 1.5) and server throughput / embedded throughput (target >= 1).
 
-    python scripts/bench_tiers.py [--data /work/shared/data/cmrc2018/cmrc2018_dev.json] [--articles 100]
+    python scripts/bench_tiers.py [--data PATH/TO/cmrc2018_dev.json] [--articles 100]
 """
 
 from __future__ import annotations
