@@ -118,6 +118,8 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
             conn.execute(text("DROP TABLE strata_version_terms"))
             conn.execute(text("DROP TABLE strata_kb_terms"))
             conn.execute(text("DROP TABLE strata_alembic_version"))  # it kept no schema version either
+            for later in ("strata_kb_embeddings", "strata_version_marks", "strata_cache_invalidations"):
+                conn.execute(text(f"DROP TABLE {later}"))  # nor the tables of later migrations
 
         # Retrieval without the table: the lookup fails, BM25 searches the whole query, the answer stands.
         result = Retriever(old).retrieve(QUERY, 3, kb_ids=["legacy"])
