@@ -16,7 +16,6 @@ analyzed ``text`` field. Knowledge bases are kept apart by layout:
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
 import threading
@@ -66,7 +65,7 @@ class LeafIndex(LeafSearch):
         )  # for a new collection; an existing one says its own layout (``_adopt_layout``)
         self._vocabulary = vocabulary
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
-        self._client = milvus_client(settings)
+        self._client, self._on_lite = connect(settings)
         self._engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
@@ -131,15 +130,10 @@ class LeafIndex(LeafSearch):
             )
         self._use_partitions = uses_partitions
 
-    @functools.cached_property
+    @property
     def on_lite(self) -> bool:
-        """Milvus Lite: a ``.db`` file, or a ``milvus-lite server`` (its version says so)."""
-        if self._settings.is_lite:
-            return True
-        try:
-            return str(self._client.get_server_version(timeout=self._timeout)).startswith("milvus_lite")
-        except MilvusException as exc:
-            raise StoreError(f"Milvus at {self._settings.uri} did not say its version: {exc}") from exc
+        """Milvus Lite: a ``.db`` file, or a ``milvus-lite server`` (learnt when connecting)."""
+        return self._on_lite
 
     def _create_collection(self) -> None:
         if self.on_lite and (problem := lite_analyzer_problem(self._settings.analyzer)):
@@ -358,14 +352,20 @@ _NO_KEEPALIVE = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_wit
 
 
 def milvus_client(settings: MilvusSettings) -> MilvusClient:
-    """A client of the configured Milvus with the connection options its kind of server needs.
+    """A client of the configured Milvus with the connection options its kind of server needs."""
+    return connect(settings)[0]
+
+
+def connect(settings: MilvusSettings) -> tuple[MilvusClient, bool]:
+    """The client (``milvus_client``) and whether the other end is Milvus Lite: a ``.db`` file, or a
+    ``milvus-lite server`` (its version says so; asked once, here).
 
     On a server the connection is the client's own (pymilvus would otherwise share one channel per
     address, made with the options of whichever client came first)."""
     uri = str(settings.uri)
     if settings.is_lite:
         os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
-        return _client(settings, grpc_options=_NO_KEEPALIVE)
+        return _client(settings, grpc_options=_NO_KEEPALIVE), True
     client = _client(settings, dedicated=True)
     try:
         lite_server = str(client.get_server_version(timeout=settings.timeout_s)).startswith("milvus_lite")
@@ -373,9 +373,9 @@ def milvus_client(settings: MilvusSettings) -> MilvusClient:
         client.close()
         raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
     if not lite_server:
-        return client
+        return client, False
     client.close()
-    return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE)
+    return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE), True
 
 
 def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
