@@ -443,6 +443,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.integration if integration else pytest.mark.unit)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist a worker hands what its Milvus server was to the controller, which prints the summary."""
+    if hasattr(session.config, "workeroutput") and MILVUS_SERVER_RUN:
+        session.config.workeroutput["milvus_server_run"] = dict(MILVUS_SERVER_RUN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    run = getattr(node, "workeroutput", {}).get("milvus_server_run")
+    if run and not MILVUS_SERVER_RUN:
+        MILVUS_SERVER_RUN.update(run)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """How many ``milvus_server`` tests ran, and against what (``.ci/run`` fails when none ran or any was skipped)."""
     counts = {"passed": 0, "failed": 0, "skipped": 0}

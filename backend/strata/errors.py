@@ -10,6 +10,7 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     ├── StoreError               a store call failed
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
     │   ├── EncoderMismatchError a collection/kb was built with another encoder
+    │   ├── LeavesMissingError   the configured collection lacks leaves a kb serves in SQL
     │   └── CacheError           the parent cache (Redis) failed
     ├── LoaderError              a source file could not be read
     ├── IndexingError            a document could not be indexed consistently
@@ -55,6 +56,11 @@ class IndexLockedError(StoreError):
 
 class EncoderMismatchError(StoreError):
     """A collection or knowledge base was built with a different encoder."""
+
+
+class LeavesMissingError(StoreError):
+    """The configured Milvus collection lacks leaves that SQL says a knowledge base serves (its leaves were
+    written to another Milvus or collection, or lost): an index run would call its documents unchanged."""
 
 
 class CacheError(StoreError):

@@ -20,7 +20,7 @@ from strata.api import create_app
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB, REDIS_URL
+from tests.conftest import EXAMPLES_KB, REDIS_URL, fresh_pg_database
 
 GARDEN_DOC = """---
 title: Garden handbook
@@ -63,9 +63,16 @@ def make_settings(root: Path, pg_url: str, redis_prefix: str, **sections: Any) -
 
 
 @pytest.fixture(scope="package")
-def stores(tmp_path_factory: pytest.TempPathFactory, pg_url: str, memo_encoder) -> Iterator[tuple[Settings, Resources]]:  # noqa: ANN001
-    """The indexed stores and the one ``Resources`` every app of these tests shares."""
-    root = tmp_path_factory.mktemp("api")
+def stores(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Iterator[tuple[Settings, Resources]]:  # noqa: ANN001
+    """The indexed stores and the one ``Resources`` every app of these tests shares, in a PostgreSQL
+    database of their own: under pytest-xdist a worker may set this fixture up twice (once per run of
+    the package's files it is given), and a second Milvus Lite file beside SQL rows of the first would
+    find the kbs unchanged and hold no leaves."""
+    with fresh_pg_database() as pg_url:
+        yield from _indexed_stores(tmp_path_factory.mktemp("api"), pg_url, memo_encoder)
+
+
+def _indexed_stores(root: Path, pg_url: str, memo_encoder: Any) -> Iterator[tuple[Settings, Resources]]:
     garden = root / "garden-src"
     garden.mkdir()
     (garden / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import update
 
 from strata.config import Settings, load_settings
-from strata.errors import LeaseHeldError
+from strata.errors import LeaseHeldError, LeavesMissingError
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.stores.lease import KbLease
@@ -233,3 +233,35 @@ def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
     assert after["differences"] == 0
     with opened(settings_for(env), memo_encoder) as resources:
         store_state(resources, "demo").assert_consistent()
+
+
+def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until_repaired(
+    tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
+) -> None:
+    """STRATA_MILVUS__URI (or __COLLECTION) changed after a kb was indexed: SQL says the kb serves its leaves,
+    the new collection has none. An index run used to call every document unchanged and write nothing, and
+    the kb answered with no evidence; it now fails naming the collection, the counts and the repair."""
+    docs = write_files(tmp_path / "docs", PAGES)
+    database = {"url": f"sqlite:///{tmp_path / 'strata.sqlite3'}"}
+    first = settings(tmp_path / "data", database=database, **milvus_target.overrides())
+    with opened(first, memo_encoder) as resources:
+        assert Indexer(resources).index_paths([docs], kb_id="kb").added == 3
+        leaves = resources.leaf_index.count("kb")
+
+    moved = milvus_target.another()
+    elsewhere = settings(tmp_path / "elsewhere", database=database, **moved.overrides())
+    assert (elsewhere.milvus.uri, elsewhere.milvus.collection) != (first.milvus.uri, first.milvus.collection)
+    with opened(elsewhere, memo_encoder) as resources:
+        indexer = Indexer(resources)
+        with pytest.raises(LeavesMissingError) as refused:
+            indexer.index_paths([docs], kb_id="kb")
+        message = str(refused.value)
+        assert f"{elsewhere.milvus.collection!r} holds 0 of the {leaves} leaves" in message, message
+        assert "strata reconcile --kb kb --repair" in message
+
+        repaired = indexer.reconcile("kb", repair=True)
+        assert repaired.missing_in_milvus == leaves, repaired
+        again = indexer.index_paths([docs], kb_id="kb")
+        answer = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy="hybrid")
+    assert (again.unchanged, again.failed) == (3, 0)
+    assert any("RED-17" in d.content for d in answer.docs), answer.meta

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
 from strata.config import ChunkingSettings
-from strata.errors import StoreError
+from strata.errors import LeavesMissingError, StoreError
 from strata.indexing.chunking import chunk_document
 from strata.indexing.embedding import embed_texts, search_text
 from strata.indexing.loaders import LoaderLimits, load_document
@@ -174,6 +174,8 @@ class Indexer:
             retry_invalidations(self._res, kb_id)
             self._remove_leftovers(kb_id)
         versions = store.versions(kb_id) if kb is not None else []
+        if versions and not dry_run and not recreate:
+            self._check_leaves_present(kb_id, versions)
         scan = without_root_conflicts(scan, versions, report)
         rechunk = kb is not None and kb.chunking != signature
         if rechunk:
@@ -182,6 +184,20 @@ class Indexer:
             scan, versions, chunking=signature, legacy_ok=not rechunk, delete_missing=delete_missing and not recreate,
             force=recreate, marks=store.version_marks(kb_id),
         )  # fmt: skip
+
+    def _check_leaves_present(self, kb_id: str, versions: Sequence[DocumentVersion]) -> None:
+        """Refuses a run whose collection lacks the kb's served leaves (e.g. STRATA_MILVUS__URI or
+        __COLLECTION changed since the kb was indexed): it would find every document unchanged and write
+        nothing, and the kb would answer with no evidence."""
+        expected = sum(v.leaf_count for v in versions if v.status == ACTIVE)
+        found = self._res.leaf_index.count(kb_id) if expected else 0
+        if found < expected:
+            raise LeavesMissingError(
+                f"the Milvus collection {self._res.settings.milvus.collection!r} holds {found} of the {expected} leaves "
+                f"knowledge base {kb_id!r} serves in SQL: they were written to another Milvus or collection, or lost. "
+                f"Point STRATA_MILVUS__URI and STRATA_MILVUS__COLLECTION back at them, or write them here from SQL "
+                f"with `strata reconcile --kb {kb_id} --repair`"
+            )
 
     def _recreate(self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress) -> None:
         """Builds every document as a pending version, then switches the whole kb in one transaction."""
