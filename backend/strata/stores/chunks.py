@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from sqlalchemy import and_, select
 
@@ -32,6 +32,22 @@ class Chunks(SqlPart):
         )
         with self._connect() as conn:
             return [chunk_from_row(r) for r in conn.execute(query.order_by(chunks.c.level, chunks.c.ordinal))]
+
+    def version_chunk_ids(self, kb_id: str, doc_id: str, version: int, *, page: int = 5000) -> Iterator[list[str]]:
+        """The version's chunk ids, ``page`` at a time in id order (keyset paging: a page per query, so a
+        version of 200,000 chunks is never held at once)."""
+        after = ""
+        while True:
+            query = select(chunks.c.chunk_id).where(
+                chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.chunk_id > after
+            )
+            with self._connect() as conn:
+                ids = list(conn.execute(query.order_by(chunks.c.chunk_id).limit(page)).scalars())
+            if ids:
+                yield ids
+            if len(ids) < page:
+                return
+            after = ids[-1]
 
     def active_chunk_ids(self, kb_id: str, *, levels: Sequence[int] = (3,)) -> set[str]:
         """Chunk ids of the kb's active versions at ``levels`` (L3: what Milvus must hold)."""

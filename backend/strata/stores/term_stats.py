@@ -50,8 +50,13 @@ def count_terms(texts: Iterable[str], tokenize: Tokenize) -> dict[str, int]:
     """Per distinct term of ``texts``: the number of texts that hold it (terms over ``MAX_TERM_CHARS`` left out)."""
     counts: Counter[str] = Counter()
     for text in texts:
-        counts.update({t for t in tokenize(text) if len(t) <= MAX_TERM_CHARS})
+        add_terms(counts, text, tokenize)
     return dict(counts)
+
+
+def add_terms(counts: Counter[str], text: str, tokenize: Tokenize) -> None:
+    """Counts one more text into ``counts`` (``count_terms`` a text at a time)."""
+    counts.update({t for t in tokenize(text) if len(t) <= MAX_TERM_CHARS})
 
 
 def insert_version_terms(conn: Connection, kb_id: str, doc_id: str, version: int, counts: Mapping[str, int]) -> None:

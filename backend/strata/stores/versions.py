@@ -45,24 +45,32 @@ class DocumentVersions(SqlPart):
             return {row.doc_id: row.last_version for row in conn.execute(query)}
 
     def write_pending(
-        self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None
-    ) -> None:
+        self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None,
+        *, chunk_count: int | None = None,
+    ) -> None:  # fmt: skip
         """The document version as ``pending`` plus all its chunks, in one transaction (idempotent);
-        with ``term_counts`` (term -> leaves holding it, ``term_stats.count_terms``) its term statistics too."""
+        with ``term_counts`` (term -> leaves holding it, ``term_stats.count_terms``) its term statistics too.
+
+        A document too large to hold its chunks at once passes none and its ``chunk_count``, then adds its
+        chunks batch by batch (``add_chunks``): the version stays pending, hidden, until all are written."""
         row = {
             "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
             "source": version.source, "content_hash": version.content_hash, "status": PENDING,
-            "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks), "metadata": dict(version.metadata),
-            "root": version.root or None,
+            "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
+            "metadata": dict(version.metadata), "root": version.root or None,
         }  # fmt: skip
         with self._begin() as conn:
             _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
             conn.execute(documents.insert().values(**row))
-            for start in range(0, len(doc_chunks), INSERT_BATCH):
-                conn.execute(chunks.insert(), [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
+            _insert_chunks(conn, doc_chunks)
             if term_counts is not None:
                 insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
             bump_generation(conn, version.kb_id)  # the serving state changed: a version to hide
+
+    def add_chunks(self, doc_chunks: Sequence[Chunk]) -> None:
+        """More chunks of a pending version (``write_pending`` with ``chunk_count``), in one transaction."""
+        with self._begin() as conn:
+            _insert_chunks(conn, doc_chunks)
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
@@ -163,6 +171,11 @@ def _raise_mark(conn: Connection, kb_id: str, doc_id: str, version: int) -> None
         conn.execute(version_marks.insert().values(kb_id=kb_id, doc_id=doc_id, last_version=version))
     elif mark < version:
         conn.execute(update(version_marks).where(doc).values(last_version=version))
+
+
+def _insert_chunks(conn: Connection, doc_chunks: Sequence[Chunk]) -> None:
+    for start in range(0, len(doc_chunks), INSERT_BATCH):
+        conn.execute(chunks.insert(), [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
