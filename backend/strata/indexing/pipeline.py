@@ -413,10 +413,10 @@ class Indexer:
         reconcile."""
         documents, failed, error = self._res.documents, 0, None
         for page in documents.version_chunk_ids(v.kb_id, v.doc_id, v.version):
-            error = self._res.parents.invalidate([(v.kb_id, cid) for cid in page]) or error
-            if error:
+            page_error = self._res.parents.invalidate([(v.kb_id, cid) for cid in page])
+            if page_error:
                 documents.record_invalidations(v.kb_id, page)
-                failed += len(page)
+                failed, error = failed + len(page), page_error
         if failed:
             logger.warning(
                 "%d cache entries of %s v%d not invalidated (%s): recorded; the next run or "
