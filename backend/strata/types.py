@@ -130,10 +130,12 @@ class DocumentVersion:
 
 @dataclass(frozen=True)
 class ServingState:
-    """What a query needs from SQL: each kb's (epoch, generation) and the versions to hide."""
+    """What a query needs from SQL: each kb's (epoch, generation), the versions to hide, and how many
+    leaves each kb's active versions have (Milvus must hold them)."""
 
     generations: Mapping[str, Any]
     hidden_version_keys: tuple[str, ...]
+    served_leaves: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,8 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
 ) -> None:
     """STRATA_MILVUS__URI (or __COLLECTION) changed after a kb was indexed: SQL says the kb serves its leaves,
     the new collection has none. An index run used to call every document unchanged and write nothing, and
-    the kb answered with no evidence; it now fails naming the collection, the counts and the repair."""
+    the kb answered ok with no evidence. The run now fails naming the collection, the counts and the repair,
+    and a query is degraded with ``leaves_missing``."""
     docs = write_files(tmp_path / "docs", PAGES)
     database = {"url": f"sqlite:///{tmp_path / 'strata.sqlite3'}"}
     first = settings(tmp_path / "data", database=database, **milvus_target.overrides())
@@ -252,6 +253,11 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
     elsewhere = settings(tmp_path / "elsewhere", database=database, **moved.overrides())
     assert (elsewhere.milvus.uri, elsewhere.milvus.collection) != (first.milvus.uri, first.milvus.collection)
     with opened(elsewhere, memo_encoder) as resources:
+        for strategy in ("hybrid", "auto_merge", "basic"):  # the query says so too, not an ok with no evidence
+            missing = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy=strategy)
+            assert (list(missing.docs), missing.meta.status, list(missing.meta.degraded)) == ([], "degraded", ["leaves_missing"]), missing.meta
+            (error,) = [e for e in missing.meta.errors if e.error == "LeavesMissing"]
+            assert f"{elsewhere.milvus.collection!r} returned no leaf of knowledge base(s) kb, which serve {leaves}" in error.message
         indexer = Indexer(resources)
         with pytest.raises(LeavesMissingError) as refused:
             indexer.index_paths([docs], kb_id="kb")
@@ -265,3 +271,4 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
         answer = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy="hybrid")
     assert (again.unchanged, again.failed) == (3, 0)
     assert any("RED-17" in d.content for d in answer.docs), answer.meta
+    assert (answer.meta.status, list(answer.meta.degraded)) == ("ok", [])

@@ -27,7 +27,7 @@ from strata.rag.rank_fusion import fuse_candidates
 from strata.rag.merge import apply_merge, parents_to_fetch
 from strata.rag.fingerprint import config_fingerprint, settings_fingerprint
 from strata.rag.query_cache import QueryCache, cache_key, normalize_query
-from strata.rag.run_state import FusionOutcome, RunState
+from strata.rag.run_state import FusionOutcome, RunState, SearchOutcome
 from strata.rag.rerank import Reranker, build_reranker
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
@@ -212,6 +212,7 @@ class Retriever:
             encoded = run.add(self._routes.encode(run, [run.query], plan.routes))
             found = run.add(self._routes.search(run, encoded.vector(0), where, searched.bm25_text, plan.routes))
             candidates = list(found.candidates)
+        self._note_missing_leaves(run, state)
         if plan.merge == "parents" and candidates:
             candidates = self._merge(run, candidates)
         elif plan.merge == "adjacent" and candidates:
@@ -220,6 +221,26 @@ class Retriever:
         candidates, reranked = self._rerank(run, candidates, reranker)
         final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
+
+    def _note_missing_leaves(self, run: RunState, state: ServingState) -> None:
+        """A dense search always finds the nearest leaves: none found, without filters, in kbs whose active
+        versions SQL says have leaves means the configured collection lacks them (``STRATA_MILVUS__URI`` or
+        ``__COLLECTION`` changed without ``strata rebuild``, or the leaves were lost). Said in the record as
+        ``leaves_missing``, not answered as an ``ok`` with no evidence."""
+        dense = [o for o in run.outcomes if isinstance(o, SearchOutcome) and o.mode in ("hybrid", "dense", "dense_fallback")]
+        if not dense or any(o.dense or o.sparse for o in dense) or run.filters_dict:
+            return
+        kbs = [k for k in (run.kb_ids if run.kb_ids is not None else state.served_leaves) if state.served_leaves.get(k)]
+        if not kbs:
+            return
+        expected = sum(state.served_leaves[k] for k in kbs)
+        run.error_message(
+            "search", "LeavesMissing",
+            f"the Milvus collection {self._res.settings.milvus.collection!r} returned no leaf of knowledge base(s) "
+            f"{', '.join(sorted(kbs))}, which serve {expected} leaves in SQL: the leaves are in another Milvus or "
+            f"collection, or lost; `strata reconcile --kb KB --repair` writes them from SQL",
+            "leaves_missing",
+        )  # fmt: skip
 
     def _leaf_index_opens(self, run: RunState) -> bool:
         """A Milvus Lite file another process holds (``IndexLockedError``, e.g. during ``strata index``) is

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from sqlalchemy import and_, delete, select, update
+from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from strata.errors import EncoderMismatchError
@@ -75,7 +75,8 @@ class KnowledgeBases(SqlPart):
             return {r.kb_id: _generation(r) for r in conn.execute(query)}
 
     def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState:
-        """Each kb's (epoch, generation) and the versions not to serve, in one query.
+        """Each kb's (epoch, generation) and the versions not to serve (one query), and the leaves of its
+        active versions (another).
 
         Runs under the query-path statement timeout (``STRATA_DATABASE__QUERY_TIMEOUT_S``).
         """
@@ -85,12 +86,16 @@ class KnowledgeBases(SqlPart):
         )
         if kb_ids is not None:
             query = query.where(kb.c.kb_id.in_(list(kb_ids)))
+        served = select(documents.c.kb_id, func.sum(documents.c.leaf_count)).where(documents.c.status == ACTIVE)
+        if kb_ids is not None:
+            served = served.where(documents.c.kb_id.in_(list(kb_ids)))
         with self._connect() as conn:
             self._db.limit_statement_time(conn, timeout_s)
             rows = conn.execute(query).all()
+            leaves = {kb_id: int(n or 0) for kb_id, n in conn.execute(served.group_by(documents.c.kb_id))}
         generations = {r.kb_id: _generation(r) for r in rows}
         hidden = tuple(version_key(r.kb_id, r.doc_id, r.version) for r in rows if r.doc_id is not None)
-        return ServingState(generations=generations, hidden_version_keys=hidden)
+        return ServingState(generations=generations, hidden_version_keys=hidden, served_leaves=leaves)
 
 
 def bump_generation(conn: Connection, kb_id: str) -> None:
