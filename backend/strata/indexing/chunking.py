@@ -243,8 +243,8 @@ def _build_chunks(doc: SourceDocument, plans: Iterable[_L1Plan], *, kb_id: str, 
     shared = {**chunk_metadata(doc.metadata), "source": doc.source}  # sized once per document, copied per chunk
 
     def make(level: int, span: Span, region: _Region, parent: Chunk | None, child_count: int) -> Chunk:
+        ordinal = ordinals[level - 1]
         ordinals[level - 1] += 1
-        ordinal = ordinals[level - 1] - 1
         return _make_chunk(doc, kb_id, version, level, ordinal, span, region, parent, child_count, shared)
 
     for plan in plans:

@@ -264,7 +264,8 @@ class Indexer:
             return None
         held: list[Chunk] | None = []
         leaves = count = 0
-        terms: Counter[str] | None = None if self._tokenize is None else Counter()
+        tokenize = self._tokenize
+        terms: Counter[str] = Counter()
         try:
             for chunk in self._iter_chunks(kb_id, item):
                 count += 1
@@ -275,17 +276,17 @@ class Indexer:
                     if problem:
                         record_failure(report, item.doc.source, f"cannot be indexed: {problem}")
                         return None
-                    if terms is not None and self._tokenize is not None:
-                        add_terms(terms, text, self._tokenize)
+                    if tokenize is not None:
+                        add_terms(terms, text, tokenize)
                 if held is not None:
                     held.append(chunk)
                     held = held if leaves <= self._group_leaves else None  # too large to hold: chunked again
-        except Exception as exc:  # a chunker bug on one file must not stop the batch
+        except Exception as exc:  # a chunker or tokenizer bug on one file must not stop the batch
             logger.exception("chunking %s failed", item.doc.source)
-            record_failure(report, item.doc.source, f"chunking failed: {exc}")
+            record_failure(report, item.doc.source, f"chunking or counting its terms failed: {exc}")
             return None
         ordered = None if held is None else sorted(held, key=lambda c: c.level)  # L1s, L2s, L3s
-        return _Prepared(item, ordered, leaves, count, None if terms is None else dict(terms))
+        return _Prepared(item, ordered, leaves, count, None if tokenize is None else dict(terms))
 
     def _iter_chunks(self, kb_id: str, item: DocumentPlan) -> Iterator[Chunk]:
         return iter_chunks(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
