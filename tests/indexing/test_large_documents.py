@@ -264,3 +264,92 @@ def test_a_run_killed_after_three_encoder_batches_encodes_only_the_rest_on_the_r
     report = json.loads(rerun.stdout)
     assert report["added"] == 1 and report["leaves_written"] >= 20
     assert (report["embeddings_reused"], report["passages_encoded"]) == (12, report["leaves_written"] - 12)
+
+
+class LiveTexts(LiveChunks):
+    """``LiveChunks``, and the loaded documents of the run (a ``SourceDocument`` whose text is held) alive then,
+    at the steps where a group is held (``sql_pending``) and where it is let go (``activate``): a scan of every
+    object in the process costs a few hundred ms."""
+
+    def __init__(self, kb_id: str, doc_prefix: str) -> None:
+        super().__init__(kb_id)
+        self.doc_prefix = doc_prefix
+        self.texts: dict[str, int] = {}
+
+    def __call__(self, step: str) -> None:
+        if step not in ("sql_pending", "activate"):
+            return
+        super().__call__(step)
+        alive = {id(o) for o in gc.get_objects() if isinstance(o, SourceDocument) and o.text and o.doc_id.startswith(self.doc_prefix)}
+        self.texts[step] = max(len(alive), self.texts.get(step, 0))
+
+
+@pytest.mark.parametrize("recreate", [False, True], ids=["index", "recreate"])
+def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a_time(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings, recreate: bool
+) -> None:
+    prefix = f"m{uuid.uuid4().hex[:6]}"
+    files = {f"{prefix}-{i:02d}.md": many_leaves(5, f"topic {i}") for i in range(10)}
+    docs = write_files(tmp_path / "docs", files)
+    held = 3 * len(files[f"{prefix}-00.md"])  # the first three documents' text is held, the rest read again
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    kb = f"many-{uuid.uuid4().hex[:8]}"
+    live = LiveTexts(kb, prefix)
+    with opened(settings, HashEncoder()) as resources:
+        if recreate:
+            Indexer(resources).index_paths([docs], kb_id=kb)
+        indexer = Indexer(resources, group_leaves=10, after_write_step=live, hold_chars=held)
+        report = indexer.index_paths([docs], kb_id=kb, recreate=recreate)
+        state = store_state(resources, kb)
+        parents = state.sql_chunks[1] | state.sql_chunks[2]
+        cached = resources.parents.cache.get_many([(kb, cid) for cid in parents])
+        in_sql = resources.documents.get_chunks(cached)
+    per_doc = len(chunk_document(load_document(docs / f"{prefix}-00.md", root=docs), kb_id=kb, version=1, settings=settings.chunking))
+    assert (report.added + report.updated, report.failed) == (10, 0)
+    state.assert_consistent()
+    assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 10
+    # a group is two documents of 5 leaves; the run's 10 documents' chunks were never held together
+    assert set(live.counts) == set(live.texts) == {"sql_pending", "activate"}
+    assert max(live.counts.values()) <= 3 * per_doc, (per_doc, live.counts)
+    # the three held texts, the group's (read again) and the one read past it
+    assert max(live.texts.values()) <= 3 + 3, live.texts
+    assert len(cached) == len(parents) and all(cached[cid].text == in_sql[cid].text for cid in cached)
+
+
+def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_and_the_next_run_indexes_it(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    names = ["a.md", "b.md", "c.md", "d.md", "e.md"]
+    docs = write_files(tmp_path / "docs", {name: many_leaves(3, f"{name} first") for name in names})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+
+    def meanwhile(step: str) -> None:  # while c.md is written, d.md changes again and e.md goes
+        if step == "sql_pending" and (docs / "e.md").exists():
+            write_files(docs, {"d.md": many_leaves(3, "d.md third"), "e.md": None})
+
+    with opened(settings, HashEncoder()) as resources:
+        Indexer(resources).index_paths([docs], kb_id="kb")
+        write_files(docs, {name: many_leaves(3, f"{name} second") for name in ("c.md", "d.md", "e.md")})
+        report = Indexer(resources, group_leaves=3, hold_chars=0, after_write_step=meanwhile).index_paths([docs], kb_id="kb")
+        after = store_state(resources, "kb")
+        texts = _l1_texts(resources, after.active)
+        again = Indexer(resources).index_paths([docs], kb_id="kb", delete_missing=True)
+        final = store_state(resources, "kb")
+        final_texts = _l1_texts(resources, final.active)
+    kept = "(its indexed version, if any, is kept)"
+    assert (report.updated, report.unchanged, report.failed) == (1, 2, 2)
+    assert {f["source"]: f["reason"] for f in report.failures} == {
+        "d.md": f"the file changed while the run was indexing; the next run indexes its new content {kept}",
+        "e.md": f"the file was removed while the run was indexing; the next run sees it gone {kept}",
+    }
+    after.assert_consistent()
+    assert after.active == {"a.md": 1, "b.md": 1, "c.md": 2, "d.md": 1, "e.md": 1}
+    assert "c.md second" in texts["c.md"] and "d.md first" in texts["d.md"] and "e.md first" in texts["e.md"]
+    assert (again.updated, again.deleted, again.failed) == (1, 1, 0)
+    final.assert_consistent()
+    assert final.active == {"a.md": 1, "b.md": 1, "c.md": 2, "d.md": 2}
+    assert "d.md third" in final_texts["d.md"]
+
+
+def _l1_texts(resources: Any, active: dict[str, int]) -> dict[str, str]:
+    return {d: " ".join(c.text for c in resources.documents.version_chunks("kb", d, v, levels=(1,))) for d, v in active.items()}

@@ -30,18 +30,18 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from strata.config import ChunkingSettings
-from strata.errors import LeavesMissingError, StoreError
+from strata.errors import LeavesMissingError, LoaderError, StoreError
 from strata.indexing.chunking import iter_chunks
 from strata.indexing.embedding import embed_texts, search_text
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
 from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores, retry_invalidations
 from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
-from strata.indexing.scan import scan_paths, without_root_conflicts
+from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths, without_text, without_root_conflicts
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
@@ -67,10 +67,11 @@ class Indexer:
 
     def __init__(
         self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0, kb_only_notes: bool = False,
-        after_write_step: Callable[[str], None] | None = None,
+        after_write_step: Callable[[str], None] | None = None, hold_chars: int = HOLD_CHARS,
     ) -> None:
         """``kb_only_notes``: the report names nothing learned from other kbs (the service, whose keys may be
         scoped to some kbs); without it the notes may name what the collection's BM25 dictionary lacks.
+        ``hold_chars``: the documents' text a run holds from its scan to its writes (``scan_paths``).
         ``after_write_step`` is called with the name of each step (``WRITE_STEPS``, ``ENCODER_BATCH``) right
         after it: the crash tests' seam (tests/kill_at_launcher.py kills the process there)."""
         self._res = resources
@@ -83,6 +84,7 @@ class Indexer:
         limits = LoaderLimits.from_settings(resources.settings.indexing)
         self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
         self._lease_ttl_s = lease_ttl_s
+        self._hold_chars = hold_chars
         self._leases: dict[str, KbLease] = {}
         self._after_write_step = after_write_step
         self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
@@ -126,14 +128,19 @@ class Indexer:
         started = time.perf_counter()
         report = IndexReport(kb=kb_id, dry_run=dry_run)
         if dry_run:
-            scan = scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load)
+            scan = self._scan(paths, report, root_names, keep)
             self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
         else:
             with self.lease(kb_id):
-                scan = scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load)
+                scan = self._scan(paths, report, root_names, keep)
                 self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
         report.seconds = time.perf_counter() - started
         return report
+
+    def _scan(
+        self, paths: Sequence[Path], report: IndexReport, root_names: Mapping[Path, str] | None, keep: Collection[str]
+    ) -> Scan:
+        return scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load, hold_chars=self._hold_chars)
 
     def _run(
         self, scan: Scan, kb_id: str, report: IndexReport, progress: Progress, *,
@@ -160,7 +167,7 @@ class Indexer:
         if recreate:
             self._recreate(kb_id, scan, plan, report, progress)
         else:
-            self._write_plan(kb_id, plan, report, progress)
+            self._write_plan(kb_id, scan, plan, report, progress)
         if report.failed == 0:  # a partial re-chunk is not stamped: the failed documents re-chunk next run
             self._res.documents.set_chunking(kb_id, self._signature)
 
@@ -206,7 +213,7 @@ class Indexer:
 
     def _recreate(self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress) -> None:
         """Builds every document as a pending version, then switches the whole kb in one transaction."""
-        ready = self._write_plan(kb_id, plan, report, progress, defer=True)
+        ready = self._write_plan(kb_id, scan, plan, report, progress, defer=True)
         store = self._res.documents
         if report.failed or not scan.all_complete:
             self._remove_versions([_version_row(kb_id, doc, self._signature) for doc in ready])
@@ -226,42 +233,50 @@ class Indexer:
     # -- writing ----------------------------------------------------------------
 
     def _write_plan(
-        self, kb_id: str, plan: IndexPlan, report: IndexReport, progress: Progress, *, defer: bool = False
+        self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress, *, defer: bool = False
     ) -> list[_Prepared]:
-        """Writes the plan in groups; with ``defer`` the versions stay pending and are returned."""
+        """Writes the plan in groups, holding one group's chunks at a time; with ``defer`` the versions stay
+        pending and are returned, without their chunks and text (``_let_go``)."""
         ready: list[_Prepared] = []
         group: list[_Prepared] = []
         leaves_in_group = 0
         for item in plan.to_write:
-            doc = self._prepare(kb_id, item, report)
+            doc = self._prepare(kb_id, scan, item, report)
             if doc is None:
                 continue
             if doc.held is None:
-                ready += self._write_streamed(kb_id, doc, report, progress, defer=defer)
+                ready += self._let_go(self._write_streamed(kb_id, doc, report, progress, defer=defer), defer)
                 continue
             group.append(doc)
             leaves_in_group += doc.leaf_count
             if leaves_in_group >= self._group_leaves:
-                ready += self._write_group(kb_id, group, report, progress, defer=defer)
+                ready += self._let_go(self._write_group(kb_id, group, report, progress, defer=defer), defer)
                 group, leaves_in_group = [], 0
         if group:
-            ready += self._write_group(kb_id, group, report, progress, defer=defer)
+            ready += self._let_go(self._write_group(kb_id, group, report, progress, defer=defer), defer)
         for version in plan.to_delete:
             self.delete_document(kb_id, version.doc_id)
             report.deleted += 1
             progress.file_done(version.source, "deleted", 0)
         return ready
 
-    def _prepare(self, kb_id: str, item: DocumentPlan, report: IndexReport) -> _Prepared | None:
+    def _let_go(self, written: list[_Prepared], defer: bool) -> list[_Prepared]:
+        """What a run keeps of written documents: nothing once they serve; until ``--recreate``'s switch,
+        their version rows' fields. Their parents go to the cache now (the ids are the pending version's own,
+        and a version that never serves has them invalidated with its rows), their chunks and text go."""
+        if not defer:
+            return []
+        for doc in written:
+            self._res.parents.put_many([c for c in doc.held or () if not c.is_leaf])
+        return [replace(doc, held=None, item=replace(doc.item, doc=without_text(doc.item.doc))) for doc in written]
+
+    def _prepare(self, kb_id: str, scan: Scan, item: DocumentPlan, report: IndexReport) -> _Prepared | None:
         """Chunks the document once to check and count it (None when it cannot be indexed: reported, the run
         goes on). Its chunks are kept only while it has at most ``group_leaves`` leaves."""
-        size = len(item.doc.text.encode("utf-8"))
-        if size > self._max_document_bytes:
-            record_failure(
-                report, item.doc.source, f"the document is {size:,} bytes, over the limit of {self._max_document_bytes:,} "
-                "(STRATA_INDEXING__MAX_DOCUMENT_BYTES); its indexed version, if any, is kept",
-            )  # fmt: skip
+        whole = self._whole(scan, item, report)
+        if whole is None:
             return None
+        item = whole
         held: list[Chunk] | None = []
         leaves = count = 0
         tokenize = self._tokenize
@@ -287,6 +302,23 @@ class Indexer:
             return None
         ordered = None if held is None else sorted(held, key=lambda c: c.level)  # L1s, L2s, L3s
         return _Prepared(item, ordered, leaves, count, None if tokenize is None else dict(terms))
+
+    def _whole(self, scan: Scan, item: DocumentPlan, report: IndexReport) -> DocumentPlan | None:
+        """``item`` with its document whole (read again when the scan let its text go) and within the size
+        cap; None when it is not (reported; its indexed version is kept)."""
+        try:
+            item = replace(item, doc=read_again(scan, item.doc, self._load))
+        except LoaderError as exc:
+            record_failure(report, item.doc.source, f"{exc} (its indexed version, if any, is kept)")
+            return None
+        size = len(item.doc.text.encode("utf-8"))
+        if size > self._max_document_bytes:
+            record_failure(
+                report, item.doc.source, f"the document is {size:,} bytes, over the limit of {self._max_document_bytes:,} "
+                "(STRATA_INDEXING__MAX_DOCUMENT_BYTES); its indexed version, if any, is kept",
+            )  # fmt: skip
+            return None
+        return item
 
     def _iter_chunks(self, kb_id: str, item: DocumentPlan) -> Iterator[Chunk]:
         return iter_chunks(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
@@ -376,8 +408,8 @@ class Indexer:
         return found == doc.leaf_count
 
     def _served(self, doc: _Prepared, report: IndexReport, progress: Progress) -> None:
-        """Bookkeeping once a version serves: parents into the cache (a streamed document's are there
-        already), counts into the report."""
+        """Bookkeeping once a version serves: parents into the cache (a streamed document's, and those
+        ``--recreate`` let go, are there already), counts into the report."""
         if doc.held is not None:
             self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
         report.chunks_written += doc.chunk_count

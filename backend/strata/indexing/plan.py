@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
@@ -43,7 +44,9 @@ class Scan:
     ``complete_roots`` are folders that existed and were walked without an error;
     ``kept`` are doc ids or sources of files that were found but failed to load
     (they keep their active version); ``all_complete`` is false when any root
-    was missing or unreadable.
+    was missing or unreadable. ``released`` are the documents whose text the scan
+    let go (their hash and metadata are kept): the file and its root, to read it
+    again when it is written.
     """
 
     docs: tuple[SourceDocument, ...] = ()
@@ -51,6 +54,7 @@ class Scan:
     complete_roots: frozenset[str] = frozenset()
     kept: frozenset[str] = frozenset()
     all_complete: bool = True
+    released: Mapping[str, tuple[Path, Path]] = field(default_factory=dict)  # doc id -> (file, root)
 
 
 def plan_changes(

@@ -8,6 +8,12 @@ symlink loop, a FIFO), is reported as a failure and keeps its active version;
 entries not indexed on purpose (unsupported types, symlinked folders) are
 listed as skipped. Every entry but a hidden one is accounted for in the report.
 
+A run holds the text of its first ``hold_chars`` characters of documents; the
+text of the rest is let go once its hash and metadata are taken, and read again
+(``read_again``) when the document is written, so a run's memory does not grow
+with its folder. A file that changed in between fails, keeping its indexed
+version, and the next run indexes it.
+
 A document id is the path relative to its root (or a front-matter ``doc_id``),
 so two folders indexed into one kb can name the same id (``teamA/README.md``
 and ``teamB/README.md`` are both ``README.md``). ``without_root_conflicts``
@@ -30,16 +36,20 @@ from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
 
+HOLD_CHARS = 32 * 2**20  # text a run holds from its scan to its writes; beyond it, documents are read twice
+
 
 def scan_paths(
     paths: Sequence[Path], report: IndexReport, *, root_names: Mapping[Path, str] | None = None,
-    keep: Collection[str] = (), load: Load = load_document,
+    keep: Collection[str] = (), load: Load = load_document, hold_chars: int = HOLD_CHARS,
 ) -> Scan:  # fmt: skip
     """``root_names`` record a folder under another name than its absolute path (an upload: the client's
     folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept);
-    ``load`` reads one file (``load_document`` with the run's ``LoaderLimits`` and stop event)."""
+    ``load`` reads one file (``load_document`` with the run's ``LoaderLimits`` and stop event); the text
+    of documents past the first ``hold_chars`` characters is released (see the module docstring)."""
     docs: dict[str, SourceDocument] = {}
     roots: dict[str, str] = {}
+    released: dict[str, tuple[Path, Path]] = {}
     complete: set[str] = set()
     kept: set[str] = set(keep)
     all_complete = True
@@ -51,9 +61,33 @@ def scan_paths(
             complete.add(name)
         for file in files:
             doc = _load(file, Path(root), report, docs, kept, load)
-            if doc is not None:
-                docs[doc.doc_id], roots[doc.doc_id] = doc, name
-    return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete)
+            if doc is None:
+                continue
+            hold_chars -= len(doc.text)
+            if hold_chars < 0:
+                doc, released[doc.doc_id] = without_text(doc), (file, Path(root))
+            docs[doc.doc_id], roots[doc.doc_id] = doc, name
+    return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete, released)
+
+
+def without_text(doc: SourceDocument) -> SourceDocument:
+    """What is kept of a document once its text is let go: its id, source, hash and metadata."""
+    return replace(doc, text="", sections=())
+
+
+def read_again(scan: Scan, doc: SourceDocument, load: Load) -> SourceDocument:
+    """``doc`` whole: itself, or, when the scan released its text, its file read again. Raises
+    ``LoaderError`` when the file cannot be read now or no longer holds what the run planned from."""
+    where = scan.released.get(doc.doc_id)
+    if where is None:
+        return doc
+    file, root = where
+    if not os.path.lexists(file):
+        raise LoaderError("the file was removed while the run was indexing; the next run sees it gone")
+    again = load(file, root=root)
+    if (again.doc_id, again.content_hash) != (doc.doc_id, doc.content_hash):
+        raise LoaderError("the file changed while the run was indexing; the next run indexes its new content")
+    return again
 
 
 def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path], str, bool]:
