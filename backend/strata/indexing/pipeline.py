@@ -267,7 +267,8 @@ class Indexer:
         if not defer:
             return []
         for doc in written:
-            self._res.parents.put_many([c for c in doc.held or () if not c.is_leaf])
+            if doc.held is not None:  # a streamed document's are cached already
+                self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
         return [replace(doc, held=None, item=replace(doc.item, doc=without_text(doc.item.doc))) for doc in written]
 
     def _prepare(self, kb_id: str, scan: Scan, item: DocumentPlan, report: IndexReport) -> _Prepared | None:

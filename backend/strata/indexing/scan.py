@@ -10,9 +10,10 @@ listed as skipped. Every entry but a hidden one is accounted for in the report.
 
 A run holds the text of its first ``hold_chars`` characters of documents; the
 text of the rest is let go once its hash and metadata are taken, and read again
-(``read_again``) when the document is written, so a run's memory does not grow
-with its folder. A file that changed in between fails, keeping its indexed
-version, and the next run indexes it.
+(``read_again``) when the document is written, so what a run holds grows with
+its folder by each document's id, hash and metadata, not by its text. A file
+that changed in between fails, keeping its indexed version, and the next run
+indexes it.
 
 A document id is the path relative to its root (or a front-matter ``doc_id``),
 so two folders indexed into one kb can name the same id (``teamA/README.md``
