@@ -30,6 +30,7 @@ from strata.config import DatabaseSettings, RedisSettings, Settings, load_settin
 from strata.indexing.chunking import chunk_document
 from strata.indexing.loaders import load_document
 from strata.indexing.pipeline import ENCODER_BATCH, Indexer
+from strata.indexing.rebuild import Rebuilder
 from strata.indexing.report import NoProgress
 from strata.stores.sql import DocumentStore
 from strata.types import Chunk, DocumentVersion, SourceDocument
@@ -209,11 +210,18 @@ def test_a_versions_chunk_ids_come_a_page_at_a_time_and_all_of_them(database_set
         store.write_pending(row, chunks[:100], chunk_count=len(chunks))
         store.add_chunks(chunks[100:])
         pages = list(store.version_chunk_ids("kb", "big.md", 3, page=50))
+        leaf_pages = list(store.version_chunk_pages("kb", "big.md", 3, levels=(3,), page=50))
+        all_pages = list(store.version_chunk_pages("kb", "big.md", 3, page=50))
+        in_one = store.version_chunks("kb", "big.md", 3)
     finally:
         store.dispose()
     assert [len(p) for p in pages[:-1]] == [50] * (len(pages) - 1) and 0 < len(pages[-1]) <= 50
     flat = [cid for page in pages for cid in page]
     assert flat == sorted(flat) and set(flat) == {c.chunk_id for c in chunks} and len(flat) == len(chunks)
+    # chunks by page come in the order they were written (level, then ordinal), as version_chunks reads them
+    assert max(len(p) for p in leaf_pages + all_pages) == 50
+    assert [c for page in all_pages for c in page] == in_one == sorted(chunks, key=lambda c: (c.level, c.ordinal))
+    assert [c for page in leaf_pages for c in page] == [c for c in in_one if c.level == 3]
 
 
 def test_stats_of_a_kb_counts_without_loading_rows(
@@ -353,3 +361,45 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
 
 def _l1_texts(resources: Any, active: dict[str, int]) -> dict[str, str]:
     return {d: " ".join(c.text for c in resources.documents.version_chunks("kb", d, v, levels=(1,))) for d, v in active.items()}
+
+
+class LiveAtUpsert(RecordingLeafIndex):
+    """The real leaf index, recording each upsert's size and the kb's ``Chunk`` objects alive at that moment."""
+
+    def __init__(self, inner: Any, kb_id: str) -> None:
+        super().__init__(inner)
+        self.kb_id = kb_id
+        self.alive: list[int] = []
+
+    def upsert(self, leaves: Sequence[Chunk], vectors: np.ndarray, search_texts: Sequence[str]) -> None:
+        self.alive.append(sum(1 for o in gc.get_objects() if isinstance(o, Chunk) and o.kb_id == self.kb_id))
+        super().upsert(leaves, vectors, search_texts)
+
+
+def test_a_rebuild_and_a_repair_of_a_large_document_read_its_leaves_a_page_at_a_time(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(300), "small.md": many_leaves(4, "export")})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    kb = f"big-{uuid.uuid4().hex[:8]}"
+    with opened(settings, HashEncoder()) as resources:
+        Indexer(resources, group_leaves=50).index_paths([docs], kb_id=kb)
+        inner = resources.leaf_index
+        rebuilding = LiveAtUpsert(inner, kb)
+        resources.__dict__["leaf_index"] = rebuilding
+        rebuilt = Rebuilder(resources, batch_leaves=50).rebuild(kb)
+        inner.delete_kb(kb)
+        inner.flush()
+        repairing = LiveAtUpsert(inner, kb)
+        resources.__dict__["leaf_index"] = repairing
+        repaired = Indexer(resources, group_leaves=50).reconcile(kb, repair=True)
+        resources.__dict__["leaf_index"] = inner
+        after = Indexer(resources).reconcile(kb)
+        state = store_state(resources, kb)
+    assert rebuilt.verified and rebuilt.leaves_written == 304
+    assert sum(rebuilding.upserts) == 304 and max(rebuilding.upserts) < 2 * 50, rebuilding.upserts
+    assert repaired.missing_in_milvus == 304 and sum(repairing.upserts) == 304 and max(repairing.upserts) <= 50
+    # a page of leaves (and the one before it, still referenced) alive at a time, not the document's 300
+    assert max(rebuilding.alive + repairing.alive) < 3 * 50, (rebuilding.alive, repairing.alive)
+    assert after.differences == 0
+    state.assert_consistent()

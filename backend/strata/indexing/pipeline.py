@@ -473,7 +473,7 @@ class Indexer:
             return check_stores(self._res, kb_id)
         with self.lease(kb_id):
             leftovers = self._remove_leftovers(kb_id)
-            return repair_stores(self._res, kb_id, removed_versions=leftovers)
+            return repair_stores(self._res, kb_id, removed_versions=leftovers, page=self._group_leaves)
 
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
         """Stops serving a document at once, then removes it from every store."""

@@ -136,16 +136,22 @@ class Rebuilder:
     def _batches(
         self, kb_id: str, versions: Sequence[DocumentVersion]
     ) -> Iterator[tuple[list[Chunk], list[tuple[DocumentVersion, int]]]]:
-        """Leaves in batches of about ``batch_leaves``, with the versions each batch completes."""
+        """Leaves in batches of ``batch_leaves`` to twice that, with the versions each batch completes; a
+        version's leaves are read a page at a time, so a version of 200,000 leaves is never held whole."""
         batch: list[Chunk] = []
         done: list[tuple[DocumentVersion, int]] = []
+        documents = self._res.documents
         for version in versions:
-            leaves = self._res.documents.version_chunks(kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,))
-            batch.extend(leaves)
-            done.append((version, len(leaves)))
-            if len(batch) >= self._batch:
-                yield batch, done
-                batch, done = [], []
+            count = 0
+            for page in documents.version_chunk_pages(
+                kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=self._batch
+            ):  # fmt: skip
+                batch.extend(page)
+                count += len(page)
+                if len(batch) >= self._batch:
+                    yield batch, done
+                    batch, done = [], []
+            done.append((version, count))
         if batch or done:
             yield batch, done
 

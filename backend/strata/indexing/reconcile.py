@@ -70,8 +70,9 @@ def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
     return report
 
 
-def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0) -> ReconcileReport:
-    """Makes Milvus and the cache agree with SQL; the report counts what was found (and fixed)."""
+def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0, page: int = 2000) -> ReconcileReport:
+    """Makes Milvus and the cache agree with SQL, missing leaves written ``page`` at a time; the report counts
+    what was found (and fixed)."""
     report = ReconcileReport(kb=kb_id, leftover_versions=removed_versions, repaired=True)
     report.invalidations_pending, error = retry_invalidations(resources, kb_id)
     if error:
@@ -81,7 +82,7 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
     if diff.orphans:
         resources.leaf_index.delete_leaves(kb_id, sorted(diff.orphans))
     if diff.missing:
-        _rewrite_leaves(resources, kb_id, sorted(diff.missing))
+        _rewrite_leaves(resources, kb_id, sorted(diff.missing), page)
     if diff.orphans or diff.missing:
         resources.leaf_index.flush()
     if diff.stale:
@@ -138,13 +139,17 @@ def _fill(report: ReconcileReport, diff: _Diff) -> None:
             report.examples[name] = sorted(ids)[:_SHOWN]
 
 
-def _rewrite_leaves(resources: Resources, kb_id: str, chunk_ids: list[str]) -> None:
+def _rewrite_leaves(resources: Resources, kb_id: str, chunk_ids: list[str], page: int) -> None:
+    """Reads, embeds and upserts the missing leaves ``page`` at a time (a kb whose collection lost all
+    200,000 of its leaves is not held whole)."""
     settings = resources.settings
-    leaves = list(resources.documents.get_chunks(chunk_ids).values())
-    texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
-    embedded = embed_texts(
-        texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
-        batch_size=settings.embedding.batch_size, progress=NoProgress(),
-    )  # fmt: skip
-    logger.info("reconcile: writing %d missing leaves (%d encoded)", len(leaves), embedded.encoded)
-    resources.leaf_index.upsert(leaves, embedded.vectors, texts)
+    for start in range(0, len(chunk_ids), page):
+        leaves = list(resources.documents.get_chunks(chunk_ids[start : start + page]).values())
+        texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
+        embedded = embed_texts(
+            texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
+            batch_size=settings.embedding.batch_size, progress=NoProgress(),
+        )  # fmt: skip
+        resources.leaf_index.upsert(leaves, embedded.vectors, texts)
+        done = start + len(leaves)
+        logger.info("reconcile: wrote %d of %d missing leaves (%d encoded)", done, len(chunk_ids), embedded.encoded)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
 from strata.stores.sql_database import IN_BATCH, SqlPart
 from strata.stores.sql_schema import chunks, documents
@@ -36,18 +36,46 @@ class Chunks(SqlPart):
     def version_chunk_ids(self, kb_id: str, doc_id: str, version: int, *, page: int = 5000) -> Iterator[list[str]]:
         """The version's chunk ids, ``page`` at a time in id order (keyset paging: a page per query, so a
         version of 200,000 chunks is never held at once)."""
-        after = ""
+        of_version = select(chunks.c.chunk_id).where(
+            chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version
+        )
+        pages = self._pages(
+            lambda after: of_version.where(chunks.c.chunk_id > after).order_by(chunks.c.chunk_id), "", page,
+            lambda row: row.chunk_id,
+        )  # fmt: skip
+        for rows in pages:
+            yield [r.chunk_id for r in rows]
+
+    def version_chunk_pages(
+        self, kb_id: str, doc_id: str, version: int, *, levels: Sequence[int] = (1, 2, 3), page: int = 2000
+    ) -> Iterator[list[Chunk]]:
+        """The version's chunks at ``levels``, ``page`` at a time in ``version_chunks``'s order (level, then
+        ordinal: the order they were written in), a query per page."""
+        of_version = select(chunks).where(
+            chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.level.in_(levels)
+        )
+
+        def after(key: tuple[int, int]) -> Any:
+            level, ordinal = key
+            later = or_(chunks.c.level > level, and_(chunks.c.level == level, chunks.c.ordinal > ordinal))
+            return of_version.where(later).order_by(chunks.c.level, chunks.c.ordinal)
+
+        for rows in self._pages(after, (0, -1), page, lambda row: (row.level, row.ordinal)):
+            yield [chunk_from_row(r) for r in rows]
+
+    def _pages(
+        self, query_after: Callable[[Any], Any], start: Any, page: int, key: Callable[[Any], Any]
+    ) -> Iterator[list[Any]]:
+        """Keyset paging: the rows of ``query_after(key of the last row so far)``, ``page`` per query."""
+        after = start
         while True:
-            query = select(chunks.c.chunk_id).where(
-                chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.chunk_id > after
-            )
             with self._connect() as conn:
-                ids = list(conn.execute(query.order_by(chunks.c.chunk_id).limit(page)).scalars())
-            if ids:
-                yield ids
-            if len(ids) < page:
+                rows = list(conn.execute(query_after(after).limit(page)))
+            if rows:
+                yield rows
+            if len(rows) < page:
                 return
-            after = ids[-1]
+            after = key(rows[-1])
 
     def active_chunk_ids(self, kb_id: str, *, levels: Sequence[int] = (3,)) -> set[str]:
         """Chunk ids of the kb's active versions at ``levels`` (L3: what Milvus must hold)."""
