@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from strata.encoders import Encoder
 from strata.indexing.report import Progress
 from strata.stores.sql import DocumentStore
 from strata.types import Chunk
+
+if TYPE_CHECKING:
+    from strata.resources import Resources
+    from strata.stores.milvus import LeafIndex
 
 
 def search_text(leaf: Chunk, contextualize: bool) -> str:
@@ -67,3 +71,19 @@ def embed_texts(
     found = {**cached, **fresh}
     vectors = np.vstack([found[h] for h in hashes]) if hashes else np.zeros((0, encoder.dim), np.float32)
     return Embedded(vectors=vectors, encoded=len(fresh), reused=len(texts) - len(fresh), seconds=seconds)
+
+
+def upsert_leaves(
+    resources: Resources, index: LeafIndex, kb_id: str, leaves: Sequence[Chunk], *, progress: Progress,
+    batch_cached: Callable[[], None] = lambda: None,
+) -> Embedded:  # fmt: skip
+    """``leaves`` of ``kb_id`` into ``index`` with their search texts and vectors (``embed_texts``): the one
+    way indexing, ``strata rebuild`` and ``strata reconcile --repair`` write leaves."""
+    settings = resources.settings
+    texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
+    embedded = embed_texts(
+        texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
+        batch_size=settings.embedding.batch_size, progress=progress, batch_cached=batch_cached,
+    )  # fmt: skip
+    index.upsert(leaves, embedded.vectors, texts)
+    return embedded

@@ -36,7 +36,7 @@ from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from strata.config import ChunkingSettings
 from strata.errors import LeavesMissingError, LoaderError, StoreError
 from strata.indexing.chunking import iter_chunks
-from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.embedding import search_text, upsert_leaves
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
 from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores, retry_invalidations
@@ -236,7 +236,7 @@ class Indexer:
         self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress, *, defer: bool = False
     ) -> list[_Prepared]:
         """Writes the plan in groups, holding one group's chunks at a time; with ``defer`` the versions stay
-        pending and are returned, without their chunks and text (``_let_go``)."""
+        pending and are returned, without their chunks and text (``_finish``)."""
         ready: list[_Prepared] = []
         group: list[_Prepared] = []
         leaves_in_group = 0
@@ -245,31 +245,20 @@ class Indexer:
             if doc is None:
                 continue
             if doc.held is None:
-                ready += self._let_go(self._write_streamed(kb_id, doc, report, progress, defer=defer), defer)
+                ready += self._write_streamed(kb_id, doc, report, progress, defer=defer)
                 continue
             group.append(doc)
             leaves_in_group += doc.leaf_count
             if leaves_in_group >= self._group_leaves:
-                ready += self._let_go(self._write_group(kb_id, group, report, progress, defer=defer), defer)
+                ready += self._write_group(kb_id, group, report, progress, defer=defer)
                 group, leaves_in_group = [], 0
         if group:
-            ready += self._let_go(self._write_group(kb_id, group, report, progress, defer=defer), defer)
+            ready += self._write_group(kb_id, group, report, progress, defer=defer)
         for version in plan.to_delete:
             self.delete_document(kb_id, version.doc_id)
             report.deleted += 1
             progress.file_done(version.source, "deleted", 0)
         return ready
-
-    def _let_go(self, written: list[_Prepared], defer: bool) -> list[_Prepared]:
-        """What a run keeps of written documents: nothing once they serve; until ``--recreate``'s switch,
-        their version rows' fields. Their parents go to the cache now (the ids are the pending version's own,
-        and a version that never serves has them invalidated with its rows), their chunks and text go."""
-        if not defer:
-            return []
-        for doc in written:
-            if doc.held is not None:  # a streamed document's are cached already
-                self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
-        return [replace(doc, held=None, item=replace(doc.item, doc=without_text(doc.item.doc))) for doc in written]
 
     def _prepare(self, kb_id: str, scan: Scan, item: DocumentPlan, report: IndexReport) -> _Prepared | None:
         """Chunks the document once to check and count it (None when it cannot be indexed: reported, the run
@@ -362,19 +351,29 @@ class Indexer:
     def _finish(
         self, kb_id: str, docs: list[_Prepared], report: IndexReport, progress: Progress, *, defer: bool
     ) -> list[_Prepared]:
-        """Flush, check each version's leaf count, then activate (or, with ``defer``, return) the verified ones."""
+        """Flush, check each version's leaf count, then activate the verified ones; returns nothing of them
+        (the run lets them go). With ``defer`` (``--recreate``) the verified ones stay pending and are returned
+        for the switch with their version rows' fields only: their parents go to the cache now (the ids are
+        the pending version's own, and a version that never serves has them invalidated with its rows)."""
         self._checkpoint("milvus_upsert")
         self._res.leaf_index.flush()
         self._checkpoint("milvus_flush")
         verified = [doc for doc in docs if self._verified(kb_id, doc, report)]
         if defer:
-            return verified
+            for doc in verified:
+                self._cache_parents(doc)
+            return [replace(doc, held=None, item=replace(doc.item, doc=without_text(doc.item.doc))) for doc in verified]
         for doc in verified:
             self._res.documents.activate(kb_id, doc.item.doc.doc_id, doc.item.version)
             self._checkpoint("activate")
             self._served(doc, report, progress)
         self._retire_previous(kb_id, [doc.item for doc in docs])
-        return verified
+        return []
+
+    def _cache_parents(self, doc: _Prepared) -> None:
+        """A held document's parents into the cache (a streamed document's went there batch by batch)."""
+        if doc.held is not None:
+            self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
 
     def _write_leaves(self, kb_id: str, group: list[_Prepared], report: IndexReport, progress: Progress) -> None:
         """Embeds (cache, then encoder) and upserts the group's leaves ``group_leaves`` at a time, with
@@ -390,16 +389,13 @@ class Indexer:
                 progress.leaves_written(source, written[source], totals[source])
 
     def _upsert_batch(self, kb_id: str, leaves: list[Chunk], report: IndexReport, progress: Progress) -> None:
-        texts = [search_text(leaf, self._chunking.contextualize) for leaf in leaves]
-        embedded = embed_texts(
-            texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
-            batch_size=self._res.settings.embedding.batch_size, progress=progress,
+        embedded = upsert_leaves(
+            self._res, self._res.leaf_index, kb_id, leaves, progress=progress,
             batch_cached=lambda: self._checkpoint(ENCODER_BATCH),
         )  # fmt: skip
         report.passages_encoded += embedded.encoded
         report.embeddings_reused += embedded.reused
         report.encode_seconds += embedded.seconds
-        self._res.leaf_index.upsert(leaves, embedded.vectors, texts)
 
     def _verified(self, kb_id: str, doc: _Prepared, report: IndexReport) -> bool:
         item = doc.item
@@ -411,8 +407,7 @@ class Indexer:
     def _served(self, doc: _Prepared, report: IndexReport, progress: Progress) -> None:
         """Bookkeeping once a version serves: parents into the cache (a streamed document's, and those
         ``--recreate`` let go, are there already), counts into the report."""
-        if doc.held is not None:
-            self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
+        self._cache_parents(doc)
         report.chunks_written += doc.chunk_count
         report.leaves_written += doc.leaf_count
         previous = doc.item.previous

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, IndexingError, NotFoundError
-from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.embedding import upsert_leaves
 from strata.indexing.report import NoProgress, Progress
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
@@ -116,17 +116,11 @@ class Rebuilder:
         self, index: LeafIndex, kb_id: str, versions: Sequence[DocumentVersion], progress: Progress
     ) -> tuple[set[str], int, int]:
         """Writes every leaf of ``versions``; returns the ids written and the passages encoded and reused."""
-        contextualize = self._res.settings.chunking.contextualize
         progress.files_planned(len(versions))
         written: set[str] = set()
         encoded = reused = 0
         for batch, done in self._batches(kb_id, versions):
-            texts = [search_text(leaf, contextualize) for leaf in batch]
-            embedded = embed_texts(
-                texts, kb_id=kb_id, encoder=self._res.encoder, store=self._res.documents,
-                batch_size=self._res.settings.embedding.batch_size, progress=progress,
-            )  # fmt: skip
-            index.upsert(batch, embedded.vectors, texts)
+            embedded = upsert_leaves(self._res, index, kb_id, batch, progress=progress)
             written.update(leaf.chunk_id for leaf in batch)
             encoded, reused = encoded + embedded.encoded, reused + embedded.reused
             for version, leaves in done:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.errors import CacheError
-from strata.indexing.embedding import embed_texts, search_text
+from strata.indexing.embedding import upsert_leaves
 from strata.indexing.report import NoProgress
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
 from strata.resources import Resources
@@ -142,14 +142,8 @@ def _fill(report: ReconcileReport, diff: _Diff) -> None:
 def _rewrite_leaves(resources: Resources, kb_id: str, chunk_ids: list[str], page: int) -> None:
     """Reads, embeds and upserts the missing leaves ``page`` at a time (a kb whose collection lost all
     200,000 of its leaves is not held whole)."""
-    settings = resources.settings
     for start in range(0, len(chunk_ids), page):
         leaves = list(resources.documents.get_chunks(chunk_ids[start : start + page]).values())
-        texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
-        embedded = embed_texts(
-            texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
-            batch_size=settings.embedding.batch_size, progress=NoProgress(),
-        )  # fmt: skip
-        resources.leaf_index.upsert(leaves, embedded.vectors, texts)
+        embedded = upsert_leaves(resources, resources.leaf_index, kb_id, leaves, progress=NoProgress())
         done = start + len(leaves)
         logger.info("reconcile: wrote %d of %d missing leaves (%d encoded)", done, len(chunk_ids), embedded.encoded)
