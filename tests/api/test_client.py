@@ -24,6 +24,7 @@ from strata.stores.catalog import Catalog
 from strata.types import Filters
 from tests.api.conftest import KEYS
 from tests.conftest import free_port
+from tests.strata_support import run_strata, strata_env
 
 RESET_QUERY = "密码重置链接多久失效？"
 
@@ -188,3 +189,34 @@ def test_index_through_the_server_deletes_and_reports_what_the_local_command_doe
     assert {e["source"] for e in reports["remote"]["failures"]} == {str(folder / "pipe.md"), str(folder / "gone.md")}
     kept = {side: sorted(e.doc_id for e in catalog.documents(kb)) for side, kb in kbs.items()}
     assert kept["local"] == kept["remote"] == ["alpha.md", "delta.md", "sub/gamma.md"]
+
+
+def test_two_folders_named_alike_are_two_roots_and_one_folder_named_two_ways_is_one(
+    served_url: str, stores: tuple[Settings, Resources], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cd alice && index docs``, ``cd bob && index docs --delete-missing``: none of Alice's documents go.
+    Alice's folder named by its absolute path is the root she indexed as ``docs``."""
+    catalog, kb = Catalog(stores[1].documents.engine), f"roots-{uuid.uuid4().hex[:6]}"
+    alice = write_files(tmp_path / "alice" / "docs", {"lamp.md": FOLDER["alpha.md"], "gate.md": FOLDER["beta.md"]})
+    bob = write_files(tmp_path / "bob" / "docs", {"hives.md": FOLDER["sub/gamma.md"]})
+    monkeypatch.chdir(alice.parent)
+    assert index_remote(served_url, kb, Path("docs"))["added"] == 2
+    monkeypatch.chdir(bob.parent)
+    by_bob = index_remote(served_url, kb, Path("docs"), delete_missing=True)
+    assert (by_bob["added"], by_bob["deleted"], by_bob["failed"]) == (1, 0, 0), by_bob
+    assert sorted(e.doc_id for e in catalog.documents(kb)) == ["gate.md", "hives.md", "lamp.md"]
+
+    (alice / "gate.md").unlink()
+    by_path = index_remote(served_url, kb, alice, delete_missing=True)  # the same folder, named absolutely
+    assert (by_path["unchanged"], by_path["deleted"], by_path["failed"]) == (1, 1, 0), by_path
+    assert sorted(e.doc_id for e in catalog.documents(kb)) == ["hives.md", "lamp.md"]
+
+
+def test_a_root_id_names_the_root_and_is_refused_without_a_server(served_url: str, tmp_path: Path) -> None:
+    from strata.cli.remote_index import collect_files
+
+    folder = write_files(tmp_path / "docs", {"lamp.md": FOLDER["alpha.md"]})
+    assert [u.root for u in collect_files([folder], root_id="team-wiki").uploads] == ["id:team-wiki"]
+    assert [u.root for u in collect_files([folder]).uploads][0].endswith(f":{folder}")
+    local = run_strata(["index", str(folder), "--kb", "x", "--root-id", "team-wiki"], strata_env(tmp_path / "data"))
+    assert local.returncode == 2 and "--root-id" in local.stderr and "--server" in local.stderr

@@ -57,6 +57,10 @@ def _add_index(sub: Any) -> None:
     add_index_options(p)
     p.add_argument("--server", metavar="URL", help="send the files to a running `strata serve` (STRATA_SERVER__URL)")
     p.add_argument("--api-key", metavar="KEY", help="bearer key for --server (STRATA_SERVER__API_KEY)")
+    p.add_argument(
+        "--root-id", metavar="ID", help="with --server: the folders' root identity, instead of this host's name and "
+        "the folder's absolute path (--delete-missing deletes only documents of this root)",
+    )  # fmt: skip
     p.set_defaults(handler=_lazy("strata.cli.index", "cmd_index"))
 
 

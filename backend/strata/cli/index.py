@@ -25,6 +25,9 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
 
         api_key = getattr(args, "api_key", None) or settings.server.api_key.get_secret_value() or None
         return cmd_remote_index(args, settings, url=server_url, api_key=api_key)
+    if getattr(args, "root_id", None):
+        print("strata index: --root-id names the root of an upload: use it with --server", file=sys.stderr)
+        return 2
     if args.batch_size is not None:
         settings = with_overrides(settings, {"embedding": {"batch_size": args.batch_size}})
     resources = Resources(settings)

@@ -3,16 +3,24 @@
 Same report, ``--json`` keys and exit codes as local indexing. File names
 are sent relative to the folder given (a file given by itself: its name), so
 documents get the ids a local ``strata index`` would give them. Each folder
-argument is one upload naming its folder as the root, so ``--delete-missing``
-deletes what the local command deletes; entries that cannot be read (a FIFO,
-a dangling symlink) are failures or skipped, as locally, and their indexed
-versions are kept.
+argument is one upload naming its root, so ``--delete-missing`` deletes what
+the local command deletes; entries that cannot be read (a FIFO, a dangling
+symlink) are failures or skipped, as locally, and their indexed versions are
+kept.
+
+A root is an identity, not the path as typed: this host's name and the
+folder's absolute path (``docs`` typed in ``/home/alice`` and ``/home/bob``
+are two roots; ``docs`` and ``/home/alice/docs`` one), or ``--root-id``
+where several hosts or checkouts send one folder. Two folders can never
+share a root by their names alone, so ``--delete-missing`` from one never
+deletes another's documents.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +55,7 @@ class Collected:
 
 
 def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, api_key: str | None) -> int:
-    collected = collect_files(args.paths)
+    collected = collect_files(args.paths, root_id=getattr(args, "root_id", None))
     reports: list[dict[str, Any]] = []
     with StrataClient(url, api_key) as client:
         for n, upload in enumerate(u for u in collected.uploads if u.files):
@@ -66,13 +74,16 @@ def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, 
     return 1 if report["failed"] else 0
 
 
-def collect_files(paths: Sequence[Path]) -> Collected:
-    """What each path argument sends, and the entries reported here (as ``strata.indexing.scan`` reports them)."""
+def collect_files(paths: Sequence[Path], *, root_id: str | None = None) -> Collected:
+    """What each path argument sends, and the entries reported here (as ``strata.indexing.scan`` reports them).
+
+    ``root_id`` names the root of every folder argument instead of this host and the folder's absolute path.
+    """
     collected = Collected()
     by_parent: dict[str, Upload] = {}
     for path in paths:
         if path.is_dir():
-            collected.uploads.append(_folder(path, collected))
+            collected.uploads.append(_folder(path, collected, root_id))
         elif not os.path.lexists(path):
             collected.failures.append({"source": str(path), "reason": "no such file or directory (nothing under it was deleted)"})
             collected.complete = False
@@ -84,8 +95,8 @@ def collect_files(paths: Sequence[Path]) -> Collected:
     return collected
 
 
-def _folder(path: Path, collected: Collected) -> Upload:
-    upload = Upload(_root(path))
+def _folder(path: Path, collected: Collected, root_id: str | None) -> Upload:
+    upload = Upload(f"id:{root_id}" if root_id else _root(path))
     walk = walk_folder(path)
     collected.failures.extend({"source": str(path), "reason": error} for error in walk.errors)
     collected.complete &= not walk.errors
@@ -113,8 +124,11 @@ def _unreadable(path: Path, name: str, reason: str, upload: Upload, collected: C
 
 
 def _root(folder: Path) -> str:
-    """The folder as the root an upload names: the path given, normalised (``./docs/`` is ``docs``)."""
-    return Path(os.path.normpath(folder)).as_posix()
+    """The folder as the root an upload names: this host and the folder's absolute path (``host:/abs/docs``).
+
+    ``abspath``, not ``resolve()``: a folder reached through a symlink is the root its user named, as locally.
+    """
+    return f"{socket.gethostname()}:{Path(os.path.abspath(folder)).as_posix()}"
 
 
 def merged(reports: Sequence[dict[str, Any]], *, kb: str, dry_run: bool) -> dict[str, Any]:
