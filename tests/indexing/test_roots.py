@@ -49,3 +49,31 @@ def test_a_folder_that_moved_updates_its_documents(tmp_path: Path, memo_encoder:
         served = [(v.doc_id, v.root) for v in resources.documents.versions("moved") if v.status == "active"]
     assert (moved.added, moved.updated, moved.failed) == (0, 1, 0), moved.failures
     assert served == [("README.md", str(new))]
+
+
+def test_delete_missing_keeps_what_lies_under_a_folder_symlink_or_an_unmounted_share(
+    tmp_path: Path, memo_encoder: Any
+) -> None:
+    """A folder replaced by a symlink to another folder, and one replaced by a symlink to a share that is not
+    mounted: neither was read, so their documents stay; a file really removed is deleted."""
+    notes = write_files(tmp_path / "notes", {
+        "top.md": "# Top\n\nThe ferry leaves at nine.\n", "gone.md": "# Gone\n\nThe old pier closed in May.\n",
+        "linked/a.md": "# A\n\nThe lamp is lit at dusk.\n", "share/b.md": "# B\n\nBees are checked in June.\n",
+    })  # fmt: skip
+    elsewhere = write_files(tmp_path / "elsewhere", {"c.md": "# C\n\nThe gate closes at ten.\n"})
+    with opened(settings(tmp_path / "data"), memo_encoder) as resources:
+        indexer = Indexer(resources)
+        assert indexer.index_paths([notes], kb_id="kept").added == 4
+        for folder in ("linked", "share"):
+            for file in (notes / folder).iterdir():
+                file.unlink()
+            (notes / folder).rmdir()
+        (notes / "linked").symlink_to(elsewhere, target_is_directory=True)
+        (notes / "share").symlink_to(tmp_path / "unmounted", target_is_directory=True)
+        (notes / "gone.md").unlink()
+        again = indexer.index_paths([notes], kb_id="kept", delete_missing=True)
+        served = sorted(v.doc_id for v in resources.documents.versions("kept") if v.status == "active")
+
+    assert again.deleted == 1, again.to_dict()
+    assert served == ["linked/a.md", "share/b.md", "top.md"]
+    assert {Path(e["source"]).name for e in again.skipped} >= {"linked", "share"}

@@ -103,6 +103,7 @@ def _folder(path: Path, collected: Collected, root_id: str | None) -> Upload:
     for entry, reason in walk.unreadable:
         _unreadable(entry, entry.relative_to(path).as_posix(), reason, upload, collected)
     collected.skipped.extend({"source": str(entry), "reason": reason} for entry, reason in walk.skipped)
+    upload.keep.extend(entry.relative_to(path).as_posix() for entry, _ in walk.skipped)  # not read: kept, as locally
     upload.files.extend((f.relative_to(path).as_posix(), f) for f in walk.files)
     return upload
 
@@ -116,11 +117,11 @@ def _entry(path: Path, name: str, upload: Upload, collected: Collected) -> None:
 
 
 def _unreadable(path: Path, name: str, reason: str, upload: Upload, collected: Collected) -> None:
+    upload.keep.append(name)  # also a skipped one: it may be a folder that is not there now (an unmounted share)
     if not is_supported(path):
         collected.skipped.append({"source": str(path), "reason": reason})
         return
     collected.failures.append({"source": str(path), "reason": reason + KEPT})
-    upload.keep.append(name)
 
 
 def _root(folder: Path) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping, Sequence
 
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
@@ -42,8 +42,9 @@ class Scan:
     """What an indexing run read: the documents, their roots, and what deletion may touch.
 
     ``complete_roots`` are folders that existed and were walked without an error;
-    ``kept`` are doc ids or sources of files that were found but failed to load
-    (they keep their active version); ``all_complete`` is false when any root
+    ``kept`` are doc ids or sources of files that were found but failed to load,
+    and folders that were found but not read (a symlinked folder): they and
+    everything under them keep their active version; ``all_complete`` is false when any root
     was missing or unreadable. ``released`` are the documents whose text the scan
     let go (their hash and metadata are kept): the file and its root, to read it
     again when it is written.
@@ -107,9 +108,15 @@ def deletable(scan: Scan, active: Iterable[DocumentVersion]) -> list[DocumentVer
     out = []
     for v in sorted(active, key=lambda v: v.doc_id):
         in_scope = v.root in scan.complete_roots if v.root else bool(scan.complete_roots)
-        if in_scope and v.doc_id not in seen and v.source not in scan.kept:
+        if in_scope and v.doc_id not in seen and not _under_kept(v.source, scan.kept):
             out.append(v)
     return out
+
+
+def _under_kept(source: str, kept: frozenset[str]) -> bool:
+    """Whether ``source`` is kept or lies under a kept folder (a symlinked folder that was not followed)."""
+    path = PurePosixPath(source)
+    return source in kept or any(str(parent) in kept for parent in path.parents if str(parent) != ".")
 
 
 def _same(previous: DocumentVersion, doc: SourceDocument, chunking: str, legacy_ok: bool) -> bool:

@@ -6,7 +6,7 @@ error. A file argument is indexed but scopes no deletion. A file that fails
 to load, and an entry that exists but cannot be read (a dangling symlink, a
 symlink loop, a FIFO), is reported as a failure and keeps its active version;
 entries not indexed on purpose (unsupported types, symlinked folders) are
-listed as skipped. Every entry but a hidden one is accounted for in the report.
+listed as skipped, and what was indexed under a symlinked folder is kept. Every entry but a hidden one is accounted for in the report.
 
 A run holds the text of its first ``hold_chars`` characters of documents; the
 text of the rest is let go once its hash and metadata are taken, and read again
@@ -101,6 +101,8 @@ def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path],
         for entry, reason in walk.unreadable:
             _unreadable(entry, reason, Path(root), report, kept)
         report.skipped.extend({"source": str(entry), "reason": reason} for entry, reason in walk.skipped)
+        # a folder not followed was not read: what was indexed under it is kept, never deleted as missing
+        kept.update(Path(os.path.abspath(entry)).relative_to(root).as_posix() for entry, _ in walk.skipped)
         return walk.files, root, not walk.errors
     root = os.path.abspath(path.parent)
     if not os.path.lexists(path):
@@ -116,13 +118,14 @@ def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path],
 def _unreadable(path: Path, reason: str, root: Path, report: IndexReport, kept: set[str]) -> None:
     """An entry that exists but cannot be read: a failure that keeps its indexed version.
 
-    One of a type strata does not index anyway (``notes``, ``x.png``) is skipped, with the same reason.
+    One of a type strata does not index anyway (``notes``, ``x.png``) is skipped, with the same reason; it is
+    kept all the same, since it may be a folder that is not there now (a symlink to an unmounted share).
     """
+    kept.add(Path(os.path.abspath(path)).relative_to(root).as_posix())
     if not is_supported(path):
         report.skipped.append({"source": str(path), "reason": reason})
         return
     record_failure(report, str(path), f"{reason} (its indexed version, if any, is kept)")
-    kept.add(Path(os.path.abspath(path)).relative_to(root).as_posix())
 
 
 def _load(
