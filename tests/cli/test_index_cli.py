@@ -7,6 +7,7 @@ the test process looks into the stores only between commands (``opened``).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -287,3 +288,33 @@ def test_build_index_script_runs_strata_index(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert (report["kb"], report["added"], report["failed"]) == ("script", 2, 0)
     assert _stats("script", env)["documents"] == 2
+
+
+def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_refuse(tmp_path: Path) -> None:
+    """The Milvus Lite file copied aside, both documents edited and indexed again (same leaf counts), the old
+    file put back: the counts agree, but stats names the served versions Milvus lacks and exits 1, and
+    ``strata index`` refuses instead of calling every document unchanged; ``reconcile --repair`` fixes it."""
+    env = strata_env(tmp_path / "data")
+    docs = write_files(tmp_path / "docs", {
+        "lamp.md": "# Lamp\n\nThe keeper lights the lamp at dusk.\n", "gate.md": "# Gate\n\nThe gate closes at nine.\n",
+    })  # fmt: skip
+    _index(docs, "restored", env)
+    milvus_file = tmp_path / "data" / "milvus.db"
+    assert milvus_file.exists(), sorted(p.name for p in (tmp_path / "data").iterdir())
+    backup = tmp_path / "backup.db"
+    shutil.copytree(milvus_file, backup)  # Milvus Lite 3 keeps a folder: the operator's copy while nothing runs
+    write_files(docs, {"lamp.md": "# Lamp\n\nThe keeper lights the lamp at dawn.\n", "gate.md": "# Gate\n\nThe gate closes at ten.\n"})
+    assert _index(docs, "restored", env)["updated"] == 2
+    before = _stats("restored", env)
+    shutil.rmtree(milvus_file)
+    shutil.copytree(backup, milvus_file)
+
+    done = run_strata(["stats", "--kb", "restored", "--json"], env)
+    after = json.loads(done.stdout)
+    assert done.returncode == 1 and after["leaves_in_milvus"] == before["leaves_in_milvus"], after
+    assert after["versions_absent_in_milvus"] == 2 and not after["consistent"]
+    assert "gate.md v2" in after["difference"] and "lamp.md v2" in after["difference"], after["difference"]
+    refused = run_strata(["index", str(docs), "--kb", "restored"], env)
+    assert refused.returncode != 0 and "reconcile --kb restored --repair" in refused.stderr, refused.stderr
+    assert run_strata(["reconcile", "--kb", "restored", "--repair"], env).returncode in (0, 1)
+    assert _stats("restored", env)["consistent"]

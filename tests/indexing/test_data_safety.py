@@ -18,6 +18,7 @@ from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_leases
+from strata.types import Filters
 from tests.conftest import MilvusTarget
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
@@ -259,10 +260,23 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
             (error,) = [e for e in missing.meta.errors if e.error == "LeavesMissing"]
             assert f"{elsewhere.milvus.collection!r} returned no leaf of knowledge base(s) kb, which serve {leaves}" in error.message
         indexer = Indexer(resources)
+        # with a filter, or beside a kb whose leaves are there, the missing kb is named all the same
+        other = write_files(tmp_path / "other", {"delta.md": "---\nmodule: ops\n---\n# Delta\n\nThe alpha launch drill is on Fridays.\n"})
+        assert indexer.index_paths([other], kb_id="b2").added == 1
+        both = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb", "b2"])
+        filtered = Retriever(resources).retrieve("alpha launch code", 3, kb_ids=["kb"], filters=Filters(modules=("ops",)))
+        for result in (both, filtered):
+            assert (result.meta.status, list(result.meta.degraded)) == ("degraded", ["leaves_missing"]), result.meta
+            (error,) = [e for e in result.meta.errors if e.error == "LeavesMissing"]
+            assert f"no leaf of knowledge base(s) kb, which serve {leaves}" in error.message, error.message
+        assert both.docs and {d.metadata["kb_id"] for d in both.docs} == {"b2"}
+        served_b2 = Retriever(resources).retrieve("alpha launch drill", 3, kb_ids=["b2"], filters=Filters(modules=("nothing",)))
+        assert (served_b2.meta.status, list(served_b2.meta.degraded)) == ("ok", []), "no hit under a filter is not a loss"
         with pytest.raises(LeavesMissingError) as refused:
             indexer.index_paths([docs], kb_id="kb")
         message = str(refused.value)
-        assert f"{elsewhere.milvus.collection!r} holds 0 of the {leaves} leaves" in message, message
+        assert f"{elsewhere.milvus.collection!r} does not hold" in message, message
+        assert f"Milvus holds 0 leaves where SQL serves {leaves}" in message, message
         assert "strata reconcile --kb kb --repair" in message
 
         repaired = indexer.reconcile("kb", repair=True)

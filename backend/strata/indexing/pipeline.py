@@ -36,6 +36,7 @@ from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from strata.config import ChunkingSettings
 from strata.errors import LeavesMissingError, LoaderError, StoreError
 from strata.indexing.chunking import iter_chunks
+from strata.indexing.consistency import check_leaves
 from strata.indexing.embedding import search_text, upsert_leaves
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
@@ -198,17 +199,18 @@ class Indexer:
         )  # fmt: skip
 
     def _check_leaves_present(self, kb_id: str, versions: Sequence[DocumentVersion]) -> None:
-        """Refuses a run whose collection lacks the kb's served leaves (e.g. STRATA_MILVUS__URI or
-        __COLLECTION changed since the kb was indexed): it would find every document unchanged and write
-        nothing, and the kb would answer with no evidence."""
-        expected = sum(v.leaf_count for v in versions if v.status == ACTIVE)
-        found = self._res.leaf_index.count(kb_id) if expected else 0
-        if found < expected:
+        """Refuses a run whose collection lacks the kb's served leaves (STRATA_MILVUS__URI or __COLLECTION
+        changed since the kb was indexed, or Milvus restored from an older backup): it would find every document
+        unchanged and write nothing, and the kb would answer with no evidence or old text."""
+        if not any(v.status == ACTIVE for v in versions):
+            return
+        check = check_leaves(self._res.leaf_index, kb_id, versions)
+        if check.found < check.expected or check.absent_count:
             raise LeavesMissingError(
-                f"the Milvus collection {self._res.settings.milvus.collection!r} holds {found} of the {expected} leaves "
-                f"knowledge base {kb_id!r} serves in SQL: they were written to another Milvus or collection, or lost. "
-                f"Point STRATA_MILVUS__URI and STRATA_MILVUS__COLLECTION back at them, or write them here from SQL "
-                f"with `strata reconcile --kb {kb_id} --repair`"
+                f"the Milvus collection {self._res.settings.milvus.collection!r} does not hold the leaves knowledge "
+                f"base {kb_id!r} serves in SQL: {check.difference()}. They were written to another Milvus or "
+                f"collection, or lost. Point STRATA_MILVUS__URI and STRATA_MILVUS__COLLECTION back at them, or write "
+                f"them here from SQL with `strata reconcile --kb {kb_id} --repair`"
             )
 
     def _recreate(self, kb_id: str, scan: Scan, plan: IndexPlan, report: IndexReport, progress: Progress) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from cachetools import LRUCache
 
 from strata.config import Settings, get_settings
+from strata.errors import StoreError
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import Deadline, DeadlineExceeded
 from strata.rag.expansion import Expansion, load_synonyms
@@ -223,24 +224,36 @@ class Retriever:
         return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
 
     def _note_missing_leaves(self, run: RunState, state: ServingState) -> None:
-        """A dense search always finds the nearest leaves: none found, without filters, in kbs whose active
-        versions SQL says have leaves means the configured collection lacks them (``STRATA_MILVUS__URI`` or
-        ``__COLLECTION`` changed without ``strata rebuild``, or the leaves were lost). Said in the record as
-        ``leaves_missing``, not answered as an ``ok`` with no evidence."""
+        """A dense search always finds the nearest leaves: a kb whose active versions SQL says have leaves but
+        that gave no hit lacks them in the configured collection (``STRATA_MILVUS__URI`` or ``__COLLECTION``
+        changed without ``strata rebuild``, or the leaves were lost). Said in the record as ``leaves_missing``,
+        not answered as an ``ok`` with no (or only another kb's) evidence. Where a filter or another kb's nearer
+        leaves may explain no hit, Milvus is asked whether it holds any leaf of the kb."""
         dense = [o for o in run.outcomes if isinstance(o, SearchOutcome) and o.mode in ("hybrid", "dense", "dense_fallback")]
-        if not dense or any(o.dense or o.sparse for o in dense) or run.filters_dict:
-            return
         kbs = [k for k in (run.kb_ids if run.kb_ids is not None else state.served_leaves) if state.served_leaves.get(k)]
-        if not kbs:
+        if not dense or not kbs:
             return
-        expected = sum(state.served_leaves[k] for k in kbs)
+        found = {c.chunk.kb_id for o in dense for c in o.candidates}
+        silent = [k for k in kbs if k not in found]
+        if silent and (run.filters_dict or found):
+            silent = [k for k in silent if not self._holds_leaves(k)]
+        if not silent:
+            return
+        expected = sum(state.served_leaves[k] for k in silent)
         run.error_message(
             "search", "LeavesMissing",
             f"the Milvus collection {self._res.settings.milvus.collection!r} returned no leaf of knowledge base(s) "
-            f"{', '.join(sorted(kbs))}, which serve {expected} leaves in SQL: the leaves are in another Milvus or "
+            f"{', '.join(sorted(silent))}, which serve {expected} leaves in SQL: the leaves are in another Milvus or "
             f"collection, or lost; `strata reconcile --kb KB --repair` writes them from SQL",
             "leaves_missing",
         )  # fmt: skip
+
+    def _holds_leaves(self, kb_id: str) -> bool:
+        """Whether Milvus holds any leaf of ``kb_id``; True when it cannot tell (its failure is the search's)."""
+        try:
+            return self._res.leaf_index.holds_any(kb_id)
+        except StoreError:
+            return True
 
     def _leaf_index_opens(self, run: RunState) -> bool:
         """A Milvus Lite file another process holds (``IndexLockedError``, e.g. during ``strata index``) is

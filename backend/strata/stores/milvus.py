@@ -275,6 +275,38 @@ class LeafIndex(LeafSearch):
             raise StoreError(f"Milvus query_iterator on {self._name!r} failed: {exc}") from exc
         return found
 
+    def present(self, kb_id: str, chunk_ids: Sequence[str]) -> set[str]:
+        """Which of ``chunk_ids`` the collection holds for ``kb_id`` (by primary key, a batch at a time, no
+        vector read): the consistency probe of ``strata stats`` and of an indexing run's start."""
+        partitions = self._partitions_for([kb_id])
+        ids = list(dict.fromkeys(chunk_ids))
+        if partitions == [] or not ids:
+            return set()
+        found: set[str] = set()
+        for start in range(0, len(ids), _UPSERT_BATCH):
+            where = self._where([kb_id], expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
+            rows = self._call(
+                "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
+                consistency_level="Strong",
+            )  # fmt: skip
+            found.update(row["chunk_id"] for row in rows)
+        return found
+
+    def holds_any(self, kb_id: str) -> bool:
+        """Whether the collection holds any leaf of ``kb_id`` (one row asked for, cut at the search timeout)."""
+        partitions = self._partitions_for([kb_id])
+        if partitions == []:
+            return False
+        rows = self._call(
+            "query", self._name, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id"], limit=1,
+            partition_names=partitions, timeout=self._search_timeout,
+        )  # fmt: skip
+        return bool(rows)
+
+    def drop_collection(self) -> None:
+        """Drops the whole collection (benchmarks and tests that made one of their own)."""
+        self._call("drop_collection", self._name)
+
     def delete_leaves(self, kb_id: str, chunk_ids: Sequence[str]) -> None:
         """Deletes leaves by id (orphans found by ``strata reconcile --repair``)."""
         ids = list(chunk_ids)

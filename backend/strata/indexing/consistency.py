@@ -1,0 +1,82 @@
+"""Whether Milvus holds what SQL serves for a kb: the leaf count, and a probe of every served version.
+
+A count cannot tell a Milvus restored from an older snapshot: it holds as many
+leaves, of older versions, and would pass. Leaf ids are deterministic (kb,
+document, version, level, ordinal), so the first and the last leaf of every
+version SQL serves are known from the document rows alone, without reading a
+chunk; asking Milvus for them by primary key reads no vector. A served version
+whose probe leaves are absent is not what Milvus serves. ``strata stats``, the
+service's stats and an indexing run's start all use this one check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from strata.indexing.chunking import chunk_id
+from strata.types import ACTIVE, LEAF_LEVEL, DocumentVersion
+
+NAMED = 5  # documents named in a difference; the count says how many more
+
+
+class LeafCounter(Protocol):
+    """What the check asks of the leaf index."""
+
+    def count(self, kb_id: str) -> int: ...
+
+    def present(self, kb_id: str, chunk_ids: Sequence[str]) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class LeafCheck:
+    """SQL's served leaves against Milvus's: counts, and the served versions whose probe leaves are absent."""
+
+    kb_id: str
+    expected: int
+    found: int
+    versions_probed: int
+    absent: tuple[str, ...] = ()  # "doc v3" of the first served versions found absent
+    absent_count: int = 0
+
+    @property
+    def consistent(self) -> bool:
+        return self.found == self.expected and self.absent_count == 0
+
+    def difference(self) -> str:
+        """One line naming what differs ("" when nothing does)."""
+        parts = []
+        if self.found != self.expected:
+            parts.append(f"Milvus holds {self.found} leaves where SQL serves {self.expected}")
+        if self.absent_count:
+            more = f" and {self.absent_count - len(self.absent)} more" if self.absent_count > len(self.absent) else ""
+            parts.append(
+                f"{self.absent_count} of {self.versions_probed} served versions have no leaves in Milvus "
+                f"({', '.join(self.absent)}{more}): Milvus holds other versions (restored from an older backup?)"
+            )  # fmt: skip
+        return "; ".join(parts)
+
+
+def probe_ids(kb_id: str, versions: Sequence[DocumentVersion]) -> dict[str, DocumentVersion]:
+    """The first and last leaf id of every active version with leaves: chunk id -> its version."""
+    probes: dict[str, DocumentVersion] = {}
+    for v in versions:
+        if v.status == ACTIVE and v.leaf_count > 0:
+            for ordinal in {0, v.leaf_count - 1}:
+                probes[chunk_id(kb_id, v.doc_id, v.version, LEAF_LEVEL, ordinal)] = v
+    return probes
+
+
+def check_leaves(index: LeafCounter, kb_id: str, versions: Sequence[DocumentVersion]) -> LeafCheck:
+    """Counts the kb's leaves in Milvus and probes every served version (raises ``StoreError`` from Milvus)."""
+    expected = sum(v.leaf_count for v in versions if v.status == ACTIVE)
+    probes = probe_ids(kb_id, versions)
+    found = index.count(kb_id)
+    present = index.present(kb_id, list(probes)) if probes else set()
+    absent: dict[tuple[str, int], None] = {}  # ordered: the first served versions found absent
+    for leaf, v in probes.items():
+        if leaf not in present:
+            absent[(v.doc_id, v.version)] = None
+    named = tuple(f"{doc} v{version}" for doc, version in list(absent)[:NAMED])
+    probed = len({(v.doc_id, v.version) for v in probes.values()})
+    return LeafCheck(kb_id, expected, found, probed, named, len(absent))
