@@ -340,10 +340,10 @@ def test_an_unknown_key_of_strata_toml_stops_start_up(clean_env: Path) -> None:
 def test_variables_that_are_not_settings_are_allowed_by_name(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("STRATA_TEST_PG_URL", "STRATA_TEST_ANYTHING", "STRATA_API_KEY", "STRATA_ENCODER", "STRATA_CONFIG"):
         monkeypatch.setenv(name, "x" if name != "STRATA_CONFIG" else str(clean_env / "absent.toml"))
-    monkeypatch.setenv("STRATA_API__KEYS__reader__KBS", '["kb1"]')  # a key under a mapping setting
+    monkeypatch.setenv("STRATA_MILVUS__ANALYZER__TOKENIZER", "standard")  # a name under a mapping setting
     monkeypatch.setenv("strata_milvus__hnsw_m", "8")  # variables are case-insensitive
     settings = load_settings()
-    assert settings.api.keys["reader"].kbs == ["kb1"] and settings.milvus.hnsw_m == 8
+    assert settings.milvus.analyzer == {"tokenizer": "standard"} and settings.milvus.hnsw_m == 8
 
 
 def test_the_compose_file_interpolates_only_variables_strata_allows(clean_env: Path) -> None:
@@ -360,3 +360,34 @@ def test_the_analyzer_setting_replaces_the_jieba_default(clean_env: Path, monkey
     (clean_env / "strata.toml").write_text('[milvus.analyzer]\ntokenizer = "standard"\n', encoding="utf-8")
     monkeypatch.delenv("STRATA_MILVUS__ANALYZER")
     assert load_settings().milvus.analyzer == {"tokenizer": "standard"}
+
+
+def test_keys_are_read_in_order_and_never_shown_by_repr(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = {"Reader-Key-0123456789": {"kbs": ["kb1"]}, "Writer-Key-0123456789": {"kbs": ["kb1"], "write": True}}
+    monkeypatch.setenv("STRATA_API__KEYS", json.dumps(keys))
+    settings = load_settings()
+    assert list(settings.api.keys) == list(keys) and settings.api.keys["Writer-Key-0123456789"].write
+    assert not any(key in text for key in keys for text in (repr(settings), str(settings), repr(settings.api)))
+
+
+def test_an_error_in_a_grant_names_the_key_by_position_and_a_secret_by_name_only(clean_env: Path) -> None:
+    key = "Reader-Key-0123456789"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(api={"keys": {"Other-Key-0123456789": {}, key: {"kbs": [1]}}, "api_key": 12345678901234567})
+    message = str(caught.value)
+    assert "STRATA_API__KEYS: key #2: 'kbs': Input should be a valid string" in message
+    assert "STRATA_API__API_KEY: Input should be a valid string" in message
+    assert key not in message and key.upper() not in message and "12345678901234567" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("STRATA_API__Tenant-Key-0123456789ab", "STRATA_API__…"), ("STRATA_TenantKey0123456789ab__KBS", "STRATA_…"),
+     ("STRATA_API__KEY__TenantKey0123456789ab__KBS", "STRATA_API__KEY__…")],
+)  # fmt: skip
+def test_an_unknown_variable_is_named_only_as_far_as_it_cannot_be_a_key(
+    name: str, shown: str, clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, '{"kbs": ["kb1"]}')
+    message = config_error()
+    assert message.startswith(f"unknown setting {shown}") and "0123456789AB" not in message.upper(), message

@@ -82,7 +82,7 @@ class StrataClient:
         if timeout is None and deadline_ms is not None:
             timeout = deadline_ms / 1000 + ANSWER_MARGIN_S
         response = self._send("POST", "/retrieve", json=body, timeout=_timeout(timeout))
-        if response.status_code == 503 and "meta" in _problem(response):
+        if response.status_code in (503, 504) and "meta" in _problem(response):  # the service ran it; it failed
             return RetrievalResult(docs=(), meta=_meta(_problem(response)["meta"]))
         return RetrievalResult.from_dict(self._json(response))
 

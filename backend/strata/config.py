@@ -16,13 +16,15 @@ import difflib
 import functools
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, get_origin
+from typing import Annotated, Any, Literal, Mapping, Sequence, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -30,6 +32,7 @@ from pydantic_settings import (
 )
 
 from strata.errors import ConfigError  # errors imports nothing of strata
+from strata.key_grants import ApiKeyGrant, KeyGrantError, check_section_keys, pydantic_error, read_grants  # pydantic only
 from strata.strategy_table import DEFAULT_STRATEGY, Routes, StrategyName  # pure data, imports nothing
 
 ENV_PREFIX = "STRATA_"
@@ -87,6 +90,10 @@ class MilvusSettings(_Section):
     search_ef: int = Field(64, ge=1, description="HNSW ef at query time; raised to the route limit when smaller")
     timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call while indexing and maintaining")
     search_timeout_s: float = Field(5.0, gt=0, description="timeout of each Milvus search on the query path")
+    count_timeout_s: float = Field(
+        600.0, gt=0, description="timeout of a count, id listing or id probe of a whole kb (strata stats, reconcile, "
+        "an indexing run's checks): Milvus Lite reads every matching row, 60 s for 250,000 leaves on a loaded 2-core host",
+    )  # fmt: skip
     lite_in_process: bool = Field(
         True,
         description="Milvus Lite: the query path's searches call Lite's engine in this process instead of its "
@@ -193,10 +200,14 @@ class IndexingSettings(_Section):
     max_elements: int = Field(
         100_000, ge=1, description="most paragraphs or table cells (.docx), pages (PDF), tags (HTML) or headings (Markdown) in one file"
     )
-    parse_timeout_s: float = Field(60.0, gt=0, description="how long parsing one .docx or PDF (in a child process) may take")
+    parse_timeout_s: float = Field(60.0, gt=0, description="how long parsing one file (in a child process, any format) may take")
     parse_max_memory_bytes: int = Field(
-        1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the child process parsing one .docx or PDF may add (bytes)"
+        1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the child process parsing one file may add (bytes)"
     )
+    lease_ttl_s: float = Field(
+        60.0, ge=1, description="a kb's indexing lease: renewed every third of it while a run works; a run paused "
+        "longer loses the kb to the next writer and stops at its next write (by the database's clock)",
+    )  # fmt: skip
 
 
 class RetrievalSettings(_Section):
@@ -283,14 +294,6 @@ class RerankSettings(_Section):
     max_retries: int = Field(1, ge=0, le=3)
 
 
-class ApiKeyGrant(_Section):
-    """What one API key may do: read these kbs ("*" = all), write only with ``write``."""
-
-    kbs: list[str] = Field(default_factory=list)
-    write: bool = False
-    metrics: bool = Field(False, description="may read /metrics (every tenant's activity); the full-access key may too")
-
-
 class ApiSettings(_Section):
     """The HTTP service (``strata serve``)."""
 
@@ -300,14 +303,31 @@ class ApiSettings(_Section):
         5.0, ge=0, description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe"
     )
     api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
-    keys: dict[str, ApiKeyGrant] = Field(
-        default_factory=dict, description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}'
-    )
+    # NoDecode: the JSON reaches _grants_by_position as text, so a key given twice is seen (json.loads keeps the
+    # last) and no error names a key; repr=False keeps the keys out of repr(Settings) and any log of it.
+    keys: Annotated[dict[str, ApiKeyGrant], NoDecode] = Field(
+        default_factory=dict, repr=False,
+        description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}',
+    )  # fmt: skip
     keys_file: Path | None = Field(None, description="JSON file of keys in the same shape as keys")
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest request body (uploads included)")
     max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
+    max_concurrency_per_key: int | None = Field(
+        None, ge=1, description="slots one key may hold at once (more of its requests wait in the queue, then 503); unset = half of max_concurrency (at least 1), so two keys are always served; at most max_concurrency"
+    )
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
-    body_timeout_s: float = Field(60.0, gt=0, description="how long reading one request body may take before a 408")
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="how long a request body may take to arrive, counted from the request's headers (time queued for a slot included), before a 408"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a connection that has not sent a request's complete headers this many seconds after it opened (or after its previous answer) is closed"
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, description="an idle keep-alive connection is closed this many seconds after its last answer (uvicorn's timeout_keep_alive)"
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="open connections per server process; at the cap the longest-idle one (no request in progress) is closed to make room. Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised to its hard limit) less a reserve"
+    )
     shutdown_grace_s: float = Field(
         30.0, ge=0, description="after SIGTERM, how long requests in flight may finish before they are cancelled and parses stopped"
     )
@@ -315,6 +335,20 @@ class ApiSettings(_Section):
     docs: bool = Field(
         False, description="serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN); /openapi.json is always served"
     )
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _grants_by_position(cls, value: object) -> dict[str, ApiKeyGrant]:
+        try:
+            return read_grants(value)
+        except KeyGrantError as exc:
+            raise pydantic_error(exc) from None
+
+    @property
+    def key_concurrency(self) -> int:
+        """The slots one key may hold: ``max_concurrency_per_key``, or half of the slots so that two keys fit."""
+        wanted = self.max_concurrency_per_key or max(1, self.max_concurrency // 2)
+        return min(wanted, self.max_concurrency)
 
 
 class ServerSettings(_Section):
@@ -367,7 +401,7 @@ class Settings(BaseSettings):
             try:
                 sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
             except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"invalid {ENV_PREFIX}CONFIG file {str(toml_path)!r}: {exc}") from None
+                raise ConfigError(f"invalid {ENV_PREFIX}CONFIG file {str(toml_path)!r}: {_toml_problem(exc)}") from None
         return tuple(sources)
 
     @model_validator(mode="after")
@@ -390,17 +424,51 @@ class Settings(BaseSettings):
         return self
 
 
+# tomllib's messages that quote a table or key name, which under [api.keys] is an API key.
+_TOML_NAMING = ("Cannot declare", "Cannot mutate immutable namespace", "Cannot redefine namespace", "Duplicate inline table key")
+
+
+def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
+    """tomllib's message, without the name it quotes when a table or key is given twice."""
+    message = str(exc)
+    naming = next((start for start in _TOML_NAMING if message.startswith(start)), None)
+    if naming is None:
+        return message
+    _, _, place = message.rpartition(" (at ")
+    return f"{naming} … (a table or key defined twice{'; at ' + place[:-1] if place else ''})"
+
+
+# A mapping setting whose names are API keys: an error below it is located at the setting itself.
+_KEYS_LOC = ("api", "keys")
+
+
 def _variable_name(loc: tuple[Any, ...]) -> str:
+    loc = _KEYS_LOC if tuple(loc[:2]) == _KEYS_LOC else loc
     parts = [str(p) for p in loc if not str(p).isdigit()]
     return ENV_PREFIX + "__".join(p.upper() for p in parts) if parts else ENV_PREFIX + "*"
 
 
+def _holds_secret(loc: tuple[Any, ...]) -> bool:
+    """Whether ``loc`` is a secret setting (a ``SecretStr``, the API keys), whose input no message may show."""
+    model: Any = Settings
+    for depth, part in enumerate(loc):
+        if tuple(loc[: depth + 1]) == _KEYS_LOC:
+            return True
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return False
+        if field.annotation is SecretStr:
+            return True
+        model = field.annotation
+    return False
+
+
 def describe_validation_error(exc: ValidationError) -> str:
-    """One line per invalid setting: ``STRATA_X__Y: reason (got 'value')``."""
+    """One line per invalid setting: ``STRATA_X__Y: reason (got 'value')``; a secret's value is never shown."""
     lines = []
     for err in exc.errors():
         got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        shown = "" if isinstance(got, dict) or _holds_secret(err["loc"]) else f" (got {got!r})"
         lines.append(f"{_variable_name(err['loc'])}: {err['msg']}{shown}")
     return "invalid setting " + "; ".join(lines)
 
@@ -442,17 +510,65 @@ def closest_setting(path: Sequence[str], separator: str = "__") -> str | None:
     return found[0] if found else None
 
 
+# pydantic-settings would read STRATA_API__KEYS__<key>__KBS as a grant: a key lowercased (so it never matches what
+# clients send) and written where every listing of variables shows it.
+KEYS_IN_NAME = (
+    f"a variable {ENV_PREFIX}API__KEYS__… would put an API key in its name: give the keys as JSON in "
+    f"{ENV_PREFIX}API__KEYS or in the file {ENV_PREFIX}API__KEYS_FILE"
+)
+
+
+# A word short enough to be a setting's name (a typo of one, STRATA_MILVUS__SHARDS) and too short for a key
+# (MIN_KEY_CHARS: 16; a shorter one is warned about).
+_NAME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,14}")
+
+
+def _shown_path(path: Sequence[str]) -> list[str]:
+    """``path`` as far as a message may show it, then "…": the rest could be an API key put in a variable's name.
+
+    Shown: settings' names and near misses of one, and in the first two places (a section and its field) any
+    short word; a part below a field (where only a mapping's names, such as keys, can be) only if it is a setting.
+    """
+    shown: list[str] = []
+    model: Any = Settings
+    for depth, part in enumerate(path):
+        name = _setting_at(model, part)
+        if name is None and not (depth < 2 and _NAME_LIKE.fullmatch(part)):
+            return [*shown, "…"]
+        shown.append(part)
+        annotation = model.model_fields[name].annotation if name else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return shown
+
+
+def _setting_at(model: Any, part: str) -> str | None:
+    """The field of ``model`` (a section, or None) that ``part`` names, is a known alias of, or nearly spells."""
+    names = list(model.model_fields) if model is not None else []
+    if model is Settings and part.upper() in _SECTION_ALIASES:
+        return _SECTION_ALIASES[part.upper()].lower()
+    if part.lower() in names:
+        return part.lower()
+    return next(iter(difflib.get_close_matches(part.lower(), names, n=1, cutoff=0.6)), None)
+
+
 def unknown_variable(environ: Mapping[str, str]) -> str | None:
-    """A line naming the first ``STRATA_`` variable that is no setting (with the closest one), or None."""
+    """A line naming the first ``STRATA_`` variable that is no setting (with the closest one), or None.
+
+    A variable naming an API key (``STRATA_API__KEYS__<key>__KBS``) is refused too; a name is shown only as far as
+    it is made of settings' names (``_shown_path``).
+    """
     for name in sorted(environ):
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper.startswith(NOT_SETTINGS_PREFIX):
             continue
         path = upper[len(ENV_PREFIX) :].split("__")
+        if path[:2] == ["API", "KEYS"] and len(path) > 2:
+            return KEYS_IN_NAME
         if not _is_setting(path):
             closest = closest_setting(path)
             hint = f"; did you mean {ENV_PREFIX}{closest}?" if closest else ""
-            return f"unknown setting {name}{hint}"
+            shown = "__".join(_shown_path(name[len(ENV_PREFIX) :].split("__")))
+            return f"unknown setting {ENV_PREFIX}{shown}{hint}"
     return None
 
 
@@ -464,7 +580,19 @@ def unknown_toml_key(data: Mapping[str, Any], source: str) -> str | None:
             if not _is_setting(path):
                 closest = closest_setting(path, ".")
                 hint = f"; did you mean {closest.lower()}?" if closest else ""
-                return f"unknown setting {'.'.join(path)} in {source}{hint}"
+                return f"unknown setting {'.'.join(_shown_path(path))} in {source}{hint}"
+    return None
+
+
+def keys_of_api_json(environ: Mapping[str, str]) -> str | None:
+    """A line on the keys of ``STRATA_API`` given whole as JSON, or None: pydantic-settings' ``json.loads`` would
+    keep the last of a key given twice, so they are read here first, by position."""
+    for name, value in environ.items():
+        if name.upper() == f"{ENV_PREFIX}API":
+            try:
+                check_section_keys(value)
+            except KeyGrantError as exc:
+                return f"invalid setting {ENV_PREFIX}API: keys: {exc}"
     return None
 
 
@@ -473,7 +601,8 @@ def _check_names() -> None:
     from dotenv import dotenv_values  # pydantic-settings' own .env reader
 
     dotenv = {k: v for k, v in dotenv_values(".env").items() if v is not None} if Path(".env").is_file() else {}
-    problem = unknown_variable({**dotenv, **os.environ})
+    environ = {**dotenv, **os.environ}
+    problem = unknown_variable(environ) or keys_of_api_json(environ)
     toml_path = Path(os.environ.get(f"{ENV_PREFIX}CONFIG", "strata.toml"))
     if problem is None and toml_path.is_file():
         try:

@@ -6,6 +6,7 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
 
     StrataError
     ├── ConfigError              a setting is missing or invalid (also a ValueError)
+    │   └── KeyGrantError        an API key or grant that cannot be used, named by position only
     ├── EncoderError             an encoder could not load or encode
     ├── StoreError               a store call failed
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
@@ -17,13 +18,18 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     │   └── IndexingStoppedError an indexing run was stopped (the service is shutting down)
     ├── RerankError              the rerank service failed or answered nonsense
     ├── NotFoundError            a knowledge base or document does not exist
+    ├── InvalidArgumentError     a call's argument is outside what strata accepts (also a ValueError)
     ├── LeaseHeldError           another indexer holds the knowledge base's lease
+    │   └── LeaseLostError       another indexer took this run's lease while it worked
     ├── DeadlineExceeded         a retrieval stage found no time left (also a TimeoutError)
     ├── UnsupportedAnalyzer      BM25 analyzer params strata cannot tokenize (also a ValueError)
     └── ServiceError             the HTTP service refused a request or could not be reached
 
-The last three live beside the code that raises them (``strata.rag.deadline``,
-``strata.stores.analyzer``, ``strata.client``); everything else is defined here.
+Each class answers the service's callers as one row of
+``strata.api.problems.ERROR_TABLE`` (status, problem type, Retry-After).
+``KeyGrantError`` and the last three live beside the code that raises them
+(``strata.key_grants``, ``strata.rag.deadline``, ``strata.stores.analyzer``,
+``strata.client``); everything else is defined here.
 This module imports nothing of the package, so ``strata.config`` (which must
 import without the engine) takes ``ConfigError`` from here. The second bases
 keep ``except ValueError`` / ``except TimeoutError`` callers working.
@@ -87,5 +93,23 @@ class NotFoundError(StrataError):
     """A knowledge base or document does not exist."""
 
 
+class InvalidArgumentError(StrataError, ValueError):
+    """An argument (a query, top_k, kb ids, a deadline) is outside what strata accepts; the message says which."""
+
+
 class LeaseHeldError(StrataError):
-    """Another process is indexing the knowledge base (its lease names the holder)."""
+    """Another process is indexing the knowledge base (the message names the holder).
+
+    ``retry_after_s`` is how long until the holder's lease could expire: a holder that is still working
+    renews it, one that crashed on another host is taken over then.
+    """
+
+    def __init__(self, message: str, *, kb_id: str = "", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.kb_id = kb_id
+        self.retry_after_s = retry_after_s
+
+
+class LeaseLostError(LeaseHeldError):
+    """An indexing run's lease was taken by another writer while it worked (it was paused past the lease):
+    the run stops at its next write, and nothing it left unfinished serves."""

@@ -83,3 +83,18 @@ def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) 
     assert client.post("/kbs/garden/documents", files=files, headers=auth("file-key")).status_code == 403  # write: false
     assert {"demo", "garden"} <= {k["kb_id"] for k in client.get("/kbs", headers=auth("the-admin-secret")).json()["kbs"]}
     assert client.get("/kbs", headers=auth("demo-reader-key")).status_code == 401  # only the configured keys count
+
+
+def test_no_answer_of_the_service_shows_a_configured_key(client: TestClient) -> None:
+    from tests.api.conftest import KEYS
+
+    client.post("/retrieve", json={"query": "tomatoes", "top_k": 2}, headers=GARDEN)
+    answers = [
+        client.get(path, headers=headers)
+        for path in ("/health", "/ready", "/ready/detail", "/metrics", "/openapi.json", "/kbs")
+        for headers in (ADMIN, auth("not-a-key-0123456789"), {})
+    ]
+    assert {a.status_code for a in answers} >= {200, 401}
+    service = client.app.state.service
+    shown = [a.text + str(a.headers) for a in answers] + [repr(service.settings), str(service.settings)]
+    assert not [key for key in KEYS for text in shown if key in text or key.upper() in text]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -283,3 +286,20 @@ def test_iter_source_files_rejects_missing_paths(tmp_path: Path) -> None:
 def test_supported_suffixes() -> None:
     assert SUPPORTED_SUFFIXES == {".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx"}
     assert is_supported(Path("READ.ME.MD"))
+
+
+def test_files_parse_under_a_temporary_folder_too_long_for_a_unix_socket(tmp_path: Path) -> None:
+    """Every file parses in a child of multiprocessing's forkserver, which listens on a Unix socket in a
+    temporary folder: under a TMPDIR of 120 characters its address would pass Linux's 107-byte limit."""
+    deep = tmp_path / ("t" * max(1, 120 - len(str(tmp_path))))
+    deep.mkdir()
+    (tmp_path / "doc.md").write_text("# Title\n\nA paragraph under a long temporary folder.\n", encoding="utf-8")
+    script = "import sys\nfrom pathlib import Path\nfrom strata.indexing.loaders import load_document\nprint(load_document(Path(sys.argv[1])).text)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "doc.md")], env={**os.environ, "TMPDIR": str(deep)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert len(str(deep)) >= 120
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "A paragraph under a long temporary folder." in done.stdout
+    assert list(deep.iterdir()) == []  # nothing of the parse was left there

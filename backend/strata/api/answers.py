@@ -10,19 +10,22 @@ from starlette.responses import JSONResponse
 
 from strata.api.auth import Principal
 from strata.api.deps import not_found
-from strata.api.problems import Problem
+from strata.api.problems import RETRIEVAL_FAILED, Problem, Refusal, refusal_of
 from strata.api.service import Service
-from strata.types import Chunk, Filters, RetrievalResult
+from strata.errors import InvalidArgumentError, NotFoundError
+from strata.rag.deadline import REASON as DEADLINE_REASON
+from strata.rag.deadline import DeadlineExceeded
+from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult
 
 CLOSEST_SHOWN = 5
 
 
 def check_limits(service: Service, query: str, top_k: int, variants: Sequence[str] = ()) -> None:
-    """The settings' limits (``max_query_chars``, ``max_top_k``), checked as the library checks them, as 422 problems."""
+    """The settings' limits (``max_query_chars``, ``max_top_k``), checked as the library checks them."""
     try:
         service.settings.retrieval.check_query(query, top_k, variants)
     except ValueError as exc:
-        raise Problem(422, str(exc), title="Invalid Input") from None
+        raise InvalidArgumentError(str(exc)) from None
 
 
 def search_scope(service: Service, principal: Principal, requested: Sequence[str] | None) -> list[str] | None:
@@ -44,21 +47,27 @@ def search_scope(service: Service, principal: Principal, requested: Sequence[str
 
 
 def retrieval(result: RetrievalResult, *, explain: bool, **extra: Any) -> JSONResponse:
-    """``{docs, meta}`` as ``retrieve_documents`` returns it; unknown kbs 404, a failed retrieval 503."""
+    """``{docs, meta}`` as ``retrieve_documents`` returns it; unknown kbs 404, a failed retrieval 503 (504 when
+    its deadline ran out), with the meta record."""
     meta = result.meta
-    unknown = [e.message for e in meta.errors if e.stage == "kb"]
-    if unknown:
-        raise Problem(404, unknown[0], title="Not Found")
+    unknown = next((e for e in meta.errors if e.error == NotFoundError.__name__), None)
+    if unknown is not None:  # the engine records an unknown kb in the meta record; the service refuses it
+        raise NotFoundError(unknown.message)
     body = result.to_dict()
     if meta.status == "failed":
-        raise Problem(
-            503, "retrieval failed: " + "; ".join(e.message for e in meta.errors)[:500] if meta.errors else "retrieval failed",
-            title="Retrieval Failed", headers={"Retry-After": "5"}, meta=body["meta"],
-        )  # fmt: skip
+        reasons = "; ".join(e.message for e in meta.errors)[:500]
+        raise Problem.of(failure(meta), f"retrieval failed: {reasons}" if reasons else "retrieval failed", meta=body["meta"])
     if not explain:
         for doc in body["docs"]:
             doc["metadata"].pop("trace", None)
     return JSONResponse({**body, **extra})
+
+
+def failure(meta: RetrievalMeta) -> Refusal:
+    """How a failed retrieval answers: a deadline that ran out as ``DeadlineExceeded`` (504: a longer one may
+    succeed), anything else as a 503 worth retrying."""
+    timed_out = DEADLINE_REASON in meta.degraded or any(e.error == DeadlineExceeded.__name__ for e in meta.errors)
+    return refusal_of(DeadlineExceeded) if timed_out else RETRIEVAL_FAILED
 
 
 # -- by skill -------------------------------------------------------------------

@@ -18,12 +18,14 @@ from fastapi.concurrency import run_in_threadpool
 
 from strata.api import openapi, problems
 from strata.api.auth import KeyRing
+from strata.api.connections import CLOSED_CONNECTIONS
 from strata.api.deps import needs_key
 from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
 from strata.api.metrics import Metrics
 from strata.api.readiness import Readiness
 from strata.api.routes import health, kbs, retrieve, ui
 from strata.api.service import Service
+from strata.api.uploads import remove_orphaned_folders
 from strata.config import Settings, get_settings
 from strata.resources import Resources
 
@@ -46,11 +48,12 @@ def create_app(
         service = Service(settings, resources or Resources(settings), owns_resources=owns, metrics=metrics, keys=keys)
         app.state.service = service
         app.state.readiness = Readiness(service, cache_s=settings.api.ready_cache_s)
+        await run_in_threadpool(remove_orphaned_folders)  # a worker killed mid-upload left its folder behind
         if warm_up:
             await run_in_threadpool(service.warm_up)
         logger.info("strata service ready (%s)", "API keys required" if service.keys.enabled else "no API keys")
         try:
-            yield
+            yield {CLOSED_CONNECTIONS: metrics.connections_closed}  # lifespan state: the server's connections count here
         finally:
             service.close()
             logger.info("strata service stopped")
@@ -70,9 +73,12 @@ def create_app(
     protected = [route for route in routes if needs_key(route)]
     keyed = [(route.path_format, method) for route in protected for method in getattr(route, "methods", ())]
     app.openapi = lambda: app.openapi_schema or openapi.complete(FastAPI.openapi(app), settings.retrieval, keyed)
-    problems.install(app)
+    problems.install(app, request_id_header=settings.api.request_id_header, routes=routes)
     api = settings.api
-    app.add_middleware(ConcurrencyLimit, limit=api.max_concurrency, wait_s=api.queue_timeout_s, metrics=metrics)
+    app.add_middleware(
+        ConcurrencyLimit, limit=api.max_concurrency, per_key=api.key_concurrency, wait_s=api.queue_timeout_s,
+        metrics=metrics,
+    )  # fmt: skip
     app.add_middleware(BodyLimit, max_bytes=api.max_upload_bytes, timeout_s=api.body_timeout_s, metrics=metrics)
     app.add_middleware(Authenticate, keys=keys, protected=protected)
     app.add_middleware(RequestContext, metrics=metrics, header=api.request_id_header, routes=lambda: routes)

@@ -8,23 +8,24 @@ full access). Without any key the service is open, and binds to loopback
 only (see ``strata.cli.serve``).
 
 A key that no client could send (empty, spaces at either end, characters a
-header cannot carry) or one defined twice is a ``ConfigError`` naming the key
-by where it was defined, never by its value; a short key is a warning.
+header cannot carry) or one defined twice (in one source or across them) is a
+``ConfigError`` naming the key by where it was defined ("STRATA_API__KEYS key
+#3 is the same key as STRATA_API__KEYS_FILE (keys.json) key #1"), never by its
+value; a short key is a warning. Keys are read by ``strata.key_grants``, whose
+errors name positions too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-from pydantic import TypeAdapter, ValidationError
+from typing import Sequence
 
 from strata.config import ENV_PREFIX, ApiKeyGrant, ApiSettings, ConfigError
+from strata.key_grants import KeyGrantError, read_grants
 
 logger = logging.getLogger(__name__)
 
@@ -159,19 +160,15 @@ def _digest(key: str) -> bytes:
 
 
 def _read_keys_file(path: Path) -> list[tuple[str, ApiKeyGrant]]:
-    """The file's keys in order; a key written twice in it is refused (JSON would silently keep the last)."""
+    """The file's keys in order; the errors name a key by its position (``read_grants``), never by its value."""
+    where = f"{ENV_PREFIX}API__KEYS_FILE ({path})"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_once_each)
-        return list(TypeAdapter(dict[str, ApiKeyGrant]).validate_python(data).items())
-    except (OSError, ValueError, ValidationError) as exc:
-        raise ConfigError(f"{ENV_PREFIX}API__KEYS_FILE: cannot read keys from {str(path)!r}: {exc}") from None
-
-
-def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` refusing a name written twice in one object, by position (a name may be a key)."""
-    first: dict[str, int] = {}
-    for n, (name, _) in enumerate(pairs, 1):
-        if name in first:
-            raise ValueError(f"key #{n} is the same key as key #{first[name]}: define each key once")
-        first[name] = n
-    return dict(pairs)
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:  # its message names the file, not the text
+        raise ConfigError(f"{where}: cannot read keys: {exc}") from None
+    except UnicodeDecodeError as exc:  # its message would quote a byte of the text
+        raise ConfigError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return list(read_grants(text).items())
+    except KeyGrantError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -5,7 +5,9 @@ exact and nothing is buffered twice. The order (outermost first) is the order
 a request meets them: ``RequestContext``, ``Authenticate`` (from the headers,
 before anything reads the body), ``BodyLimit`` (size and time), then
 ``ConcurrencyLimit``, which counts authenticated requests only, so a client
-without a key can never hold a slot.
+without a key can never hold a slot, and gives one key at most its share of
+the slots. The body's clock starts in ``BodyLimit``, before the slot is taken,
+so a sender trickling its body holds a slot until the body timeout at most.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strata.api.auth import CHALLENGE, OPEN, UNAUTHORIZED, KeyRing, Principal, bearer_token
 from strata.api.metrics import Metrics
 from strata.api.problems import problem_response
+from strata.api.slots import KeySlots
 
 access_log = logging.getLogger("strata.api.access")
 
@@ -126,47 +129,51 @@ def principal_of(scope: Scope) -> Principal | None:
 
 
 class ConcurrencyLimit:
-    """At most ``limit`` authenticated requests at once; others wait up to ``wait_s``, then get a 503 with Retry-After.
+    """At most ``limit`` authenticated requests at once, at most ``per_key`` of them from one key; others wait up
+    to ``wait_s``, then get a 503 with Retry-After.
 
     Requests without a principal (public routes without a key) and the operations endpoints are not counted.
+    Without configured keys every request is ``OPEN`` and only the total applies.
     """
 
-    def __init__(self, app: ASGIApp, *, limit: int, wait_s: float, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, *, limit: int, per_key: int, wait_s: float, metrics: Metrics) -> None:
         self.app, self.wait_s, self.metrics = app, wait_s, metrics
-        self.limit = limit
-        self._slots: asyncio.Semaphore | None = None
+        self.limit, self.per_key = limit, per_key
+        self._slots: KeySlots | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS or principal_of(scope) is None:
+        principal = principal_of(scope) if scope["type"] == "http" else None
+        if principal is None or scope["path"] in UNLIMITED_PATHS:
             return await self.app(scope, receive, send)
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limit)  # created inside the server's event loop
-        if not await self._acquire(self._slots):
-            self.metrics.rejected.labels("concurrency").inc()
-            response = problem_response(
-                503, f"the service is busy ({self.limit} requests in progress); retry shortly",
-                request_id=scope.get("state", {}).get("request_id"), title="Service Busy", headers={"Retry-After": "1"},
-            )  # fmt: skip
-            return await response(scope, receive, send)
+            self._slots = KeySlots(self.limit, self.per_key)  # futures belong to the server's event loop
+        key = None if principal == OPEN else principal  # the principal, never the key's text
+        if not await self._slots.acquire(key, self.wait_s):
+            return await self._refuse(self._slots.at_share(key), scope, receive, send)
         try:
             await self.app(scope, receive, send)
         finally:
-            self._slots.release()
+            self._slots.release(key)
 
-    async def _acquire(self, slots: asyncio.Semaphore) -> bool:
-        if not slots.locked():  # a free slot is taken at once (wait_for with timeout 0 would refuse it)
-            await slots.acquire()
-            return True
-        try:
-            await asyncio.wait_for(slots.acquire(), timeout=self.wait_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
+    async def _refuse(self, at_share: bool, scope: Scope, receive: Receive, send: Send) -> None:
+        self.metrics.rejected.labels("key_concurrency" if at_share else "concurrency").inc()
+        detail = (
+            f"this key has its share of the service ({self.per_key} requests) in progress; retry shortly"
+            if at_share else f"the service is busy ({self.limit} requests in progress); retry shortly"
+        )  # fmt: skip
+        response = problem_response(
+            503, detail, request_id=scope.get("state", {}).get("request_id"), title="Service Busy",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
+        await response(scope, receive, send)
 
 
 class BodyLimit:
     """Refuses a body over ``max_bytes`` (413, by Content-Length or by counting a chunked stream) and one still
-    arriving ``timeout_s`` after the app began to read it (408), so a slow sender cannot keep a slot.
+    arriving ``timeout_s`` after the request's headers (408), so a slow sender cannot keep a slot.
+
+    The clock starts here, before ``ConcurrencyLimit`` takes a slot: time spent queued counts, so a body
+    trickled while its request waited cannot start a fresh ``timeout_s`` once it holds a slot.
     """
 
     def __init__(self, app: ASGIApp, *, max_bytes: int, timeout_s: float, metrics: Metrics) -> None:
@@ -178,7 +185,8 @@ class BodyLimit:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             return await self._refuse(413, scope, receive, send)
-        body = _BodyWatch(receive, max_bytes=self.max_bytes, timeout_s=self.timeout_s)
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        body = _BodyWatch(receive, max_bytes=self.max_bytes, deadline=deadline)
         started = False
 
         async def guarded_send(message: Message) -> None:
@@ -215,29 +223,26 @@ class BodyLimit:
 
 
 class _BodyWatch:
-    """The app's ``receive`` for one request: counts the body and bounds the time it takes to arrive.
+    """The app's ``receive`` for one request: counts the body and refuses it once the loop time passes ``deadline``.
 
     A refused body reads as a disconnect (the app stops reading); ``refusal`` says why (413 or 408).
     Once the body is complete, ``receive`` is the server's own (waiting for a disconnect has no deadline).
     """
 
-    def __init__(self, receive: Receive, *, max_bytes: int, timeout_s: float) -> None:
-        self._receive, self.max_bytes, self.timeout_s = receive, max_bytes, timeout_s
+    def __init__(self, receive: Receive, *, max_bytes: int, deadline: float) -> None:
+        self._receive, self.max_bytes, self._deadline = receive, max_bytes, deadline
         self.refusal: int | None = None
         self._seen = 0
         self._complete = False
-        self._deadline: float | None = None
 
     async def receive(self) -> Message:
         if self.refusal is not None:
             return {"type": "http.disconnect"}
         if self._complete:
             return await self._receive()
-        loop = asyncio.get_running_loop()
-        if self._deadline is None:
-            self._deadline = loop.time() + self.timeout_s
+        left = self._deadline - asyncio.get_running_loop().time()
         try:
-            message = await asyncio.wait_for(self._receive(), timeout=max(self._deadline - loop.time(), 0.0))
+            message = await asyncio.wait_for(self._receive(), timeout=max(left, 0.0))
         except asyncio.TimeoutError:
             return self._refuse(408)
         if message["type"] == "http.request":

@@ -268,6 +268,11 @@ class KbList(BaseModel):
     kbs: list[KbOut]
 
 
+class KbCreated(BaseModel):
+    kb_id: str
+    created: bool = Field(description="false when the knowledge base existed already (answered 200, not 201)")
+
+
 class DocumentEntryOut(BaseModel):
     doc_id: str
     version: int

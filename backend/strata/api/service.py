@@ -2,7 +2,9 @@
 
 Milvus Lite lets one process own its file, so the service builds the encoder
 and the stores once and every route goes through them. Indexing runs in a
-worker thread (retrieval keeps answering) and never twice at once on one kb.
+worker thread (retrieval keeps answering) and never twice at once on one kb:
+a write to a kb another request is writing is refused at once with
+``LeaseHeldError``, whether that request runs in this worker or another.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from strata.api.auth import KeyRing
 from strata.api.metrics import Metrics
-from strata.api.problems import Problem
 from strata.config import Settings
+from strata.errors import InvalidArgumentError, LeaseHeldError, StrataError
 from strata.encoders.model_folder import check_encoder_loads
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
@@ -86,8 +89,10 @@ class Service:
         kbs = list(kb_ids) if kb_ids is not None else None
         try:
             result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
+        except StrataError:  # ConfigError and UnsupportedAnalyzer are ValueErrors too: the service's own faults
+            raise
         except ValueError as exc:  # the engine's own argument checks
-            raise Problem(422, str(exc), title="Invalid Input") from None
+            raise InvalidArgumentError(str(exc)) from None
         self.metrics.observe_retrieval(result)
         return result
 
@@ -96,7 +101,7 @@ class Service:
         keep: Sequence[str] = (),
     ) -> IndexReport:  # fmt: skip
         """Indexes an uploaded folder into ``kb_id`` as the root ``root`` (call from a worker thread)."""
-        with self._kb_lock(kb_id):
+        with self._writing(kb_id):
             report = self.indexer.index_paths(
                 [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
                 root_names={folder: root}, keep=keep,
@@ -105,13 +110,13 @@ class Service:
         return report
 
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
-        with self._kb_lock(kb_id):
+        with self._writing(kb_id):
             return self.indexer.delete_document(kb_id, doc_id)
 
     def create_kb(self, kb_id: str) -> bool:
         """Creates an empty kb for the configured encoder; False when it existed."""
         documents, encoder = self.resources.documents, self.resources.encoder
-        with self._kb_lock(kb_id):
+        with self._writing(kb_id):
             if documents.get_kb(kb_id) is not None:
                 return False
             signature = chunking_signature(self.settings.chunking)
@@ -153,6 +158,20 @@ class Service:
             if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 logger.warning("closing while a write to kb %r is still running (its lease expires)", kb_id)
                 continue
+            lock.release()
+
+    @contextmanager
+    def _writing(self, kb_id: str) -> Iterator[None]:
+        """Holds this process's lock of ``kb_id``. Held by another request, it refuses at once, as another
+        process's lease does: a client's answer must not depend on the worker its request reached, and a
+        request waiting here would hold a worker thread for as long as the other one indexes."""
+        lock = self._kb_lock(kb_id)
+        if not lock.acquire(blocking=False):
+            busy = f"knowledge base {kb_id!r} is being written by another request to this process"
+            raise LeaseHeldError(busy, kb_id=kb_id)
+        try:
+            yield
+        finally:
             lock.release()
 
     def _kb_lock(self, kb_id: str) -> threading.Lock:

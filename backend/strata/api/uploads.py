@@ -17,6 +17,7 @@ then, removes it on its way out.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import unicodedata
@@ -27,9 +28,11 @@ from fastapi import UploadFile
 
 from strata.api.problems import Problem
 from strata.stores.catalog import DocumentEntry
+from strata.stores.lease import process_gone
 
 _CHUNK = 1024 * 1024
 MAX_NAME_CHARS = 1024
+NAME_SHOWN = 80  # an answer quotes this much of a name over MAX_NAME_CHARS: enough to find the file
 MAX_PART_BYTES = 255  # NAME_MAX of Linux and macOS file systems, in UTF-8 bytes
 MAX_PATH_BYTES = 3072  # below PATH_MAX (4096) with room for the temporary folder
 MAX_KEPT = 10_000
@@ -49,9 +52,23 @@ def root_name(root: str) -> str:
     return ROOT_PREFIX + root
 
 
-def check_name(name: str) -> None:
-    if len(name) > MAX_NAME_CHARS or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name):
-        raise Problem(422, "names must be at most 1024 characters without control characters", title="Invalid Input")
+def shown(name: str) -> str:
+    """``name`` as an answer quotes it: escaped (``repr``) and cut to ``NAME_SHOWN`` characters."""
+    return repr(name[:NAME_SHOWN] + "…") if len(name) > NAME_SHOWN else repr(name)
+
+
+def check_name(name: str, what: str = "file name") -> None:
+    """A 422 naming ``name`` when it is over ``MAX_NAME_CHARS`` (cut, never a megabyte of it back) or holds a
+    control character (escaped). Answers about a name that passed quote it whole: at most 1,024 characters."""
+    if len(name) > MAX_NAME_CHARS:
+        raise Problem(
+            422, f"the {what} {shown(name)} has {len(name)} characters: at most {MAX_NAME_CHARS}", title="Invalid Input"
+        )
+    control = next((ch for ch in name if unicodedata.category(ch) in ("Cc", "Cs")), None)
+    if control is not None:
+        raise Problem(
+            422, f"the {what} {name!r} holds the control character U+{ord(control):04X}", title="Invalid Input"
+        )
 
 
 def relative_name(filename: str | None) -> PurePosixPath:
@@ -96,10 +113,36 @@ def _folder_clash(file: PurePosixPath, inside: PurePosixPath) -> Problem:
 
 def index_in_temporary_folder(files: Sequence[UploadFile], index: Callable[[Path], T]) -> T:
     """``index(folder)`` of a new temporary folder holding the uploads; the folder is removed whatever happens
-    (blocking I/O: run it in one worker thread)."""
-    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
+    (blocking I/O: run it in one worker thread). Its name holds this process's pid, so that the folders of a
+    worker killed mid-upload are found and removed (``remove_orphaned_folders``)."""
+    remove_orphaned_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-") as folder:
         save_all(files, Path(folder))
         return index(Path(folder))
+
+
+def remove_orphaned_folders(parent: Path | None = None) -> list[Path]:
+    """Removes the upload folders of processes that no longer run (a worker killed mid-upload, by uvicorn's
+    supervisor or the OOM killer), under ``parent`` (the temporary directory); returns them. A folder of
+    another user, or whose name carries no pid, is left alone."""
+    parent = parent or Path(tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry.name[len(FOLDER_PREFIX) :].split("-", 1)[0]
+        if not entry.name.startswith(FOLDER_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            mine = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and process_gone(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def save_all(files: Sequence[UploadFile], folder: Path) -> None:

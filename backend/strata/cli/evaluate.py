@@ -53,7 +53,7 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     meta = {
         "dataset": str(args.dataset), "articles": n_articles, "questions_total": total,
         "sample": args.sample, "seed": 13, "n_queries": len(queries), "ks": ks,
-        "encoder": resources.encoder.name, "settings": settings.model_dump(mode="json", exclude={"rerank": {"api_key"}, "embedding": {"api_key"}, "milvus": {"token"}, "api": {"api_key"}}),
+        "encoder": resources.encoder.name, "settings": settings.model_dump(mode="json", exclude={"rerank": {"api_key"}, "embedding": {"api_key"}, "milvus": {"token"}, "api": {"api_key", "keys"}}),
         "index": index_info, "query_embed_ms_p50": round(embed_p50, 2),
         "latency_includes_query_encoding": True, "machine": describe_machine(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -7,7 +7,8 @@ unreadable or does not load (``model folder /models/bge-m3: not found``).
 SIGTERM lets in-flight requests finish for ``STRATA_API__SHUTDOWN_GRACE_S``;
 then the ones still running are cancelled (their uploads' temporary folders
 removed), indexing runs stopped (a parse in progress killed, the kb's lease
-released), and the process exits 0.
+released), and the process exits 0. With several workers, ``/metrics`` adds
+up every worker's values, whichever answers (``strata.api.metrics``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ if TYPE_CHECKING:
     from strata.resources import Resources
 
 logger = logging.getLogger("strata")
+WORKER_HEALTHCHECK_S = 30  # how long a worker may take to answer the supervisor's ping (uvicorn: 5)
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from strata.api.auth import KeyRing
+    from strata.api.metrics import multiprocess_dir
 
     host = args.host or settings.api.host
     port = args.port or settings.api.port
@@ -50,7 +53,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if not keyed:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
     try:
-        _run(settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources)
+        with multiprocess_dir(args.workers):  # set before any worker creates a metric; a private one is removed
+            _run(settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources)
     finally:
         if resources is not None:
             resources.close()
@@ -99,23 +103,47 @@ def is_loopback(host: str) -> bool:
 def _run(
     settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing, resources: Resources | None
 ) -> None:
-    import uvicorn
+    from strata.api.connections import ConnectionLimits, ServeConfig, raise_open_file_limit
 
     # uvicorn re-raises the signal that stopped it once it has drained; a handler of our own
     # receives it instead of the default action, so a SIGTERM shutdown exits 0.
     signal.signal(signal.SIGTERM, lambda *_: logger.info("stopped by SIGTERM"))
     logging.getLogger("uvicorn.error").setLevel(logging.INFO)
+    limits = ConnectionLimits.for_process(settings.api, raise_open_file_limit())  # workers inherit the raised limit
+    logger.info(
+        "at most %d connections per process; headers within %g s; keep-alive %g s",
+        limits.max_connections, limits.header_timeout_s, limits.keep_alive_s,
+    )  # fmt: skip
     grace = settings.api.shutdown_grace_s
     common = {"host": host, "port": port, "log_config": None, "access_log": False, "timeout_graceful_shutdown": grace}
     if workers == 1:
         from strata.api import create_app
 
-        uvicorn.run(create_app(settings, resources=resources, keys=keys), **common)
+        _serve_one(ServeConfig(create_app(settings, resources=resources, keys=keys), limits=limits, **common))
     else:  # each worker builds its app from the environment
-        from uvicorn.supervisors import Multiprocess
+        from strata.cli.supervisor import WorkerSupervisor
 
-        config = uvicorn.Config("strata.api.app:app_from_environment", factory=True, workers=workers, **common)
-        Multiprocess(config, sockets=[_tcp_listener(config)]).run()  # what uvicorn.run does, with this socket
+        # The supervisor pings each worker through a pipe its thread answers; a worker in one long C call that
+        # keeps the interpreter lock (a large JSON body, a big encode) misses uvicorn's 5 s and is killed mid-request.
+        config = ServeConfig(
+            "strata.api.app:app_from_environment", limits=limits, factory=True, workers=workers,
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **common,
+        )  # fmt: skip
+        WorkerSupervisor(config, sockets=[_tcp_listener(config)]).run()  # what uvicorn.run does, with this socket
+
+
+def _serve_one(config: uvicorn.Config) -> None:
+    """What ``uvicorn.run`` does for one process, with a config of strata's own."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 def _tcp_listener(config: uvicorn.Config) -> socket.socket:

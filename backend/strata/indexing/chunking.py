@@ -40,11 +40,19 @@ Span = tuple[int, int]
 # punctuation followed by whitespace or the end, and at every newline (a heading
 # or list item is a unit of its own). Closing quotes and brackets stay with the
 # sentence they close.
+#
+# Linear on any text: an ASCII run may start a match only at its first mark
+# (the lookbehind), and nothing gives characters back (possessive): else each
+# mark of a long run of "." not followed by a space rescans the rest of the run
+# (quadratic: 16k dots took 11.7 s). ``_sentence_units`` matches in a slice, so
+# a span that starts inside a run still opens with a match as it would in the
+# whole text (a lookbehind sees before ``pos``, not before a slice's start).
 _CLOSERS = "”’」』）》)\\]\"'"
-_SENTENCE_END = re.compile(rf"[。！？；…]+[{_CLOSERS}]*|[.!?;]+[{_CLOSERS}]*(?=\s|\Z)|\n")
+_SENTENCE_END = re.compile(rf"[。！？；…]++[{_CLOSERS}]*+|(?<![.!?;])[.!?;]++[{_CLOSERS}]*+(?=\s|\Z)|\n")
 _SOFT_BREAKS = "，,、 "  # where an over-long sentence is preferably cut
 _SOFT_WINDOW = 0.3  # ... within the last 30% of the window
-_HEADING_MARKS = re.compile(r"^ {0,3}#{1,6} +| +#+ *$")
+# A heading line's opening and closing marks; the closing ones only from the first space of a run (see above).
+_HEADING_MARKS = re.compile(r"^ {0,3}#{1,6} ++|(?<! ) ++#++ *+$")
 _HEADING_SEPARATOR = " > "
 
 
@@ -162,10 +170,10 @@ def _pack(text: str, span: Span, max_chars: int, overlap: int) -> list[Span]:
 
 def _sentence_units(text: str, span: Span) -> list[Span]:
     """The trimmed, non-empty sentence units of ``span``, in order."""
-    units, position = [], span[0]
-    for match in _SENTENCE_END.finditer(text, span[0], span[1]):
-        units.append(_trim(text, position, match.end()))
-        position = match.end()
+    units, position, offset = [], span[0], span[0]
+    for match in _SENTENCE_END.finditer(text[span[0] : span[1]]):
+        units.append(_trim(text, position, offset + match.end()))
+        position = offset + match.end()
     units.append(_trim(text, position, span[1]))
     return [u for u in units if u[0] < u[1]]
 

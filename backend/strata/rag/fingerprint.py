@@ -27,7 +27,7 @@ NOT_IN_RESULT: frozenset[str] = frozenset({
     # the process and where its files go (data_dir shows in milvus.uri and database.url, which are in the key)
     "environment", "data_dir", "log_level",
     # timeouts, retries, pools and replicas: a result that ran out of time is degraded and never cached
-    "milvus.token", "milvus.timeout_s", "milvus.search_timeout_s", "milvus.replica_number", "milvus.lite_in_process",
+    "milvus.token", "milvus.timeout_s", "milvus.search_timeout_s", "milvus.count_timeout_s", "milvus.replica_number", "milvus.lite_in_process",
     "database.echo", "database.pool_size", "database.connect_timeout_s", "database.query_timeout_s",
     "embedding.api_key", "embedding.device", "embedding.batch_size", "embedding.timeout_s", "embedding.max_retries",
     "embedding.query_timeout_s", "embedding.query_max_retries",
@@ -41,6 +41,7 @@ NOT_IN_RESULT: frozenset[str] = frozenset({
     # the HTTP service and the remote-indexing client
     "api.host", "api.port", "api.api_key", "api.keys", "api.keys_file", "api.max_upload_bytes", "api.max_concurrency",
     "api.queue_timeout_s", "api.body_timeout_s", "api.request_id_header", "api.ready_cache_s",
+    "api.max_concurrency_per_key", "api.header_timeout_s", "api.keep_alive_s", "api.max_connections",
     "server.url", "server.api_key", "server.timeout_s",
 })  # fmt: skip
 

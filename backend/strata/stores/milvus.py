@@ -58,6 +58,7 @@ class LeafIndex(LeafSearch):
         self._name = settings.collection
         self._timeout = settings.timeout_s
         self._search_timeout = settings.search_timeout_s
+        self._count_timeout = settings.count_timeout_s
         self._encoder_name = encoder_name
         self._dim = dim
         self._use_partitions = settings.kb_layout == "partition" or (
@@ -237,7 +238,7 @@ class LeafIndex(LeafSearch):
         # Strong: the indexer counts right after its flush, and a Bounded read on a server may miss those rows
         rows = self._call(
             "query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions,
-            consistency_level="Strong",
+            consistency_level="Strong", timeout=self._count_timeout,
         )  # fmt: skip
         return int(rows[0]["count(*)"]) if rows else 0
 
@@ -254,7 +255,10 @@ class LeafIndex(LeafSearch):
         anything else by its ids."""
         if whole_kb and partitions:
             return int(self._call("get_partition_stats", self._name, partitions[0])["row_count"])
-        rows = self._call("query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions)
+        rows = self._call(
+            "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
+            timeout=self._count_timeout,
+        )  # fmt: skip
         return len(rows)
 
     def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
@@ -266,7 +270,7 @@ class LeafIndex(LeafSearch):
         try:
             iterator = self._client.query_iterator(
                 self._name, batch_size=4096, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id", "doc_id", "version"],
-                partition_names=partitions, timeout=self._timeout, consistency_level="Strong",
+                partition_names=partitions, timeout=self._count_timeout, consistency_level="Strong",
             )  # fmt: skip
             while batch := iterator.next():
                 found.update({r["chunk_id"]: (r["doc_id"], int(r["version"])) for r in batch})
@@ -287,7 +291,7 @@ class LeafIndex(LeafSearch):
             where = self._where([kb_id], expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
             rows = self._call(
                 "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
-                consistency_level="Strong",
+                consistency_level="Strong", timeout=self._count_timeout,
             )  # fmt: skip
             found.update(row["chunk_id"] for row in rows)
         return found

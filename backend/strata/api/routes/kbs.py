@@ -13,8 +13,7 @@ from strata.api import uploads
 from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, not_found
 from strata.api.problems import Problem
 from strata.api.openapi import problems
-from strata.api.schemas import DocumentList, KbCreate, KbList
-from strata.errors import EncoderMismatchError, IndexingStoppedError
+from strata.api.schemas import DocumentList, KbCreate, KbCreated, KbList
 from strata.indexing.report import IndexReport
 
 router = APIRouter(prefix="/kbs", tags=["knowledge bases"])
@@ -26,7 +25,10 @@ def list_kbs(service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
     return {"kbs": [{"kb_id": k.kb_id, "encoder": k.encoder, "dim": k.dim, "generation": k.generation} for k in kbs]}
 
 
-@router.post("", summary="create an empty knowledge base", status_code=201, responses=problems(403, 404))
+@router.post(
+    "", summary="create an empty knowledge base", status_code=201, response_model=KbCreated,
+    responses={200: {"model": KbCreated, "description": "the knowledge base existed already"}, **problems(403, 404, 409)},
+)  # fmt: skip
 def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
     if not principal.can_read(body.kb_id):
         raise not_found(body.kb_id)
@@ -46,7 +48,7 @@ def list_documents(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
 
 @router.post(
     "/{kb}/documents", summary="upload files and index them (the report of strata index)",
-    responses=problems(403, 404, 409),
+    responses=problems(403, 404, 409, 503),
 )  # fmt: skip
 async def upload_documents(
     kb: WritableKb,
@@ -58,7 +60,7 @@ async def upload_documents(
     root: Annotated[str, Query(max_length=uploads.MAX_NAME_CHARS, description=uploads.ROOT_HELP)] = "",
     keep: Annotated[list[str], Query(max_length=uploads.MAX_KEPT, description=uploads.KEEP_HELP)] = [],  # noqa: B006
 ) -> dict[str, Any]:
-    uploads.check_name(root)
+    uploads.check_name(root, "root")
     kept = [str(uploads.relative_name(name)) for name in keep]
 
     def index(folder: Path) -> IndexReport:
@@ -67,22 +69,17 @@ async def upload_documents(
             root=uploads.root_name(root), keep=kept,
         )  # fmt: skip
 
-    try:
-        report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)
-    except EncoderMismatchError as exc:
-        raise Problem(409, str(exc), title="Encoder Mismatch") from None
-    except IndexingStoppedError as exc:
-        raise Problem(503, f"{exc}; send the files again once it is back", title="Service Unavailable") from None
+    report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)  # errors: ERROR_TABLE
     return report.to_dict()
 
 
 @router.delete(
-    "/{kb}/documents/{doc_id:path}", summary="delete a document from every store", responses=problems(403, 404)
+    "/{kb}/documents/{doc_id:path}", summary="delete a document from every store", responses=problems(403, 404, 409)
 )
 def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
     if not principal.can_write(kb):
         raise Problem(403, f"this key may not write to {kb!r}", title="Forbidden")
-    uploads.check_name(doc_id)
+    uploads.check_name(doc_id, "document id")
     if not service.delete_document(kb, doc_id):
         raise Problem(404, f"no document {doc_id!r} in knowledge base {kb!r}", title="Not Found")
     return {"kb": kb, "deleted": doc_id}

@@ -22,7 +22,7 @@ from strata.api.schemas import (
     SkillResponse,
 )
 
-router = APIRouter(tags=["retrieval"], responses=problems(404))
+router = APIRouter(tags=["retrieval"], responses=problems(404, 504))  # 504: the deadline ran out
 
 
 @router.post("/retrieve", summary="evidence for a query, with the meta record", response_model=RetrieveResponse)

@@ -11,11 +11,17 @@ sections), PDF (one section per page) and DOCX ("Title"/"Heading n" paragraph
 styles give sections).
 
 Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
-and what it decompresses to; its elements (paragraphs, pages, tags, headings);
-and, for .docx and PDF, which parse in a child process (``_isolated``), the
-parse's time and memory. A file over a bound fails with one line naming the
-setting. ``stop``, when set, ends a parse in progress with
+and what it decompresses to; its elements (paragraphs, pages, tags, comments,
+headings); and, since every format parses in a child process (``_isolated``),
+the parse's time and memory. A file over a bound fails with one line naming
+the setting. ``stop``, when set, ends a parse in progress with
 ``IndexingStoppedError``: a stopping service does not wait for a parser.
+
+Everything strata applies to the text (normalization, headings, front matter,
+the HTML breaks) is linear in its length: each regular expression starts a
+match only where a run of what it rescans begins, or the line is scanned by
+hand; ``tests/indexing/test_linear_text.py`` feeds each a megabyte of its
+worst input.
 
 The private modules hold the pieces: ``_text`` (normalization and section
 assembly shared by every format), ``_markdown`` (Markdown and plain text),
@@ -154,7 +160,7 @@ def load_document(
         raise LoaderError(f"unsupported file type '{suffix}'" if suffix else "unsupported file type (no suffix)")
     source = _relative_source(path, root)
     raw = _read_bytes(path, limits)
-    parsed = parse_isolated(parse, raw, limits, stop) if suffix in _ISOLATED else parse(raw, limits)
+    parsed = parse_isolated(parse, raw, limits, stop)
     if not parsed.text:
         raise LoaderError("empty file")
     doc_id = str(parsed.metadata.get("doc_id") or "").strip() or source
@@ -187,7 +193,10 @@ def _read_bytes(path: Path, limits: LoaderLimits) -> bytes:
             if not stat.S_ISREG(status.st_mode):
                 raise LoaderError(unreadable_reason(path) or "not a regular file")
             limits.check_bytes("the file is", status.st_size)  # what a file decompresses to is at least its size
-            raw = file.read(limits.max_decompressed_bytes + 1)
+            # read(n) allocates n bytes first: its size, not the limit (256 MB for every file), then what it grew by
+            raw = file.read(status.st_size + 1)
+            if len(raw) > status.st_size:
+                raw += file.read(limits.max_decompressed_bytes + 1 - len(raw))
     except OSError as exc:
         raise LoaderError(unreadable_reason(path) or f"cannot read file: {exc.strerror or exc}") from exc
     if not raw:
@@ -209,4 +218,3 @@ _PARSERS: dict[str, Parse] = {
     ".pdf": parse_pdf,
     ".docx": parse_docx,
 }
-_ISOLATED = frozenset({".pdf", ".docx"})  # parsers that no check inside strata can interrupt (see _isolated)

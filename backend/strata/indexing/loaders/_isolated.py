@@ -1,7 +1,9 @@
-"""Parsing a .docx or PDF in a child process that can be killed: bounded in time and memory, and stoppable.
+"""Parsing a file in a child process that can be killed: bounded in time and memory, and stoppable.
 
-python-docx and pypdf run in C and Python loops that no check inside strata can
-interrupt, so each parse of those formats runs in a child process. The parent
+python-docx, pypdf, lxml and PyYAML run in C and Python loops that no check
+inside strata can interrupt, and a parse in the service's own process holds
+its interpreter lock: a slow one froze every request. So each parse,
+of every format, runs in a child process. The parent
 waits for its answer at most ``parse_timeout_s``, then kills it and fails the
 file; the child caps its own address space at what it had when it started plus
 ``parse_max_memory_bytes``, so a parse that needs more fails with
@@ -13,15 +15,26 @@ The children are forked by a forkserver that has imported the parsers: a child
 starts in milliseconds (a fresh interpreter would import lxml, python-docx and
 pypdf again, a second or more each time), and none of the parent's threads,
 locks or connections come with it.
+
+Small files go through the child too. A child costs 8-11 ms per file on a
+2-core VM against 0.3-1.6 ms for parsing a 3 KB Markdown or HTML file in
+place (``docs/benchmarks.md``): about 100 s per 10,000 files, while a small
+file is not a cheap one: 4 KB of nested YAML flow mappings in a front matter
+take PyYAML 0.7 s, and one rule for every file needs no size to be trusted.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import resource
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
+from types import ModuleType
 from typing import Any, Callable
 
 from strata.errors import IndexingStoppedError, LoaderError
@@ -31,13 +44,14 @@ from strata.indexing.loaders._text import Parsed, reason
 Parse = Callable[[bytes, LoaderLimits], Parsed]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
-_PRELOAD = ["strata.indexing.loaders._docx", "strata.indexing.loaders._pdf"]
+_PARSERS = [f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown")]
 _POLL_S = 0.1  # how soon a set stop event is seen
 
 
 def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None = None) -> Parsed:
     """``parse(raw, limits)`` in a child process; ``LoaderError`` when it fails, runs out of time or memory."""
-    _CONTEXT.set_forkserver_preload(_PRELOAD)  # takes effect when the first parse starts the forkserver
+    _CONTEXT.set_forkserver_preload(_preload())  # takes effect when the first parse starts the forkserver
+    _short_socket_folder()
     receiver, sender = _CONTEXT.Pipe(duplex=False)
     child = _CONTEXT.Process(target=_parse_in_child, args=(parse, raw, limits, sender), name="strata-parse", daemon=True)
     child.start()
@@ -52,6 +66,49 @@ def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threadi
     if outcome != "parsed":
         raise LoaderError(value)
     return value
+
+
+def _short_socket_folder() -> None:
+    """Gives multiprocessing a temporary folder short enough for the forkserver's Unix socket.
+
+    The forkserver listens on a socket in multiprocessing's temporary folder (``pymp-*`` under ``TMPDIR``); a
+    Unix socket's path is at most 107 bytes on Linux, so under a long ``TMPDIR`` (a deep working folder, a
+    test's own) starting it failed with "AF_UNIX path too long" and so did every parse. Then the folder is made
+    under ``/tmp`` (or the shortest writable of the usual places) and removed at exit.
+    """
+    config = multiprocessing.current_process()._config  # what multiprocessing.util.get_temp_dir() reads
+    if config.get("tempdir") or len(tempfile.gettempdir()) <= _SOCKET_FOLDER_MAX:
+        return
+    for parent in ("/tmp", "/var/tmp", "/dev/shm"):
+        try:
+            folder = tempfile.mkdtemp(prefix="pymp-", dir=parent)
+        except OSError:
+            continue
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=[folder, True], exitpriority=-100)
+        config["tempdir"] = folder
+        return
+
+
+_SOCKET_FOLDER_MAX = 60  # a TMPDIR this long leaves room for "/pymp-XXXXXXXX/listener-XXXXXXXX" under 107 bytes
+
+
+def _preload() -> list[str]:
+    """The parsers' modules, and those the main script's names come from.
+
+    Each child runs the main script's imports again (multiprocessing prepares it as a spawned process;
+    preloading ``"__main__"`` does nothing in Python 3.11): for the ``strata`` command that is importing
+    ``strata.cli``, 0.4 s a file (measured: 400 ms against 10 ms per 3 KB file) unless the forkserver
+    has imported it already.
+    """
+    names: set[str | None] = set()
+    for value in vars(sys.modules["__main__"]).values():
+        names.add(value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None))
+    # Only modules this process has imported by those names: they import again without surprises.
+    imported = sorted(n for n in names if isinstance(n, str) and n in sys.modules and n not in _MAIN_NAMES)
+    return [*_PARSERS, *imported]
+
+
+_MAIN_NAMES = ("__main__", "__mp_main__")
 
 
 def _answer(child: Any, receiver: Connection, limits: LoaderLimits, stop: threading.Event | None) -> tuple[str, Any]:
