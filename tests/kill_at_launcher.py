@@ -1,5 +1,8 @@
 """``python -m tests.kill_at_launcher STEP ARGS...``: ``strata ARGS...`` that SIGKILLs itself right after STEP.
 
+With ``STRATA_TEST_STEP_SIGNAL=SIGSTOP`` in its environment it stops itself there instead (Ctrl-Z, a long GC,
+a stalled host): the fencing tests let another writer take the kb, then continue it with SIGCONT.
+
 The crash tests' launcher: it installs the indexer's ``after_write_step`` seam
 in this process, then runs the ``strata`` command as the installed script does.
 STEP names a write step of ``strata.indexing.pipeline`` (``WRITE_STEPS``,
@@ -23,14 +26,15 @@ logger = logging.getLogger(__name__)
 
 
 def kill_at(wanted: str) -> Callable[[str], None]:
-    """An ``after_write_step`` that kills the process at ``wanted`` (``step`` or ``step:n``)."""
+    """An ``after_write_step`` that kills (or stops) the process at ``wanted`` (``step`` or ``step:n``)."""
     passed: Counter[str] = Counter()
+    signum = signal.Signals[os.environ.get("STRATA_TEST_STEP_SIGNAL", "SIGKILL")]
 
     def after_write_step(step: str) -> None:
         passed[step] += 1
         if wanted in (step, f"{step}:{passed[step]}"):
-            logger.warning("killing the indexer after %s", wanted)
-            os.kill(os.getpid(), signal.SIGKILL)
+            logger.warning("sending %s to the indexer after %s", signum.name, wanted)
+            os.kill(os.getpid(), signum)
 
     return after_write_step
 

@@ -145,6 +145,18 @@ class StoreState:
             assert self.redis_chunk_ids <= self.sql_chunks[1] | self.sql_chunks[2], "stale parents in Redis"
 
 
+def assert_equal_but_renumbered(state: StoreState, clean: StoreState, doc_id: str, version: int) -> None:
+    """``state`` holds what ``clean`` holds, except that ``doc_id`` serves as ``version``: the number a crashed or
+    failed run gave its pending version is never given again, so the rerun's version is the next one."""
+    assert state.active == {**clean.active, doc_id: version}
+    assert {level: len(ids) for level, ids in state.sql_chunks.items()} == {level: len(ids) for level, ids in clean.sql_chunks.items()}
+    assert state.milvus_count == clean.milvus_count
+    others = [leaf for leaf in state.milvus_leaves if leaf[1] != doc_id]
+    assert others == [leaf for leaf in clean.milvus_leaves if leaf[1] != doc_id]
+    renumbered = [leaf for leaf in state.milvus_leaves if leaf[1] == doc_id]
+    assert len(renumbered) == len(clean.milvus_leaves) - len(others) and {leaf[2] for leaf in renumbered} == {version}
+
+
 def store_state(resources: Resources, kb_id: str) -> StoreState:
     documents = resources.documents
     versions = {(v.doc_id, v.version): v.status for v in documents.versions(kb_id)}

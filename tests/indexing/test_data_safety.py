@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -179,7 +180,9 @@ def test_a_second_indexer_on_the_same_kb_fails_at_once_naming_the_holder(tmp_pat
 def test_an_expired_lease_is_taken_over(tmp_path: Path, memo_encoder) -> None:
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         crashed = KbLease(resources.documents, "kb", ttl_s=60, owner="gone-host:pid 1:dead")
-        crashed.acquire()
+        holder = threading.Thread(target=crashed.acquire)  # its holder's thread (its writes' fence) is not ours
+        holder.start()
+        holder.join()
         crashed._stop.set()  # its holder (on another host) crashed: nobody renews the lease
         crashed._renewer.join()
         with pytest.raises(LeaseHeldError, match="gone-host"):

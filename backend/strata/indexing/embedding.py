@@ -85,5 +85,6 @@ def upsert_leaves(
         texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
         batch_size=settings.embedding.batch_size, progress=progress, batch_cached=batch_cached,
     )  # fmt: skip
+    resources.documents.check_fences()  # a run whose lease was taken while it encoded writes no leaf
     index.upsert(leaves, embedded.vectors, texts)
     return embedded

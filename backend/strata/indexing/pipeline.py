@@ -67,7 +67,7 @@ class Indexer:
     """Indexes folders into one knowledge base, incrementally, holding the kb's lease while it writes."""
 
     def __init__(
-        self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float = 60.0, kb_only_notes: bool = False,
+        self, resources: Resources, *, group_leaves: int = 2000, lease_ttl_s: float | None = None, kb_only_notes: bool = False,
         after_write_step: Callable[[str], None] | None = None, hold_chars: int = HOLD_CHARS,
     ) -> None:
         """``kb_only_notes``: the report names nothing learned from other kbs (the service, whose keys may be
@@ -84,7 +84,7 @@ class Indexer:
         self._stopping = threading.Event()
         limits = LoaderLimits.from_settings(resources.settings.indexing)
         self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
-        self._lease_ttl_s = lease_ttl_s
+        self._lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else resources.settings.indexing.lease_ttl_s
         self._hold_chars = hold_chars
         self._leases: dict[str, KbLease] = {}
         self._after_write_step = after_write_step
@@ -428,6 +428,7 @@ class Indexer:
         """Milvus first, then cache, then SQL: SQL rows outlive their leaves, never the reverse."""
         if not versions:
             return
+        self._res.documents.check_fences()
         for v in versions:
             self._res.leaf_index.delete_version(v.kb_id, v.doc_id, v.version)
         self._res.leaf_index.flush()
@@ -492,6 +493,7 @@ class Indexer:
         with self.lease(kb_id):
             for doc_id in sorted({v.doc_id for v in store.versions(kb_id)}):
                 store.retire_document(kb_id, doc_id)
+            store.check_fences()
             self._res.leaf_index.delete_kb(kb_id)
             self._res.leaf_index.flush()
             try:
@@ -507,8 +509,12 @@ class Indexer:
         return frozenset(Catalog(self._res.documents.engine).vocabulary([kb_id]).terms)
 
     def _checkpoint(self, step: str) -> None:
+        """After each write step: the crash tests' seam, then the lease's fence (a run paused past its lease
+        stops here, with ``LeaseLostError``, before it reads or decides anything more)."""
         if self._after_write_step is not None:
             self._after_write_step(step)
+        if step != ENCODER_BATCH:
+            self._res.documents.check_fences()
 
 
 def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:

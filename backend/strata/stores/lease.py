@@ -4,19 +4,40 @@ Two indexers on one kb (possible on a Milvus server, where no file lock
 exists) would pick the same version numbers and delete each other's pending
 rows. The lease is a row (kb id, owner, expiry) in the SQL store that every
 writer shares: taking it is one INSERT, or an UPDATE that succeeds only when
-the row's lease has expired or is already ours. A holder renews it from a
-background thread while it works; a crashed holder's lease simply expires.
-A second writer fails at once with ``LeaseHeldError`` naming the holder.
+the row's lease has expired or is already ours. Expiry is by the database's
+clock, never the writer's (a writer whose clock runs ahead cannot take a live
+lease). A holder renews it from a background thread while it works; a crashed
+holder's lease simply expires. A second writer fails at once with
+``LeaseHeldError`` naming the holder.
+
+Holding the lease fences the holder's writes: the thread that took it begins
+every transaction by locking the lease row and checking it is still the owner
+(``SqlDatabase.fenced``), and checks again before each Milvus write. A holder
+paused past its lease (Ctrl-Z, a long GC, a stalled database) whose lease was
+taken stops at its next write with ``LeaseLostError``; a renewal that finds the
+lease gone says so at once.
+
+A holder records where its pid means something (``process_space``: host name,
+boot and pid namespace) and its pid, so a taker in the same space whose holder
+no longer runs (killed: SIGKILL, an OOM kill, uvicorn replacing a worker)
+takes the lease over at once instead of waiting for it to expire. A pid is
+only trusted in its own space: containers sharing a host name (host
+networking) have pid namespaces of their own, and a pid of another host says
+nothing here.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import socket
 import threading
 import uuid
-from datetime import datetime, timedelta, timezone
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from pathlib import Path
 
 from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -28,13 +49,38 @@ from strata.stores.sql_schema import kb_leases
 logger = logging.getLogger(__name__)
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)  # naive UTC: the same on SQLite and PostgreSQL
-
-
 def owner_name() -> str:
-    """Who holds a lease: host, process id and a token unique to this holder."""
-    return f"{socket.gethostname()}:pid {os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """Who holds a lease: where its pid means something, its pid and a token unique to this holder."""
+    return f"{process_space()}:pid {os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@functools.cache
+def process_space() -> str:
+    """The host name, and on Linux the boot and pid namespace: two processes with the same value see the
+    same pids (pods with host networking share the node's name, not its pids)."""
+    host = socket.gethostname()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()[:8]
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # not Linux: the host name alone
+        return host
+    return f"{host}~{boot}.{namespace}"
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process of this pid namespace runs as ``pid``; a zombie (exited, not yet reaped by its parent)
+    counts as gone, since it holds nothing."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:  # no /proc (not Linux), or it exited just now: alive is the safe answer
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]  # the name in parentheses may hold spaces
 
 
 class KbLease:
@@ -48,6 +94,7 @@ class KbLease:
         self._depth = 0
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._fence: AbstractContextManager[None] | None = None
 
     def __enter__(self) -> KbLease:
         if self._depth == 0:
@@ -61,9 +108,11 @@ class KbLease:
             self.release()
 
     def acquire(self) -> None:
-        """Takes the lease or raises ``LeaseHeldError`` naming the holder."""
+        """Takes the lease (and fences this thread's writes) or raises ``LeaseHeldError`` naming the holder."""
         if not self._try_take():
-            raise LeaseHeldError(self._held_message())
+            raise self._held_error()
+        self._fence = self._store.fenced(self.kb_id, self.owner)
+        self._fence.__enter__()
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.kb_id}", daemon=True)
         self._renewer.start()
@@ -73,6 +122,9 @@ class KbLease:
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5)
+        if self._fence is not None:
+            self._fence.__exit__(None, None, None)
+            self._fence = None
         try:
             with self._store._begin() as conn:
                 conn.execute(delete(kb_leases).where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner))
@@ -80,7 +132,7 @@ class KbLease:
             logger.warning("could not release the indexing lease of %s (it expires by itself): %s", self.kb_id, exc)
 
     def _try_take(self) -> bool:
-        now = _now()
+        now = self._store.now()
         values = {"owner": self.owner, "acquired_at": now, "expires_at": now + self._ttl}
         try:
             with self._store._begin() as conn:
@@ -100,39 +152,45 @@ class KbLease:
         return taken.rowcount == 1
 
     def _dead_local_holder(self) -> str | None:
-        """The holder's name when it is a process of this host that no longer exists."""
+        """The holder's name when it is a process of this pid space that no longer runs."""
         with self._store._connect() as conn:
             owner = conn.execute(select(kb_leases.c.owner).where(kb_leases.c.kb_id == self.kb_id)).scalar()
-        host, _, rest = (owner or "").partition(":pid ")
+        space, _, rest = (owner or "").partition(":pid ")
         pid = rest.split(":", 1)[0]
-        if host != socket.gethostname() or not pid.isdigit():
+        if space != process_space() or not pid.isdigit():
             return None
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return owner
-        except PermissionError:  # alive, owned by another user
-            return None
-        return None
+        return owner if process_gone(int(pid)) else None
 
     def _renew_loop(self) -> None:
         interval = self._ttl.total_seconds() / 3
         while not self._stop.wait(interval):
             try:
+                expires = self._store.now() + self._ttl
                 with self._store._begin() as conn:
-                    conn.execute(
+                    renewed = conn.execute(
                         update(kb_leases)
                         .where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner)
-                        .values(expires_at=_now() + self._ttl)
+                        .values(expires_at=expires)
                     )
             except Exception as exc:  # SQL down: the next renewal tries again; the lease may lapse
                 logger.warning("could not renew the indexing lease of %s: %s", self.kb_id, exc)
+                continue
+            if renewed.rowcount == 0:  # taken by another writer: the run's next write stops it (fenced)
+                logger.error("the indexing lease of %s was taken by another writer: this run stops at its next write", self.kb_id)
+                return
 
-    def _held_message(self) -> str:
+    def _held_error(self) -> LeaseHeldError:
         with self._store._connect() as conn:
             row = conn.execute(select(kb_leases).where(kb_leases.c.kb_id == self.kb_id)).first()
-        holder = f"{row.owner} (since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC, lease until {row.expires_at:%H:%M:%S} UTC)" if row else "another indexer"
-        return (
-            f"knowledge base {self.kb_id!r} is being indexed by {holder}; "
-            "wait for that run to finish (a crashed run's lease expires by itself) and run again"
-        )
+        if row is None:  # released between our attempt and this read: the caller may simply try again
+            return LeaseHeldError(_held_text(self.kb_id, "another indexer"), kb_id=self.kb_id, retry_after_s=1.0)
+        holder = f"{row.owner} (since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC, lease until {row.expires_at:%H:%M:%S} UTC)"
+        left_s = max(1, math.ceil((row.expires_at - self._store.now()).total_seconds()))  # when it could next be free
+        return LeaseHeldError(_held_text(self.kb_id, holder), kb_id=self.kb_id, retry_after_s=float(left_s))
+
+
+def _held_text(kb_id: str, holder: str) -> str:
+    return (
+        f"knowledge base {kb_id!r} is being indexed by {holder}; "
+        "wait for that run to finish (a crashed run's lease expires by itself) and run again"
+    )

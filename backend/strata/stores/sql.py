@@ -9,6 +9,9 @@ from it. Each of those is a store of its own module over one ``SqlDatabase``;
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from datetime import datetime
+
 from strata.config import DatabaseSettings
 from strata.stores.chunks import Chunks
 from strata.stores.embedding_cache import EmbeddingCache
@@ -31,6 +34,18 @@ class DocumentStore(KnowledgeBases, DocumentVersions, Chunks, TermStatistics, Em
         db = SqlDatabase(settings)
         open_schema(db.engine)  # SQLite upgrades itself; PostgreSQL behind `strata db upgrade` is refused
         super().__init__(db)
+
+    def fenced(self, kb_id: str, owner: str) -> AbstractContextManager[None]:
+        """This thread's transactions go on only while ``owner`` holds ``kb_id``'s lease (``SqlDatabase.fenced``)."""
+        return self._db.fenced(kb_id, owner)
+
+    def now(self) -> datetime:
+        """The database's clock (naive UTC): leases expire by it."""
+        return self._db.now()
+
+    def check_fences(self) -> None:
+        """``LeaseLostError`` when a lease this thread writes under was taken: called before each Milvus write."""
+        self._db.check_fences()
 
     def dispose(self) -> None:
         self._db.dispose()

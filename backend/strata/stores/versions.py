@@ -36,9 +36,10 @@ class DocumentVersions(SqlPart):
     def version_marks(self, kb_id: str) -> dict[str, int]:
         """The highest version each document of a kb was ever given, deleted ones included: doc id -> version.
 
-        The mark rises when a version is activated: a new version is numbered above it, so a version that
-        ever served (and may be in a cache) never has its number, hence its chunk ids, given again. A
-        version that never served (left pending by a crash or a failed check) may be: a rerun rewrites it.
+        The mark rises when a version is first written (pending) and when it is activated: a new version is
+        numbered above it, so a version number, hence its chunk ids, is never given twice: not after it
+        served (it may be in a cache), and not after a crash or a lost lease left it pending (its parents may
+        be cached, its leaves written by a run that no longer holds the kb).
         """
         query = select(version_marks.c.doc_id, version_marks.c.last_version).where(version_marks.c.kb_id == kb_id)
         with self._connect() as conn:
@@ -61,6 +62,7 @@ class DocumentVersions(SqlPart):
         }  # fmt: skip
         with self._begin() as conn:
             _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
+            _raise_mark(conn, version.kb_id, version.doc_id, version.version)
             conn.execute(documents.insert().values(**row))
             _insert_chunks(conn, doc_chunks)
             if term_counts is not None:
