@@ -5,8 +5,9 @@ lock of the process serving requests, and a megabyte would have held it for hour
 worst input of one pattern family, at 100 KB and at 1 MB; each upload is indexed or refused with a reason,
 and while it runs ``/health`` answers every poll within a second.
 
-The service runs one worker: with two, the other one would answer ``/health`` while the first was frozen,
-and the polls would prove nothing.
+The cases run on one worker: with two, the other one would answer ``/health`` while the first was frozen,
+and the polls would prove nothing. On ``--workers 2`` the five 1 MB files go up in one upload, and what is
+checked besides the answers is that no worker was killed for missing its supervisor's ping.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.api.shared_service import TENANT_A_WRITE, SharedService, shared_service
+from tests.api.shared_service import TENANT_A_WRITE, TENANT_B_WRITE, SharedService, shared_service
+from tests.conftest import fresh_pg_database
 from tests.pathological_text import pathology
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -103,5 +105,23 @@ def test_no_upload_folder_is_left_behind(service: SharedService, temp_dir: Path)
     answer = service.upload("alpha", {case.filename: case.build(SIZES["100KB"])}, key=TENANT_A_WRITE)
 
     assert answer.status_code == 200, answer.text
-    assert list(temp_dir.glob("pymp-*")), "the service does not make its temporary files here"  # its forkserver's
     assert list(temp_dir.glob("strata-upload-*")) == []
+
+
+def test_on_two_workers_the_megabyte_files_are_answered_and_no_worker_is_killed(
+    tmp_path: Path, milvus_server_uri: str
+) -> None:
+    names = ["spaces", "dots", "hashes", "heading_spaces", "html_comments"]
+    files = {f"1MB-{pathology(n).filename}": pathology(n).build(SIZES["1MB"]) for n in names}
+    with fresh_pg_database() as pg, shared_service(tmp_path, milvus_server_uri, pg, workers=2) as running:
+        with HealthPoller(running.url) as poller:
+            answer = running.upload("beta", files, key=TENANT_B_WRITE)
+        log = running.log_text()
+
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    failed = {f["source"] for f in report["failures"]}
+    refused = {f"1MB-{pathology(n).filename}" for n in names if OUTCOMES[(n, "1MB")] != "added"}
+    assert (report["added"], failed) == (len(names) - len(refused), refused), report
+    assert poller.answers and set(poller.answers) == {200}, [a for a in poller.answers if a != 200][:5]
+    assert "] died" not in log and "failed to start" not in log, log[-3000:]  # uvicorn's words for a killed worker

@@ -50,9 +50,10 @@ class LeafCheck:
             parts.append(f"Milvus holds {self.found} leaves where SQL serves {self.expected}")
         if self.absent_count:
             more = f" and {self.absent_count - len(self.absent)} more" if self.absent_count > len(self.absent) else ""
+            older = ": Milvus holds other versions (restored from an older backup?)" if self.found else ""
             parts.append(
                 f"{self.absent_count} of {self.versions_probed} served versions have no leaves in Milvus "
-                f"({', '.join(self.absent)}{more}): Milvus holds other versions (restored from an older backup?)"
+                f"({', '.join(self.absent)}{more}){older}"
             )  # fmt: skip
         return "; ".join(parts)
 
