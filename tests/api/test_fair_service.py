@@ -229,3 +229,29 @@ def _closed_for_room(service: SharedService) -> int:
         text = client.get("/metrics", headers=auth(METRICS)).text
     counts = re.findall(r'^strata_http_connections_closed_total\{reason="(?:evicted|refused)"\} (\S+)$', text, re.M)
     return int(sum(float(count) for count in counts))
+
+
+def test_trickling_bodies_and_idle_sockets_at_once_leave_another_tenant_served(
+    capped_service: SharedService, many_files: None
+) -> None:
+    """Both attacks of one tenant together: 20 of A's requests trickling their bodies and 1,100 idle sockets
+    (100 with half-sent headers) open; B's ``/retrieve`` answers 200 each time it asks."""
+    service = capped_service
+    attack = TricklingTenant(service.port)
+    attack.thread.start()
+    socks: list[socket.socket] = []
+    try:
+        assert wait_until(lambda: attack.in_flight == attack.size)
+        socks = [socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S) for _ in range(IDLE_SOCKETS)]
+        for _ in range(HALF_HEADERS):
+            sock = socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S)
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ")
+            socks.append(sock)
+        answers = [(retrieve_b(service.url).status_code, attack.in_flight) for _ in range(3)]
+    finally:
+        attack.stop.set()
+        attack.thread.join(WAIT_S)
+        for sock in socks:
+            sock.close()
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    assert min(in_flight for _, in_flight in answers) >= attack.size // 2, answers  # asked during the attack
