@@ -65,6 +65,9 @@ class _Section(BaseModel):
     model_config = {"extra": "forbid"}
 
 
+ANALYZER_KEYS = ("type", "tokenizer", "filter", "char_filter")  # Milvus's analyzer_params
+
+
 class MilvusSettings(_Section):
     """Where L3 leaves live: a Milvus Lite file or a Milvus server."""
 
@@ -106,6 +109,20 @@ class MilvusSettings(_Section):
     def _lite_file_or_server(cls, value: str | None) -> str | None:
         if _not_blank(value) is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
             raise ValueError("must be a Milvus Lite file ending in .db or a server URI (http://host:19530)")
+        return value
+
+    @field_validator("analyzer")
+    @classmethod
+    def _analyzer_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Milvus's analyzer_params take a built-in ``type`` or a ``tokenizer`` with ``filter``/``char_filter``: a
+        misspelt key would be passed to Milvus (which ignores or refuses it) instead of named here."""
+        for key in value:
+            if key not in ANALYZER_KEYS:
+                near = difflib.get_close_matches(key, ANALYZER_KEYS, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ValueError(f"{key!r} is not an analyzer_params key ({', '.join(ANALYZER_KEYS)}){hint}")
+        if "type" not in value and "tokenizer" not in value:
+            raise ValueError('needs "tokenizer" (e.g. {"tokenizer": "jieba"}) or a built-in "type"')
         return value
 
     @property

@@ -318,3 +318,27 @@ def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_ref
     assert refused.returncode != 0 and "reconcile --kb restored --repair" in refused.stderr, refused.stderr
     assert run_strata(["reconcile", "--kb", "restored", "--repair"], env).returncode in (0, 1)
     assert _stats("restored", env)["consistent"]
+
+
+def test_a_changed_analyzer_is_refused_naming_both_and_a_rebuild_into_a_new_collection_takes_it(tmp_path: Path) -> None:
+    """STRATA_MILVUS__ANALYZER changed after the collection was built: Milvus would keep the old one while term
+    statistics followed the new one. Every command refuses it, naming both; a misspelt key is named at start;
+    a rebuild into a new collection (read from SQL) builds it with the new analyzer."""
+    env = strata_env(tmp_path / "data")
+    docs = write_files(tmp_path / "docs", {"lamp.md": "# Lamp\n\nThe keeper lights the lamp at dusk.\n"})
+    _index(docs, "an", env)
+    standard = {**env, "STRATA_MILVUS__ANALYZER": '{"tokenizer": "standard"}'}
+
+    refused = run_strata(["query", "lamp", "--kb", "an", "--json"], standard)
+    assert refused.returncode != 0, refused.stdout
+    assert 'STRATA_MILVUS__ANALYZER is {"tokenizer": "standard"}' in refused.stderr + refused.stdout
+    assert 'built with {"tokenizer": "jieba"}' in refused.stderr + refused.stdout
+    misspelt = run_strata(["stats", "--kb", "an"], {**env, "STRATA_MILVUS__ANALYZER": '{"tokeniser": "standard"}'})
+    assert misspelt.returncode == 2 and "did you mean 'tokenizer'?" in misspelt.stderr, misspelt.stderr
+
+    rebuilt = run_strata(["rebuild", "--kb", "an", "--collection", "leaves_standard"], standard)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    moved = {**standard, "STRATA_MILVUS__COLLECTION": "leaves_standard"}
+    assert _stats("an", moved)["consistent"]
+    answer = run_strata(["query", "When does the keeper light the lamp?", "--kb", "an", "--json"], moved)
+    assert answer.returncode == 0 and "dusk" in answer.stdout, answer.stderr

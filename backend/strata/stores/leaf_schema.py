@@ -9,7 +9,7 @@ into the jieba analyzer of a new collection so they stay one token.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from strata.types import Chunk
 
@@ -39,6 +39,27 @@ def analyzer_with_dictionary(analyzer: dict[str, Any], terms: Iterable[str]) -> 
         return analyzer
     known = [w for w in tokenizer.get("dict", ["_default_"]) if w not in words]
     return {**analyzer, "tokenizer": {**tokenizer, "dict": [*known, *words]}}
+
+
+def analyzer_identity(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides an analyzer's tokens, as a setting names it: without the user dictionary
+    ``analyzer_with_dictionary`` adds, and with ``"jieba"`` standing for the search-mode jieba it expands to."""
+    tokenizer = params.get("tokenizer")
+    if isinstance(tokenizer, Mapping):
+        tokenizer = {k: v for k, v in tokenizer.items() if k != "dict"}
+        if tokenizer in ({"type": "jieba", "mode": "search", "hmm": True}, {"type": "jieba"}):
+            tokenizer = "jieba"
+    return {**params, "tokenizer": tokenizer} if "tokenizer" in params else dict(params)
+
+
+def analyzer_of(described: dict[str, Any]) -> dict[str, Any] | None:
+    """The analyzer_params of a described collection's text field (None when it shows none)."""
+    for f in described.get("fields", []):
+        if f.get("name") == "text":
+            params = f.get("params", {}).get("analyzer_params")
+            if params:
+                return json.loads(params) if isinstance(params, str) else dict(params)
+    return None
 
 
 def dictionary_terms(terms: Iterable[str]) -> set[str]:

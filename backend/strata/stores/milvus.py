@@ -16,6 +16,7 @@ analyzed ``text`` field. Knowledge bases are kept apart by layout:
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -27,11 +28,11 @@ from pymilvus import DataType, Function, FunctionType, MilvusClient
 from pymilvus.exceptions import MilvusException
 
 from strata.config import MilvusSettings
-from strata.errors import EncoderMismatchError, IndexLockedError, StoreError
+from strata.errors import ConfigError, EncoderMismatchError, IndexLockedError, StoreError
 from strata.stores import filters as expr
 from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
 from strata.stores.keys import partition_name, version_key
-from strata.stores.leaf_schema import analyzer_with_dictionary, dictionary_of
+from strata.stores.leaf_schema import analyzer_identity, analyzer_of, analyzer_with_dictionary, dictionary_of
 from strata.stores.leaf_rows import leaf_row
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus_search import LeafSearch
@@ -85,6 +86,7 @@ class LeafIndex(LeafSearch):
                 self._create_collection()
             described = self._client.describe_collection(self._name, timeout=self._timeout)
             self._check_identity(described)
+            self._check_analyzer(described)
             self._adopt_layout(described)
             self.dictionary = dictionary_of(described)
             self._client.load_collection(self._name, replica_number=self._settings.replica_number, timeout=self._timeout)
@@ -111,6 +113,19 @@ class LeafIndex(LeafSearch):
                 f"the configured encoder is {self._encoder_name} (dim {self._dim}). Use another collection "
                 f"(STRATA_MILVUS__COLLECTION) or rebuild the knowledge bases with this encoder."
             )
+
+    def _check_analyzer(self, described: dict[str, Any]) -> None:
+        """Refuses a configured analyzer other than the one the collection's BM25 index was built with: Milvus
+        keeps the collection's, while strata's term statistics and query pruning would follow the setting."""
+        built = analyzer_of(described)
+        if built is None or analyzer_identity(built) == analyzer_identity(self._settings.analyzer):
+            return
+        raise ConfigError(
+            f"STRATA_MILVUS__ANALYZER is {json.dumps(self._settings.analyzer, ensure_ascii=False)}, but Milvus "
+            f"collection {self._name!r} was built with {json.dumps(analyzer_identity(built), ensure_ascii=False)}: "
+            "its BM25 index keeps that analyzer. Set STRATA_MILVUS__ANALYZER back to it, or copy the knowledge bases "
+            "into a new collection built with the new one (strata rebuild --kb KB --collection NAME)"
+        )
 
     def _adopt_layout(self, described: dict[str, Any]) -> None:
         """Keeps kbs apart the way the collection was built: a ``kb_id`` partition key, or a partition per kb.
