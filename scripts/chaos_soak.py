@@ -380,6 +380,10 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         STRATA_RERANK__URL=rerank.url, STRATA_RERANK__READ_TIMEOUT_S="1.0", STRATA_RERANK__MAX_RETRIES="1",
         STRATA_RETRIEVAL__CACHE_SIZE="0",  # every request goes through the stores
     )  # fmt: skip
+    # a new PostgreSQL database is migrated first, as a deployment does (strata serve refuses one behind)
+    migrated = subprocess.run([str(STRATA), "db", "upgrade"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    if migrated.returncode != 0:
+        raise SystemExit(f"strata db upgrade failed: {migrated.stderr[-500:]}")
     log = (root / "serve.log").open("wb")
     serve = subprocess.Popen([str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
     try:

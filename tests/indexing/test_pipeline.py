@@ -234,3 +234,31 @@ def test_an_update_killed_at_each_write_step_serves_one_version_and_a_rerun_comp
     assert state.sql_chunks == clean_update.sql_chunks
     assert state.milvus_count == clean_update.milvus_count
     assert state.milvus_leaves == clean_update.milvus_leaves
+
+
+def test_reconcile_counts_the_vectors_no_served_leaf_uses_and_repair_deletes_them(
+    tmp_path: Path, encoder: CountingEncoder
+) -> None:
+    """Each edit leaves its old passages' vectors in the embedding cache (an edit back reuses them); reconcile
+    counts those no served leaf uses, without calling them a difference, and --repair deletes exactly those."""
+    docs = write_files(tmp_path / "docs", {"guide.md": GUIDE_V1, "other.md": "# Other\n\nA second, unrelated page.\n"})
+    settings = _settings(tmp_path / "data")
+    with opened(settings, encoder) as resources:
+        indexer = Indexer(resources)
+        indexer.index_paths([docs], kb_id="kb")
+        for n in range(5):  # five edits of one paragraph
+            write_files(docs, {"guide.md": GUIDE_V2.replace("Beta", f"Beta {n}")})
+            indexer.index_paths([docs], kb_id="kb")
+        (docs / "other.md").unlink()
+        indexer.index_paths([docs], kb_id="kb", delete_missing=True)
+        cached = resources.documents.cached_keys("kb")
+        found = indexer.reconcile("kb")
+        repaired = indexer.reconcile("kb", repair=True)
+        left = resources.documents.cached_keys("kb")
+        served = store_state(resources, "kb").sql_chunks[3]
+        again = indexer.index_paths([docs], kb_id="kb")
+
+    assert found.unused_embeddings >= 6 and found.differences == 0, found.to_dict()  # 5 old edits, the deleted page
+    assert repaired.unused_embeddings == found.unused_embeddings and len(left) == len(cached) - found.unused_embeddings
+    assert len(left) == len(served)  # one vector per served leaf (their search texts differ)
+    assert (again.unchanged, again.passages_encoded) == (1, 0)

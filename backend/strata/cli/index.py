@@ -151,7 +151,9 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
             f"kb {args.kb}: {report['leftover_versions']} unfinished or retired versions, "
             f"{report['missing_in_milvus']} leaves missing in Milvus, {report['orphans_in_milvus']} orphan leaves "
             f"in Milvus, {cache} stale cache entries, {report['invalidations_pending']} failed cache invalidations "
-            f"recorded, {report['versions_without_term_stats']} versions without term statistics"
+            f"recorded, {report['versions_without_term_stats']} versions without term statistics; "
+            f"{report['unused_embeddings']} cached vectors no served leaf uses"
+            + (" (deleted)" if report["repaired"] else " (--repair deletes them)" if report["unused_embeddings"] else "")
             + (" - repaired" if report["repaired"] else "")
         )
         for note in report["notes"]:

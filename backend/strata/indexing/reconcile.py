@@ -7,6 +7,12 @@ its term statistics (BM25 query hygiene). Repair deletes orphan leaves, writes
 missing ones again (vectors from the embedding cache, encoding only what is
 not cached), drops stale cache entries (the recorded ones too) and counts the
 terms of versions that lack them.
+
+The embedding cache may hold more than the served leaves use (that is what
+lets an edit reuse its unchanged passages), so its unused vectors are counted
+(``unused_embeddings``, not a difference) and ``--repair`` deletes them: after
+it, the cache holds exactly the vectors of the served leaves' search texts with
+the configured encoder.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.errors import CacheError
-from strata.indexing.embedding import upsert_leaves
+from strata.indexing.embedding import search_text, text_hash, upsert_leaves
 from strata.indexing.report import NoProgress
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
 from strata.resources import Resources
 from strata.stores.analyzer import Tokenize
-from strata.types import ACTIVE
+from strata.types import ACTIVE, LEAF_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,7 @@ class ReconcileReport:
     stale_cache: int | None = 0  # None: the cache could not be read
     invalidations_pending: int = 0  # cache entries of removed versions whose deletion failed (recorded in SQL)
     versions_without_term_stats: int = 0
+    unused_embeddings: int = 0  # cached vectors no served leaf uses (edits, deletions, another encoder): not a difference
     repaired: bool = False
     examples: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -67,6 +74,7 @@ def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
     _fill(report, _diff(resources, kb_id, report))
     if _tokenizer(resources, report) is not None:
         report.versions_without_term_stats = len(resources.documents.uncounted_versions(kb_id))
+    report.unused_embeddings = len(unused_embeddings(resources, kb_id))
     return report
 
 
@@ -93,7 +101,28 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
     if tokenize is not None:
         report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
         resources.documents.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
+    unused = unused_embeddings(resources, kb_id)
+    resources.documents.drop_embeddings(kb_id, sorted(unused))
+    report.unused_embeddings = len(unused)
     return report
+
+
+def unused_embeddings(resources: Resources, kb_id: str, page: int = 2000) -> set[tuple[str, str]]:
+    """The kb's cached (encoder, text hash) keys that no served leaf's search text with the kb's encoder has
+    (the name SQL records: no model is loaded); the served leaves are read a page at a time."""
+    documents = resources.documents
+    kb = documents.get_kb(kb_id)
+    if kb is None:
+        return set()
+    encoder = kb.encoder
+    contextualize = resources.settings.chunking.contextualize
+    used: set[tuple[str, str]] = set()
+    for version in documents.versions(kb_id):
+        if version.status != ACTIVE:
+            continue
+        for leaves in documents.version_chunk_pages(kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=page):
+            used.update((encoder, text_hash(search_text(leaf, contextualize))) for leaf in leaves)
+    return documents.cached_keys(kb_id) - used
 
 
 def retry_invalidations(resources: Resources, kb_id: str) -> tuple[int, str | None]:

@@ -2,7 +2,8 @@
 
 A kb reuses only the vectors it encoded itself: a shared cache would let a
 write key learn, from its upload's report (or its duration), whether another
-kb holds a text. ``drop_kb`` deletes the kb's rows with the kb.
+kb holds a text. ``drop_kb`` deletes the kb's rows with the kb; ``strata
+reconcile --repair`` deletes those no served leaf uses (``drop_embeddings``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from strata.stores.sql_database import IN_BATCH, INSERT_BATCH, SqlPart
 from strata.stores.sql_schema import kb_embeddings
@@ -46,3 +47,23 @@ class EmbeddingCache(SqlPart):
             for start in range(0, len(rows), INSERT_BATCH):
                 batch = rows[start : start + INSERT_BATCH]
                 conn.execute(self._db.insert(kb_embeddings).values(batch).on_conflict_do_nothing())
+
+    def cached_keys(self, kb_id: str) -> set[tuple[str, str]]:
+        """Every (encoder, text hash) the kb has a vector for (no vector read)."""
+        query = select(kb_embeddings.c.encoder, kb_embeddings.c.text_hash).where(kb_embeddings.c.kb_id == kb_id)
+        with self._connect() as conn:
+            return {(row.encoder, row.text_hash) for row in conn.execute(query)}
+
+    def drop_embeddings(self, kb_id: str, keys: Sequence[tuple[str, str]]) -> None:
+        """Deletes the kb's vectors of these (encoder, text hash) keys, a batch per statement."""
+        table = kb_embeddings
+        by_encoder: dict[str, list[str]] = {}
+        for encoder, text_hash in keys:
+            by_encoder.setdefault(encoder, []).append(text_hash)
+        with self._begin() as conn:
+            for encoder, hashes in by_encoder.items():
+                for start in range(0, len(hashes), IN_BATCH):
+                    batch = hashes[start : start + IN_BATCH]
+                    conn.execute(
+                        delete(table).where(table.c.kb_id == kb_id, table.c.encoder == encoder, table.c.text_hash.in_(batch))
+                    )
