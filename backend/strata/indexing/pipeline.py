@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 WRITE_STEPS = ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
 ENCODER_BATCH = "encoder_batch"  # a step passed after each encoder batch is cached
+START_PROBES = 1000  # served versions a run's start probes in Milvus by id (`strata stats` probes every one)
 
 
 def chunking_signature(settings: ChunkingSettings) -> str:
@@ -204,7 +205,7 @@ class Indexer:
         unchanged and write nothing, and the kb would answer with no evidence or old text."""
         if not any(v.status == ACTIVE for v in versions):
             return
-        check = check_leaves(self._res.leaf_index, kb_id, versions)
+        check = check_leaves(self._res.leaf_index, kb_id, versions, most=START_PROBES)
         if check.found < check.expected or check.absent_count:
             raise LeavesMissingError(
                 f"the Milvus collection {self._res.settings.milvus.collection!r} does not hold the leaves knowledge "
