@@ -39,6 +39,8 @@ from strata.types import Filters, MergeRound, RerankOutcome, RetrievalResult, Re
 
 logger = logging.getLogger(__name__)
 
+PROBED_KBS = 4  # silent kbs a query asks Milvus about (``_note_missing_leaves``)
+
 
 class Retriever:
     """Answers queries against the stores of one ``Resources``."""
@@ -228,7 +230,8 @@ class Retriever:
         that gave no hit lacks them in the configured collection (``STRATA_MILVUS__URI`` or ``__COLLECTION``
         changed without ``strata rebuild``, or the leaves were lost). Said in the record as ``leaves_missing``,
         not answered as an ``ok`` with no (or only another kb's) evidence. Where a filter or another kb's nearer
-        leaves may explain no hit, Milvus is asked whether it holds any leaf of the kb."""
+        leaves may explain no hit, Milvus is asked whether it holds any leaf of the kb: for kbs the query named,
+        at most ``PROBED_KBS`` of them (a query over every kb a key reads would otherwise ask once per kb)."""
         dense = [o for o in run.outcomes if isinstance(o, SearchOutcome) and o.mode in ("hybrid", "dense", "dense_fallback")]
         kbs = [k for k in (run.kb_ids if run.kb_ids is not None else state.served_leaves) if state.served_leaves.get(k)]
         if not dense or not kbs:
@@ -236,6 +239,8 @@ class Retriever:
         found = {c.chunk.kb_id for o in dense for c in o.candidates}
         silent = [k for k in kbs if k not in found]
         if silent and (run.filters_dict or found):
+            if run.kb_ids is None or len(silent) > PROBED_KBS:
+                return
             silent = [k for k in silent if not self._holds_leaves(k)]
         if not silent:
             return
