@@ -111,11 +111,12 @@ class KbLease:
         """Takes the lease (and fences this thread's writes) or raises ``LeaseHeldError`` naming the holder."""
         if not self._try_take():
             raise self._held_error()
-        self._fence = self._store.fenced(self.kb_id, self.owner)
-        self._fence.__enter__()
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.kb_id}", daemon=True)
         self._renewer.start()
+        # last: nothing after it can fail, so a pooled thread never keeps the fence of a lease it does not hold
+        self._fence = self._store.fenced(self.kb_id, self.owner)
+        self._fence.__enter__()
 
     def release(self) -> None:
         """Gives the lease back; with SQL unreachable it is left to expire (never masks the caller's error)."""
