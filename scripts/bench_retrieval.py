@@ -1,7 +1,7 @@
 """Retrieval speed on the embedded store, in one run on the same index.
 
 On two corpora of CMRC 2018 dev (the first ``--small-articles`` articles, and
-all 848), with questions from the SPEC subsample that those articles answer:
+all 848), with questions from the subsample of docs/evaluation.md that those articles answer:
 
 1. **Search stage**, query vectors precomputed, variants measured alternately
    per question: the engine before this change (two routes returning every

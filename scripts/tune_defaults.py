@@ -10,12 +10,12 @@ modes of ``strata eval`` on the same questions.
 Selection rule (printed with the table): among the eligible variants, the
 highest  U = answer_hit@5 − chars@5 / 20 000  of ``hybrid+merge`` (1,000 more
 characters of context must buy 5 points of answer_hit@5). Eligible: its
-``hybrid+merge`` beats every SPEC §8 reference row on ans@500c, ans@1500c and
+``hybrid+merge`` beats every docs/evaluation.md §8 reference row on ans@500c, ans@1500c and
 nDCG@10 at once; ``merge_min_children`` ≤ 3, so that both merge rounds can
 still fire on a parent with three children (four or more made round 2 dead on
 most documents); and ``candidate_k`` stays the contract's 3 × top_k. The
-best eligible variant must also beat the references, at SPEC §8's three
-decimals, on the SPEC's 1,000-question subsample (``strata eval --sample
+best eligible variant must also beat the references, at docs/evaluation.md §8's three
+decimals, on the 1,000-question subsample of docs/evaluation.md (``strata eval --sample
 1000``); otherwise the next one is taken.
 
 The rounds behind docs/evaluation.md:

@@ -5,7 +5,7 @@ environment variables (``STRATA_SECTION__FIELD``, e.g.
 ``STRATA_MILVUS__URI``), a ``.env`` file, an optional ``strata.toml`` (path in
 ``STRATA_CONFIG``, default ``./strata.toml``), then the defaults below.
 
-The defaults are the embedded column of ARCHITECTURE.md: a Milvus Lite file and
+The defaults are the embedded column of docs/architecture.md: a Milvus Lite file and
 a SQLite file under ``STRATA_DATA_DIR`` and an in-process parent cache. Invalid
 values fail at start-up with a ``ConfigError`` naming the variable.
 """

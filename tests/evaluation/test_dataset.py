@@ -1,4 +1,4 @@
-"""SQuAD-style loading, SPEC §3's subsample and SPEC §2's Markdown corpus."""
+"""SQuAD-style loading, docs/evaluation.md §3's subsample and docs/evaluation.md §2's Markdown corpus."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §5 metrics on hand-made lists; every expected value was worked out by hand."""
+"""docs/evaluation.md §5 metrics on hand-made lists; every expected value was worked out by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``strata eval``: SPEC.md evaluation of retrieval modes (``strata.evaluation.modes``)."""
+"""``strata eval``: the evaluation of docs/evaluation.md, over retrieval modes (``strata.evaluation.modes``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ logger = logging.getLogger("strata.eval")
 def _parse(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
     if ks != [5, 10]:
-        raise ConfigError("--k must be 5,10: SPEC.md's metrics are defined on the k=5 and k=10 lists")
+        raise ConfigError("--k must be 5,10: docs/evaluation.md's metrics are defined on the k=5 and k=10 lists")
     return ks, parse_modes(args.modes)
 
 
@@ -77,10 +77,10 @@ def _run_mode(resources, mode, queries, ks, kb):  # noqa: ANN001, ANN202 - thin 
 def _print_notes(results, index: dict, embed_p50: float, n: int) -> None:  # noqa: ANN001
     print(
         f"\nn = {n} questions. Latency is the wall time of retrieve_documents including query encoding "
-        f"(query_embed_ms_p50 = {embed_p50:.1f} ms); the SPEC §8 reference latency excludes encoding."
+        f"(query_embed_ms_p50 = {embed_p50:.1f} ms); the docs/evaluation.md §8 reference latency excludes encoding."
     )
     if n != out.SPEC_REFERENCE_QUESTIONS:
-        print(f"The SPEC §8 reference rows were measured on its {out.SPEC_REFERENCE_QUESTIONS:,}-question subsample "
+        print(f"The docs/evaluation.md §8 reference rows were measured on its {out.SPEC_REFERENCE_QUESTIONS:,}-question subsample "
               f"(seed 13): compare like with like using --sample {out.SPEC_REFERENCE_QUESTIONS}.")
     levels = index["chunks_by_level"]
     print(f"index: {index['leaves_in_index']} leaves in Milvus; chunks L1 {levels['1']}, L2 {levels['2']}, L3 {levels['3']}")

@@ -1,9 +1,9 @@
-"""SQuAD-style QA sets turned into a retrieval benchmark (eval SPEC §1–§3).
+"""SQuAD-style QA sets turned into a retrieval benchmark (docs/evaluation.md §1–§3).
 
 ``load_squad`` reads ``data[] -> {title, id, paragraphs[] -> {id, context,
 qas[] -> {question, id, answers[] -> {text}}}}`` into ``Article`` and ``Query``
-records; ``subsample`` picks SPEC §3's fixed subsample; ``article_markdown``
-and ``write_corpus`` build SPEC §2's corpus, one Markdown file per article.
+records; ``subsample`` picks docs/evaluation.md §3's fixed subsample; ``article_markdown``
+and ``write_corpus`` build docs/evaluation.md §2's corpus, one Markdown file per article.
 
 Nothing here depends on one file's particulars (CMRC 2018 has one paragraph per
 article; other sets have many). Missing ids are derived, never invented at
@@ -63,7 +63,7 @@ class Query:
     """One question and its gold: article, paragraph and answer strings.
 
     ``answers`` holds the distinct non-blank answer texts in first-seen order,
-    verbatim. A question without any is kept (SPEC §3 counts every question of
+    verbatim. A question without any is kept (docs/evaluation.md §3 counts every question of
     the file) and can never be an answer hit.
     """
 
@@ -95,7 +95,7 @@ def load_squad(path: Path) -> tuple[list[Article], list[Query]]:
 
 
 def subsample(queries: Sequence[Query], n: int | None, seed: int = SUBSAMPLE_SEED) -> list[Query]:
-    """SPEC §3's fixed subsample of ``n`` queries, in file order.
+    """docs/evaluation.md §3's fixed subsample of ``n`` queries, in file order.
 
     ``random.Random(seed).sample(range(N), n)`` over the queries in file order,
     re-sorted into file order. ``n`` None or ``n >= N`` returns every query.
@@ -109,7 +109,7 @@ def subsample(queries: Sequence[Query], n: int | None, seed: int = SUBSAMPLE_SEE
 
 
 def article_markdown(article: Article) -> str:
-    """SPEC §2's document text of an article, with no trailing newline.
+    """docs/evaluation.md §2's document text of an article, with no trailing newline.
 
     ``# {title}``, then per paragraph i = 1, 2, …: a blank line, ``## 段落 {i}``,
     a blank line and the context verbatim.

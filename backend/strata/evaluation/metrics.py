@@ -1,19 +1,19 @@
-"""Retrieval metrics of eval SPEC §5: per query, per system, and as a table.
+"""Retrieval metrics of docs/evaluation.md §5: per query, per system, and as a table.
 
 A system answers ``retrieve(query, k)`` with ``Item``s, best first. The
 per-query functions score one list against one query's gold; ``summarize``
 averages ``QueryOutcome`` records (a query's k=5 list, k=10 list and call
 latencies) into a ``MetricsReport``; ``markdown_table`` renders reports like
-SPEC §8.
+docs/evaluation.md §8.
 
-Choices the SPEC leaves open, made once here:
+Choices docs/evaluation.md leaves open, made once here:
 
 - Every list is cut to its first k items before scoring, and the budget
   metrics read the first 10 items of the k=10 list. ``n_returned@k`` alone
   counts what the system returned, so a system that breaks the contract by
   returning more than k shows up there instead of being hidden.
 - ``answer_hit@k`` checks item by item: an answer split across two items is a
-  miss. ``answer_hit@Bc`` checks the *concatenation* of what was read (SPEC:
+  miss. ``answer_hit@Bc`` checks the *concatenation* of what was read (docs/evaluation.md:
   "a gold answer lies inside what was read"), so there a split answer counts
   when both halves were read.
 - A gold answer whose normalized form is empty is ignored (it would be inside
@@ -39,7 +39,7 @@ _WHITESPACE = re.compile(r"\s+")
 
 
 def norm(s: str) -> str:
-    """``s`` with all whitespace removed (SPEC §5)."""
+    """``s`` with all whitespace removed (docs/evaluation.md §5)."""
     return _WHITESPACE.sub("", s)
 
 
@@ -52,7 +52,7 @@ class Item:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Item:
-        """An item from a ``retrieve`` result dict (SPEC §4: ``text``, ``doc_id``)."""
+        """An item from a ``retrieve`` result dict (docs/evaluation.md §4: ``text``, ``doc_id``)."""
         return cls(text=str(raw["text"]), doc_id=str(raw["doc_id"]))
 
 
@@ -149,7 +149,7 @@ class QueryOutcome:
 
 @dataclass(frozen=True)
 class MetricsReport:
-    """SPEC §5's metrics of one system over ``n_queries`` queries (means, ms)."""
+    """docs/evaluation.md §5's metrics of one system over ``n_queries`` queries (means, ms)."""
 
     n_queries: int
     answer_hit_at_5: float
@@ -175,7 +175,7 @@ class MetricsReport:
 
 
 def summarize(outcomes: Sequence[QueryOutcome]) -> MetricsReport:
-    """Average every SPEC §5 metric over the queries' outcomes."""
+    """Average every docs/evaluation.md §5 metric over the queries' outcomes."""
     if not outcomes:
         raise ValueError("no query outcomes to summarize")
     budget_hits = budget_curve(outcomes, ANSWER_BUDGETS)
@@ -223,12 +223,12 @@ _FORMATS: dict[str, str] = {
     "items": "{:.2f}",
     "ms": "{:.1f}",
 }
-_MISSING = "–"  # SPEC §8 prints an en dash for a figure that was not measured
+_MISSING = "–"  # docs/evaluation.md §8 prints an en dash for a figure that was not measured
 
 
 @dataclass(frozen=True)
 class Column:
-    """One table column: its SPEC §8-style label, the report field and its format."""
+    """One table column: its docs/evaluation.md §8-style label, the report field and its format."""
 
     label: str
     field: str
@@ -271,7 +271,7 @@ SPEC_COLUMNS: tuple[Column, ...] = tuple(
 def markdown_table(
     rows: Mapping[str, MetricsReport], columns: Sequence[Column] = SPEC_COLUMNS
 ) -> str:
-    """A Markdown table, one row per system, like SPEC §8 (no trailing newline).
+    """A Markdown table, one row per system, like docs/evaluation.md §8 (no trailing newline).
 
     Ratios get 3 decimals, characters are rounded to integers, mean item
     counts get 2 decimals, milliseconds 1; an unmeasured latency prints "–".

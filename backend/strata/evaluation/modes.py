@@ -1,8 +1,8 @@
-"""``strata eval``'s modes (pure): the strategies by name, and the SPEC §8 rows.
+"""``strata eval``'s modes (pure): the strategies by name, and the docs/evaluation.md §8 rows.
 
 A mode is a strategy of ``strata.strategy_table`` plus retrieval settings.
-Every strategy is a mode under its own name; the rows SPEC §8 and the
-recorded results in README.md and docs/evaluation.md name keep their names as
+Every strategy is a mode under its own name; the rows docs/evaluation.md §8 and the
+recorded results in docs/benchmarks.md and docs/evaluation.md name keep their names as
 strata's default strategy with its routes and merging switched:
 
 - ``bm25``: the BM25 route only, no merge; ``dense``: the dense route only, no
@@ -45,7 +45,7 @@ SPEC_ROWS: Mapping[str, EvalMode] = MappingProxyType({
     "full": EvalMode(DEFAULT_STRATEGY, rerank=True),
 })  # fmt: skip
 MODES: Mapping[str, EvalMode] = MappingProxyType({**{name: EvalMode(name) for name in STRATEGY_NAMES}, **SPEC_ROWS})
-# SPEC §8's table: the routes alone, fused, merged, reranked
+# docs/evaluation.md §8's table: the routes alone, fused, merged, reranked
 DEFAULT_MODES = ("bm25", "dense", "hybrid", "hybrid+merge", "full")
 
 

