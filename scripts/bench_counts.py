@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,13 +34,19 @@ DIM = 384
 DOCS = 100
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextmanager
 def milvus_server(uri: str | None) -> Iterator[str]:
     if uri:
         yield uri
         return
     folder = Path(tempfile.mkdtemp(prefix="bench-counts-"))
-    port = 19700 + os.getpid() % 200
+    port = free_port()
     binary = shutil.which("milvus-lite", path=os.path.dirname(sys.executable)) or "milvus-lite"
     process = subprocess.Popen(
         [binary, "server", "--data-dir", str(folder), "--host", "127.0.0.1", "--port", str(port)],

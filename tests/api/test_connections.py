@@ -11,7 +11,7 @@ import select
 import socket
 import threading
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
@@ -25,6 +25,7 @@ from strata.api.connections import (
 from strata.api.metrics import Metrics
 from strata.config import ApiSettings
 from tests.conftest import free_port
+from tests.strata_support import wait_for
 
 WAIT_S = 20.0  # an upper bound for the server to act
 
@@ -93,14 +94,6 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
 # --- served: uvicorn with ServeConfig --------------------------------------------------------------------
 
 
-def wait_until(condition: Callable[[], bool], bound_s: float = WAIT_S) -> bool:
-    event = threading.Event()
-    for _ in range(int(bound_s / 0.02)):
-        if condition():
-            return True
-        event.wait(0.02)  # polling a condition, bounded
-    return condition()
-
 
 def closed_by_server(sock: socket.socket, wait_s: float = WAIT_S) -> bool:
     try:
@@ -167,7 +160,7 @@ def served(**limits: float) -> Iterator[Served]:
     thread = threading.Thread(target=service.server.run, daemon=True)
     thread.start()
     try:
-        assert wait_until(lambda: service.server.started or not thread.is_alive()) and service.server.started
+        assert wait_for(lambda: service.server.started or not thread.is_alive(), within_s=WAIT_S) and service.server.started
         yield service
     finally:
         service.release.set()
@@ -193,7 +186,7 @@ def test_when_every_connection_has_a_request_running_a_new_one_is_closed_and_the
         holders = [socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S) for _ in range(2)]
         for sock in holders:
             sock.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert wait_until(lambda: service.held == 2)
+        assert wait_for(lambda: service.held == 2, within_s=WAIT_S)
         refused = socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S)
         assert closed_by_server(refused) and service.closed("refused") == 1
         service.release.set()

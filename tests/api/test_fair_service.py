@@ -13,14 +13,14 @@ import resource
 import select
 import socket
 import threading
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import httpx
 import pytest
 
 from tests.api.shared_service import METRICS, TENANT_A_READ, TENANT_B_READ, SharedService, auth, shared_service
 from tests.conftest import fresh_pg_database
+from tests.strata_support import wait_for
 
 WAIT_S = 60.0  # an upper bound for the service to act
 BODY_TIMEOUT_S = 4  # the service's, so that the attack's slot holders time out while the test runs
@@ -35,14 +35,6 @@ def retrieve_b(url: str) -> httpx.Response:
     with httpx.Client(base_url=url, timeout=httpx.Timeout(120.0, connect=10.0)) as client:
         return client.post("/retrieve", json=body, headers=auth(TENANT_B_READ))
 
-
-def wait_until(condition: Callable[[], bool], bound_s: float = WAIT_S) -> bool:
-    pause = threading.Event()
-    for _ in range(int(bound_s / 0.05)):
-        if condition():
-            return True
-        pause.wait(0.05)  # polling a condition, bounded
-    return condition()
 
 
 def closed_by_server(sock: socket.socket, wait_s: float) -> bool:
@@ -129,14 +121,14 @@ def test_one_key_trickling_bodies_never_starves_another_tenant(slow_clients_serv
     attack.thread.start()
     answers_b: list[tuple[int, int]] = []  # (status, A's requests in flight when B asked)
     try:
-        assert wait_until(lambda: attack.in_flight == attack.size)
+        assert wait_for(lambda: attack.in_flight == attack.size, within_s=WAIT_S)
         # B asks again each time the attack has had answers, until A's slot holders have timed out on both
         # workers (4 slots each): B is served while A's requests hold, queue, time out and come back.
         while len(answers_b) < 8 or attack.answered(408) < 8:
             assert len(answers_b) < 40, f"the attack got {attack.statuses} while B asked {len(answers_b)} times"
             in_flight, seen = attack.in_flight, len(attack.statuses)
             answers_b.append((retrieve_b(service.url).status_code, in_flight))
-            assert wait_until(lambda: len(attack.statuses) > seen), "the attack's requests were never answered"
+            assert wait_for(lambda: len(attack.statuses) > seen, within_s=WAIT_S), "the attack's requests were never answered"
     finally:
         attack.stop.set()
         attack.thread.join(WAIT_S)
@@ -212,9 +204,9 @@ def test_a_thousand_idle_sockets_neither_block_the_service_nor_flood_its_log(
         assert answer.status_code == 200, answer.text
         assert {doc["metadata"]["kb_id"] for doc in answer.json()["docs"]} == {"beta"}
         # each worker keeps at most MAX_CONNECTIONS open: the longest idle of the attack's went first
-        assert wait_until(lambda: shed() >= IDLE_SOCKETS + HALF_HEADERS - 2 * MAX_CONNECTIONS), shed()
+        assert wait_for(lambda: shed() >= IDLE_SOCKETS + HALF_HEADERS - 2 * MAX_CONNECTIONS, within_s=WAIT_S), shed()
         # counted once each: the scrape (whose own connection may shed one more) first, then what the client saw
-        assert wait_until(lambda: _closed_for_room(service) == shed()), (shed(), _closed_for_room(service))
+        assert wait_for(lambda: _closed_for_room(service) == shed(), within_s=WAIT_S), (shed(), _closed_for_room(service))
     finally:
         for sock in socks:
             sock.close()
@@ -241,7 +233,7 @@ def test_trickling_bodies_and_idle_sockets_at_once_leave_another_tenant_served(
     attack.thread.start()
     socks: list[socket.socket] = []
     try:
-        assert wait_until(lambda: attack.in_flight == attack.size)
+        assert wait_for(lambda: attack.in_flight == attack.size, within_s=WAIT_S)
         socks = [socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S) for _ in range(IDLE_SOCKETS)]
         for _ in range(HALF_HEADERS):
             sock = socket.create_connection(("127.0.0.1", service.port), timeout=WAIT_S)

@@ -23,6 +23,7 @@ from strata.api.metrics import Metrics
 from strata.config import Settings
 from strata.errors import InvalidArgumentError, LeaseHeldError, StrataError
 from strata.encoders.model_folder import check_encoder_loads
+from strata.indexing.consistency import kb_stats
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
 from strata.rag.expansion import SynonymDictionary, load_synonyms
@@ -124,17 +125,10 @@ class Service:
         return True
 
     def kb_stats(self, kb_id: str) -> dict[str, Any]:
-        """The counts ``strata stats`` prints."""
+        """What ``strata stats`` prints (``consistency.kb_stats``)."""
         kb = self.resources.documents.get_kb(kb_id)
         assert kb is not None
-        sql = self.resources.documents.stats(kb_id)
-        leaves = self.resources.leaf_index.count(kb_id)
-        return {
-            "kb": kb_id, "documents": sql["documents_by_status"].get("active", 0),
-            "documents_by_status": sql["documents_by_status"], "chunks_by_level": sql["chunks_by_level"],
-            "leaves_in_milvus": leaves, "encoder": {"name": kb.encoder, "dim": kb.dim},
-            "generation": kb.generation, "consistent": leaves == sql["chunks_by_level"]["3"],
-        }  # fmt: skip
+        return kb_stats(self.resources.documents, self.resources.leaf_index, kb)
 
     @property
     def reranker(self) -> Reranker | None:

@@ -13,7 +13,7 @@ from typing import Any
 from strata.cli.progress import make_progress
 from strata.config import ConfigError, Settings, with_overrides
 from strata.errors import NotFoundError
-from strata.indexing.consistency import check_leaves
+from strata.indexing.consistency import kb_stats
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 from strata.stores.milvus import LeafIndex
@@ -103,34 +103,20 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if kb is None:
         print(f"no knowledge base {args.kb!r}", file=sys.stderr)
         return 1
-    sql = resources.documents.stats(args.kb)
     # The collection is opened as the kb's encoder built it: its name and dimension are recorded, so the
     # encoder model (BGE-M3: seconds and gigabytes) is not loaded to learn them.
     index = LeafIndex(settings.milvus, encoder_name=kb.encoder, dim=kb.dim)
     try:
-        check = check_leaves(index, args.kb, resources.documents.versions(args.kb))
+        stats = kb_stats(resources.documents, index, kb)
     finally:
         index.close()
-    stats = {
-        "kb": args.kb,
-        "documents": sql["documents_by_status"].get("active", 0),
-        "documents_by_status": sql["documents_by_status"],
-        "chunks_by_level": sql["chunks_by_level"],
-        "leaves_in_milvus": check.found,
-        "versions_probed": check.versions_probed,
-        "versions_absent_in_milvus": check.absent_count,
-        "encoder": {"name": kb.encoder, "dim": kb.dim},
-        "generation": kb.generation,
-        "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
-        "difference": check.difference(),
-    }
     if args.json:
         print(json.dumps(stats, ensure_ascii=False, indent=2))
     else:
         levels = stats["chunks_by_level"]
         print(
             f"kb {args.kb}: {stats['documents']} documents; chunks L1 {levels['1']}, L2 {levels['2']}, "
-            f"L3 {levels['3']}; Milvus leaves {check.found} ({'consistent' if stats['consistent'] else 'MISMATCH'}); "
+            f"L3 {levels['3']}; Milvus leaves {stats['leaves_in_milvus']} ({'consistent' if stats['consistent'] else 'MISMATCH'}); "
             f"encoder {kb.encoder} (dim {kb.dim})"
         )
         if stats["difference"]:

@@ -12,10 +12,11 @@ service's stats and an indexing run's start all use this one check.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from strata.indexing.chunking import chunk_id
-from strata.types import ACTIVE, LEAF_LEVEL, DocumentVersion
+from strata.stores.sql import DocumentStore
+from strata.types import ACTIVE, LEAF_LEVEL, DocumentVersion, KnowledgeBase
 
 NAMED = 5  # documents named in a difference; the count says how many more
 
@@ -87,3 +88,18 @@ def check_leaves(
     named = tuple(f"{doc} v{version}" for doc, version in list(absent)[:NAMED])
     probed = len({(v.doc_id, v.version) for v in probes.values()})
     return LeafCheck(kb_id, expected, found, probed, named, len(absent))
+
+
+def kb_stats(documents: DocumentStore, index: LeafCounter, kb: KnowledgeBase) -> dict[str, Any]:
+    """What ``strata stats`` and ``GET /kbs/{kb}/stats`` answer: SQL's counts, Milvus's, and whether they agree
+    (counts and every served version probed by id; ``difference`` names what does not)."""
+    sql = documents.stats(kb.kb_id)
+    check = check_leaves(index, kb.kb_id, documents.versions(kb.kb_id))
+    return {
+        "kb": kb.kb_id, "documents": sql["documents_by_status"].get("active", 0),
+        "documents_by_status": sql["documents_by_status"], "chunks_by_level": sql["chunks_by_level"],
+        "leaves_in_milvus": check.found, "versions_probed": check.versions_probed,
+        "versions_absent_in_milvus": check.absent_count, "encoder": {"name": kb.encoder, "dim": kb.dim},
+        "generation": kb.generation, "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
+        "difference": check.difference(),
+    }  # fmt: skip
