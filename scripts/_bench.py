@@ -16,7 +16,7 @@ from strata.encoders import tune_openmp
 if TYPE_CHECKING:
     import numpy as np
 
-    from strata.stores.milvus import LeafIndex
+    from strata.stores.milvus import LeafCollection as LeafIndex
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

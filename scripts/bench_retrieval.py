@@ -53,7 +53,7 @@ from strata.rag.route_fusion import rrf_fuse
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafIndex
+from strata.stores.milvus import LeafCollection as LeafIndex
 from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 
 WARMUP = 5

@@ -40,7 +40,7 @@ from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.keys import partition_name
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafIndex
+from strata.stores.milvus import LeafCollection as LeafIndex
 from strata.stores.term_stats import count_terms
 from strata.types import Chunk
 

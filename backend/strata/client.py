@@ -91,15 +91,19 @@ class StrataClient:
     def index_files(
         self, kb_id: str, files: Sequence[tuple[str, Path]], *, delete_missing: bool = False, recreate: bool = False,
         dry_run: bool = False, timeout: float | None = None, root: str = "", keep: Sequence[str] = (),
+        max_delete: int | None = None, force: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """Uploads ``(relative name, path)`` pairs into ``kb_id``; the indexing report (``strata index --json``).
 
         ``root`` names the folder the files came from (``delete_missing`` deletes only that root's documents);
-        ``keep`` are files of it that could not be read here (their documents are kept).
+        ``keep`` are files of it that could not be read here (their documents are kept). ``delete_missing``
+        deleting over ``max_delete`` (default: the service's setting) or half the root's documents, unless
+        ``force``, is refused: ``ServiceError`` 409 naming the count, and nothing written.
         """
-        flags = {"delete_missing": delete_missing, "recreate": recreate, "dry_run": dry_run}
+        flags = {"delete_missing": delete_missing, "recreate": recreate, "dry_run": dry_run, "force": force}
         params: list[tuple[str, str]] = [(k, str(v).lower()) for k, v in flags.items()]
         params += [("root", root), *(("keep", name) for name in keep)]
+        params += [("max_delete", str(max_delete))] if max_delete is not None else []
         handles = [(name, path.open("rb")) for name, path in files]
         try:
             parts = [("files", (str(PurePosixPath(name)), handle)) for name, handle in handles]

@@ -74,12 +74,21 @@ class MilvusSettings(_Section):
     uri: str | None = Field(None, description="Milvus Lite file (*.db) or http://host:19530; default {data_dir}/milvus.db")
     token: SecretStr = Field(SecretStr(""), description="Milvus server token (user:password), empty for none")
     collection: str = Field("strata_leaves", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
-    kb_layout: Literal["auto", "partition", "partition_key"] = Field(
+    isolation: Literal["auto", "collection", "partition", "partition_key"] = Field(
         "auto",
-        description="how a NEW collection keeps kbs apart (auto: a partition per kb on a Milvus Lite file, kb_id "
-        "partition key on a server); an existing collection is used the way it was built, and a setting naming the "
-        "other way is refused",
+        description="how NEW leaves keep knowledge bases apart, Milvus's multi-tenancy levels (docs/deploy.md): "
+        "collection (a collection per kb: its own BM25 statistics), partition (a partition per kb of one collection) "
+        "or partition_key (kb_id is the partition key of one collection: BM25 statistics shared). auto: collection "
+        "on a Milvus server or when API keys are set, partition on an embedded Milvus Lite file. Existing leaves "
+        "are used the way they were written, and a setting naming another level is refused",
     )
+    max_partitions: int = Field(
+        1023, ge=1, description="partition level: most kbs (partitions) in the collection (Milvus's rootCoord.maxPartitionNum, 1,024, counts its _default too)"
+    )
+    max_collections: int = Field(
+        10_000, ge=1, description="collection level: most kb collections strata creates under one STRATA_MILVUS__COLLECTION name "
+        "(Milvus's rootCoord.maxCollectionNum is 65,536 per cluster)",
+    )  # fmt: skip
     replica_number: int = Field(
         1, ge=1, description="in-memory replicas of the collection when it is loaded (a Milvus cluster with 2+ query "
         "nodes: 2 keeps searches answered while one node restarts); Milvus Lite has one"
@@ -138,6 +147,10 @@ class DatabaseSettings(_Section):
     pool_size: int = Field(5, ge=1)
     connect_timeout_s: float = Field(5.0, gt=0)
     query_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement timeout of the query path's reads")
+    call_timeout_s: float = Field(
+        60.0, gt=0, description="longest one PostgreSQL call (statement, commit, the pool's ping) may wait before strata "
+        "cuts its connection and fails it: a paused server cannot hang a run (migrations are exempt)",
+    )  # fmt: skip
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 
@@ -208,7 +221,8 @@ class IndexingSettings(_Section):
 
     max_document_bytes: int = Field(
         50 * 1024 * 1024, ge=1,
-        description="largest document text (UTF-8 bytes) indexed; a larger file fails with the reason, the others are indexed",
+        description="largest document text (UTF-8 bytes) indexed, checked as each file is parsed and, for a .txt or .md file "
+        "(over twice it), before it is read; a larger file fails with the reason, the others are indexed",
     )  # fmt: skip
     max_decompressed_bytes: int = Field(
         256 * 1024 * 1024, ge=1,
@@ -224,6 +238,10 @@ class IndexingSettings(_Section):
     lease_ttl_s: float = Field(
         60.0, ge=1, description="a kb's indexing lease: renewed every third of it while a run works; a run paused "
         "longer loses the kb to the next writer and stops at its next write (by the database's clock)",
+    )  # fmt: skip
+    max_delete: int = Field(
+        100, ge=0, description="most documents one --delete-missing run (or upload with delete_missing) deletes; a run "
+        "that would delete more, or more than half of its folders' documents, deletes nothing unless forced",
     )  # fmt: skip
 
 
@@ -258,6 +276,10 @@ class RetrievalSettings(_Section):
     sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
+    cache_scope: Literal["key", "kbs"] = Field(
+        "key", description="whom strata serve's query cache shares an entry with: key (the API key that asked: no key "
+        "learns, by a hit or its timing, whether another key asked a query) or kbs (every key asking the same kbs)",
+    )  # fmt: skip
     deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
     batch_window_ms: float = Field(

@@ -19,6 +19,7 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     ├── RerankError              the rerank service failed or answered nonsense
     ├── NotFoundError            a knowledge base or document does not exist
     ├── InvalidArgumentError     a call's argument is outside what strata accepts (also a ValueError)
+    ├── DeleteRefusedError       --delete-missing would delete more than a run may (an emptied folder)
     ├── LeaseHeldError           another indexer holds the knowledge base's lease
     │   └── LeaseLostError       another indexer took this run's lease while it worked
     ├── DeadlineExceeded         a retrieval stage found no time left (also a TimeoutError)
@@ -95,6 +96,15 @@ class NotFoundError(StrataError):
 
 class InvalidArgumentError(StrataError, ValueError):
     """An argument (a query, top_k, kb ids, a deadline) is outside what strata accepts; the message says which."""
+
+
+class DeleteRefusedError(StrataError):
+    """A ``--delete-missing`` run would delete more documents than it may (``strata.indexing.plan.refuse_deletions``):
+    it stopped before writing anything. ``count`` is how many it would have deleted."""
+
+    def __init__(self, message: str, *, count: int) -> None:
+        super().__init__(message)
+        self.count = count
 
 
 class LeaseHeldError(StrataError):

@@ -17,7 +17,7 @@ from strata.encoders import Encoder, create_encoder
 from strata.stores.parent_cache import create_parent_cache
 from strata.stores.keys import database_namespace
 from strata.stores.catalog import Catalog
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 from strata.stores.parents import ParentStore
 from strata.stores.redis_client import RedisBreaker
 from strata.stores.sql import DocumentStore
@@ -51,11 +51,16 @@ class Resources:
         with self._lock:
             if "leaf_index" not in self.__dict__:
                 encoder = self.encoder
-                terms = lambda: [*Catalog(self.documents.engine).vocabulary(None).terms, *extra_terms]  # noqa: E731
+                terms = lambda kb_ids: [*Catalog(self.documents.engine).vocabulary(kb_ids).terms, *extra_terms]  # noqa: E731
                 self.__dict__["leaf_index"] = LeafIndex(
-                    self.settings.milvus, encoder_name=encoder.name, dim=encoder.dim, vocabulary=terms
+                    self.settings.milvus, encoder_name=encoder.name, dim=encoder.dim, vocabulary=terms, tenants=self.tenants
                 )
             return self.__dict__["leaf_index"]
+
+    @property
+    def tenants(self) -> bool:
+        """Whether the service has API keys with grants: kbs of teams kept apart (``leaf_index.default_level``)."""
+        return bool(self.settings.api.keys or self.settings.api.keys_file)
 
     @functools.cached_property
     def redis_breaker(self) -> RedisBreaker:

@@ -113,9 +113,11 @@ def _milvus_leaf_metadata(resources: Any, kb_id: str) -> list[dict[str, Any]]:
     """The ``metadata`` field of every leaf row of a kb, read straight from the collection."""
     settings = resources.settings.milvus
     resources.leaf_index  # noqa: B018 - opens the collection (and the Milvus Lite file) first
+    index = resources.leaf_index
+    name = kb_collection_name(settings.collection, kb_id) if index.isolation == "collection" else settings.collection
     client = MilvusClient(uri=str(settings.uri))
     try:
-        rows = client.query(settings.collection, filter=f'kb_id == "{kb_id}"', output_fields=["metadata"], limit=1000)
+        rows = client.query(name, filter=f'kb_id == "{kb_id}"', output_fields=["metadata"], limit=1000)
     finally:
         client.close()
     return [row["metadata"] for row in rows]
@@ -124,6 +126,7 @@ def _milvus_leaf_metadata(resources: Any, kb_id: str) -> list[dict[str, Any]]:
 # A terminal whose user presses Ctrl-C the moment the report appears (signal.raise_signal: delivered at once).
 _CTRL_C_ON_REPORT = """
 import signal, sys
+from strata.stores.leaf_index import kb_collection_name
 from strata.cli import main
 
 class CtrlCOnReport:

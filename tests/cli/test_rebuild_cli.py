@@ -63,15 +63,21 @@ def _top10(settings: Settings, encoder: Any, queries: list[str]) -> list[list[st
     return [[d.metadata["chunk_id"] for d in r.docs] for r in results]
 
 
-def test_copy_to_a_second_file_answers_the_same_top10(demo: dict[str, str], tmp_path: Path, memo_encoder: Any) -> None:
+@pytest.mark.parametrize("level", [None, "collection", "partition_key"], ids=["same-level", "to-collection", "to-partition-key"])
+def test_copy_to_a_second_file_answers_the_same_top10(
+    demo: dict[str, str], tmp_path: Path, memo_encoder: Any, level: str | None
+) -> None:
+    """A copy at the source's level, or moved to another isolation level (``--isolation``), is verified against SQL
+    and answers as the source does; the copy's level is read back from Milvus by a default-configured strata."""
     copy = tmp_path / "copy.db"
-    report = _rebuild(demo, "--to-uri", str(copy))
+    report = _rebuild(demo, "--to-uri", str(copy), *(["--isolation", level] if level else []))
 
     source = settings_for(demo)
     assert report["verified"] is True and report["in_place"] is False
+    assert report["isolation"] == (level or "partition")  # a Lite file's default level is a partition per kb
     assert report["target_uri"] == str(copy) and report["leaves_written"] == report["sql_leaves"] > 0
     assert (report["encoded"], report["reused"]) == (0, report["leaves_written"])  # the cache is warm
-    assert report["next_step"] == f"export STRATA_MILVUS__URI={copy}"
+    assert report["next_step"] == f"export STRATA_MILVUS__URI={copy}" + (f" && export STRATA_MILVUS__ISOLATION={level}" if level else "")
 
     queries = _queries(source, memo_encoder)
     original = _top10(source, memo_encoder, queries)
@@ -87,7 +93,7 @@ def test_text_output_prints_the_next_step(demo: dict[str, str], tmp_path: Path) 
 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith(f"rebuilt kb demo into {copy} (collection leaves_v2):")
+    assert lines[0].startswith(f"rebuilt kb demo into {copy} (collection leaves_v2, isolation partition):")
     assert lines[-1] == f"next step: export STRATA_MILVUS__URI={copy} && export STRATA_MILVUS__COLLECTION=leaves_v2"
 
 

@@ -4,12 +4,15 @@
 |---|---|---|
 | SIGKILL (a crash) or SIGTERM, then started again on the same port and data dir | ``failed``, the connection error in ``meta.errors``, well inside the deadline; ``/ready`` 503 (milvus down) within its cache window, ``/ready/detail`` at once with the error; ``/retrieve`` 503 | ``ok`` with the docs of before; ``/ready`` 200 |
 | SIGSTOP (hung), then SIGCONT | ``failed``, each search cut at its search timeout (``StoreError``, gRPC deadline) | ``ok`` with the docs of before |
+| either, strata's connection left to find the server by itself | | the first or second retrieval after the server answers is ``ok`` |
 | killed with no kb indexed yet | ``/ready`` 503 (milvus down), not the index opened earlier | ``/ready`` 200 |
 
 The server is a ``milvus-lite server`` process of each test's own, so these
 tests never skip. A restarted server does not remember which collections were
 loaded: strata loads its collection again on the first call that finds it
-released (``LeafIndex._invoke``).
+released (``LeafIndex._invoke``). The tests ask whether the server answers on a
+connection of their own: one from strata's ``milvus_client`` could share grpc's
+connection with the index under test and reconnect it for the index.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import grpc
 import httpx
 import pytest
+from pymilvus import MilvusClient
+from pymilvus.exceptions import MilvusException
 
 from strata.api.readiness import check_components, overall
 from strata.api.service import Service
@@ -34,7 +39,7 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests import conftest
-from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port, milvus_answers
+from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port
 from tests.strata_support import RESET_QUERY, make_settings
 from tests.strata_support import REPO, STRATA, opened, settings_for, strata_env
 
@@ -44,7 +49,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEADLINE_MS = 5000  # the query deadline of these tests: a failure must come from Milvus, well before it
-RECOVERY_WITHIN_S = 60.0  # bound of the poll after the restart (measured: well under a second)
+RECOVERY_WITHIN_S = 60.0  # bound of the poll after the restart
+OUTAGE_S = 12.0  # how long clients keep asking a killed server: long enough for grpc's reconnect backoff to grow
 FAULTS = ["kill", "stop"]  # SIGKILL, a crash; SIGTERM, an orderly stop
 
 
@@ -68,11 +74,20 @@ class RestartableMilvus:
 
 
 def answers_yet(uri: str, token: str = "") -> bool:
-    """``milvus_answers`` for a server that is starting: pymilvus lets a DEADLINE_EXCEEDED out raw."""
+    """Whether the server answers ``list_collections``, asked on a new connection of this call's own (grpc's
+    local subchannel pool): never one strata's clients in this process could reuse."""
+    own = {"grpc.use_local_subchannel_pool": 1}
     try:
-        return milvus_answers(uri, token)
-    except grpc.RpcError:
+        client = MilvusClient(uri=uri, token=token, timeout=2.0, dedicated=True, grpc_options=own)
+    except (MilvusException, grpc.RpcError):  # pymilvus lets a DEADLINE_EXCEEDED out raw
         return False
+    try:
+        client.list_collections(timeout=2.0)
+        return True
+    except (MilvusException, grpc.RpcError):
+        return False
+    finally:
+        client.close()
 
 
 @pytest.fixture
@@ -148,6 +163,47 @@ def test_retriever_fails_visibly_while_the_server_is_down_and_recovers_after_its
     after = answers[-1]
     assert (after.meta.mode, after.meta.errors, after.meta.degraded) == ("hybrid", (), ())
     assert chunk_ids(after) == chunk_ids(before) and [d.content for d in after.docs] == [d.content for d in before.docs]
+    service.close()
+    resources.close()
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_the_first_or_second_retrieval_after_the_server_answers_again_succeeds(
+    tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any, fault: str
+) -> None:
+    """A killed server started again, or a paused one resumed: once it answers (asked on a connection of the
+    test's own), strata's connection, which met the outage, serves the next retrieval or the one after.
+
+    Clients keep asking the killed server for ``OUTAGE_S``, as a service's do: each refused connection
+    lengthens grpc's wait before its next attempt (by default up to 120 s)."""
+    database = DatabaseSettings(url=f"sqlite:///{tmp_path / 'strata.sqlite3'}")
+    resources = Resources(in_process_settings(tmp_path, database, milvus, search_timeout_s=1), encoder=memo_encoder)
+    assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+    service = Retriever(resources)
+    ask = lambda: service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])  # noqa: E731
+    before = ask()
+    assert before.meta.status == "ok" and before.docs
+    process = milvus.server.process
+    assert process is not None
+
+    if fault == "kill":
+        milvus.take_down("kill")
+        outage_ends = time.monotonic() + OUTAGE_S
+        while time.monotonic() < outage_ends:
+            assert_failed_on_milvus(ask(), milvus)
+            time.sleep(0.1)  # the pace of the clients during the outage
+        milvus.start_again()  # returns once the server answers
+    else:
+        process.send_signal(signal.SIGSTOP)
+        try:
+            assert ask().meta.status == "failed"
+        finally:
+            process.send_signal(signal.SIGCONT)
+        poll(lambda: answers_yet(milvus.uri), bool, within_s=RECOVERY_WITHIN_S)
+
+    answers = poll(ask, lambda r: r.meta.status == "ok", within_s=RECOVERY_WITHIN_S)
+    assert len(answers) <= 2, [r.meta.errors for r in answers[:-1]]
+    assert chunk_ids(answers[-1]) == chunk_ids(before)
     service.close()
     resources.close()
 

@@ -43,8 +43,8 @@ def active(resources: Any, kb: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, milvus_target: MilvusTarget) -> None:
-    env = strata_env(tmp_path / "data", **milvus_target.env())
+def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, level_target: MilvusTarget) -> None:
+    env = strata_env(tmp_path / "data", **level_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
 
     typo = run_strata(["index", str(tmp_path / "kbb"), "--kb", "demo", "--delete-missing", "--json"], env)
@@ -68,10 +68,10 @@ def test_a_file_that_fails_to_load_keeps_its_indexed_version(tmp_path: Path, mem
         assert set(active(resources, "kb")) == {"alpha.md", "beta.md", "gamma.md"}
 
 
-def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_encoder, milvus_target: MilvusTarget) -> None:
+def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_encoder, level_target: MilvusTarget) -> None:
     first = write_files(tmp_path / "first", {"alpha.md": PAGES["alpha.md"], "beta.md": PAGES["beta.md"]})
     second = write_files(tmp_path / "second", {"gamma.md": PAGES["gamma.md"]})
-    with opened(settings(tmp_path / "data", **milvus_target.overrides()), memo_encoder) as resources:
+    with opened(settings(tmp_path / "data", **level_target.overrides()), memo_encoder) as resources:
         indexer = Indexer(resources)
         indexer.index_paths([first], kb_id="kb")
         indexer.index_paths([second], kb_id="kb")
@@ -82,9 +82,9 @@ def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_enco
         store_state(resources, "kb").assert_consistent()
 
 
-def test_a_failed_recreate_leaves_the_old_kb_serving(tmp_path: Path, memo_encoder, milvus_target: MilvusTarget) -> None:
+def test_a_failed_recreate_leaves_the_old_kb_serving(tmp_path: Path, memo_encoder, level_target: MilvusTarget) -> None:
     docs = write_files(tmp_path / "docs", PAGES)
-    config = settings(tmp_path / "data", **milvus_target.overrides())
+    config = settings(tmp_path / "data", **level_target.overrides())
     with opened(config, memo_encoder) as resources:
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
@@ -210,9 +210,9 @@ def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[
 
 @pytest.mark.slow
 def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
-    tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
+    tmp_path: Path, memo_encoder, level_target: MilvusTarget
 ) -> None:
-    env = strata_env(tmp_path / "data", **milvus_target.env())
+    env = strata_env(tmp_path / "data", **level_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
     with opened(settings_for(env), memo_encoder) as resources:
         leaves = sorted(resources.documents.active_chunk_ids("demo"))
@@ -240,7 +240,7 @@ def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
 
 
 def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until_repaired(
-    tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
+    tmp_path: Path, memo_encoder, level_target: MilvusTarget
 ) -> None:
     """STRATA_MILVUS__URI (or __COLLECTION) changed after a kb was indexed: SQL says the kb serves its leaves,
     the new collection has none. An index run used to call every document unchanged and write nothing, and
@@ -248,12 +248,12 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
     and a query is degraded with ``leaves_missing``."""
     docs = write_files(tmp_path / "docs", PAGES)
     database = {"url": f"sqlite:///{tmp_path / 'strata.sqlite3'}"}
-    first = settings(tmp_path / "data", database=database, **milvus_target.overrides())
+    first = settings(tmp_path / "data", database=database, **level_target.overrides())
     with opened(first, memo_encoder) as resources:
         assert Indexer(resources).index_paths([docs], kb_id="kb").added == 3
         leaves = resources.leaf_index.count("kb")
 
-    moved = milvus_target.another()
+    moved = level_target.another()
     elsewhere = settings(tmp_path / "elsewhere", database=database, **moved.overrides())
     assert (elsewhere.milvus.uri, elsewhere.milvus.collection) != (first.milvus.uri, first.milvus.collection)
     with opened(elsewhere, memo_encoder) as resources:

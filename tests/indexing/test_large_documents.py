@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from strata.cli.index import cmd_stats
 from strata.config import DatabaseSettings, RedisSettings, Settings, load_settings
+from strata.errors import StoreError
 from strata.indexing.chunking import chunk_document
 from strata.indexing.loaders import load_document
 from strata.indexing.pipeline import ENCODER_BATCH, Indexer
@@ -95,7 +96,7 @@ def test_a_document_over_the_size_cap_fails_with_the_reason_and_the_others_are_i
         state = store_state(resources, "kb")
     assert (report.added, report.failed) == (1, 1)
     failure = report.failures[0]
-    assert failure["source"] == "big.md"
+    assert failure["source"] == str(docs / "big.md")  # refused as it was loaded, named as the other load failures are
     assert re.match(r"the document is 2,8\d\d bytes, over the limit of 2,000 \(STRATA_INDEXING__MAX_DOCUMENT_BYTES\)", failure["reason"])
     state.assert_consistent()
     assert state.active == {"small.md": 1}
@@ -402,4 +403,104 @@ def test_a_rebuild_and_a_repair_of_a_large_document_read_its_leaves_a_page_at_a_
     # a page of leaves (and the one before it, still referenced) alive at a time, not the document's 300
     assert max(rebuilding.alive + repairing.alive) < 3 * 50, (rebuilding.alive, repairing.alive)
     assert after.differences == 0
+    state.assert_consistent()
+
+
+class CountFailsOnce(RecordingLeafIndex):
+    """The real leaf index, recording upserts, whose first per-version count fails (a count timed out)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.failed = False
+
+    def count(self, kb_id: str, **which: Any) -> int:
+        if which.get("version") is not None and not self.failed:
+            self.failed = True
+            raise StoreError("Milvus count timed out")
+        return self._inner.count(kb_id, **which)
+
+
+@pytest.mark.parametrize("parts", [230, 30], ids=["streamed", "held"])
+def test_a_run_whose_final_count_fails_is_continued_by_the_next_run_without_writing_its_leaves_again(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings, parts: int
+) -> None:
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(parts)})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    with opened(settings, HashEncoder()) as resources:
+        failing = CountFailsOnce(resources.leaf_index)
+        resources.__dict__["leaf_index"] = failing
+        with pytest.raises(StoreError, match="count timed out"):
+            Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+        written = sum(failing.upserts)
+        assert store_state(resources, "kb").versions == {("big.md", 1): "pending"}
+
+        rerun = RecordingLeafIndex(failing._inner)
+        resources.__dict__["leaf_index"] = rerun
+        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+        resources.__dict__["leaf_index"] = rerun._inner
+        state = store_state(resources, "kb")
+    assert (report.added, report.failed, report.leaves_written) == (1, 0, written)
+    assert report.leaves_kept == written and sum(rerun.upserts) == 0 and report.passages_encoded == 0
+    assert any("continue the pending version" in note for note in report.notes)
+    assert state.active == {"big.md": 1}  # the version never served: it is the same content, continued
+    state.assert_consistent()
+
+
+def test_a_streamed_write_stopped_mid_way_is_continued_and_writes_only_the_batches_it_lacks(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(230)})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    with opened(settings, HashEncoder()) as resources:
+        first = RecordingLeafIndex(resources.leaf_index)
+        resources.__dict__["leaf_index"] = first
+        with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):  # after two of five batches
+            Indexer(resources, group_leaves=50, after_write_step=CrashAt("sql_pending", 3)).index_paths([docs], kb_id="kb")
+        rerun = RecordingLeafIndex(first._inner)
+        resources.__dict__["leaf_index"] = rerun
+        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+        resources.__dict__["leaf_index"] = rerun._inner
+        state = store_state(resources, "kb")
+    assert first.upserts == [50, 50] and report.leaves_kept == 100
+    assert sum(rerun.upserts) == report.leaves_written - 100 and report.passages_encoded == report.leaves_written - 100
+    assert state.active == {"big.md": 1}
+    state.assert_consistent()
+
+
+class ReplacedHashEncoder(HashEncoder):
+    """The same encoder name and size with other vectors (a model folder replaced in place)."""
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        return super().encode_passages([f"other {t}" for t in texts])
+
+    encode_queries = encode_passages
+
+
+def test_a_pending_version_whose_leaves_carry_other_vectors_is_written_again_whole(
+    tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
+) -> None:
+    """The next run meets a pending version of the same content and chunking, but its leaves do not carry the
+    vectors this run computes (the model was replaced and its embedding cache emptied): it trusts none of
+    them and writes every leaf again, with its own vectors."""
+    docs = write_files(tmp_path / "docs", {"big.md": many_leaves(230)})
+    settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
+    with opened(settings, ReplacedHashEncoder()) as resources:
+        failing = CountFailsOnce(resources.leaf_index)
+        resources.__dict__["leaf_index"] = failing
+        with pytest.raises(StoreError, match="count timed out"):
+            Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+        assert sum(failing.upserts) > 0
+        resources.documents.drop_embeddings("kb", sorted(resources.documents.cached_keys("kb")))
+    with opened(settings, HashEncoder()) as resources:
+        rerun = RecordingLeafIndex(resources.leaf_index)
+        resources.__dict__["leaf_index"] = rerun
+        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+        resources.__dict__["leaf_index"] = rerun._inner
+        state = store_state(resources, "kb")
+        leaves = [c for c in resources.documents.version_chunks("kb", "big.md", 1) if c.is_leaf]
+        stored = resources.leaf_index.dense_vectors("kb", [c.chunk_id for c in leaves])
+    assert any("continue the pending version" in note for note in report.notes)
+    assert report.added == 1 and report.leaves_kept == 0 and sum(rerun.upserts) == report.leaves_written == len(leaves)
+    expected = HashEncoder().encode_passages([f"{c.heading_path}\n{c.text}" if c.heading_path else c.text for c in leaves])
+    assert all(np.allclose(stored[c.chunk_id], vector) for c, vector in zip(leaves, expected))
     state.assert_consistent()

@@ -22,7 +22,7 @@ from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
 from strata.stores.lease import KbLease
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 from strata.stores.sql_schema import kb_embeddings
 from tests.strata_support import REPO, CountingEncoder
 
@@ -91,12 +91,12 @@ def test_a_new_collection_gets_the_bm25_dictionary_of_the_source(indexed: Resour
 
     index = LeafIndex(target, encoder_name=indexed.encoder.name, dim=indexed.encoder.dim)
     try:
-        copied = index.dictionary
+        copied = index.dictionary_for("demo")
     finally:
         index.close()
         server_manager_instance.release_server(str(target.uri))
-    assert "两步验证" in indexed.leaf_index.dictionary  # a skill point of examples/kb's front-matter
-    assert copied == indexed.leaf_index.dictionary
+    assert "两步验证" in indexed.leaf_index.dictionary_for("demo")  # a skill point of examples/kb's front-matter
+    assert copied == indexed.leaf_index.dictionary_for("demo")
 
 
 def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources, tmp_path: Path) -> None:

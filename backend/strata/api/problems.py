@@ -29,6 +29,7 @@ from strata.key_grants import KeyGrantError
 from strata.errors import (
     CacheError,
     ConfigError,
+    DeleteRefusedError,
     EncoderError,
     EncoderMismatchError,
     IndexingError,
@@ -107,6 +108,8 @@ INVALID_INPUT = Refusal("invalid-input", "Invalid Input", 422)
 ERROR_TABLE: tuple[tuple[type[StrataError], Refusal], ...] = (
     (LeaseLostError, Refusal("lease-lost", "Lease Lost", 409, RETRY_S, detail=_lost_detail)),
     (LeaseHeldError, Refusal("kb-being-written", "Knowledge Base Busy", 409, RETRY_S, detail=_lease_detail)),
+    # the request is valid but conflicts with what the kb holds; the same request never passes (no Retry-After)
+    (DeleteRefusedError, Refusal("delete-refused", "Deletion Refused", 409)),  # the message names the count
     (EncoderMismatchError, Refusal("encoder-mismatch", "Encoder Mismatch", 409)),
     (LeavesMissingError, Refusal("leaves-missing", "Leaves Missing", 503)),  # the message names the repair
     (IndexLockedError, Refusal("index-locked", "Index Locked", 503, RETRY_S, private=True)),

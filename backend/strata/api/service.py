@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from strata.api.auth import KeyRing
+from strata.api.auth import KeyRing, Principal
 from strata.api.metrics import Metrics
 from strata.config import Settings
 from strata.errors import InvalidArgumentError, LeaseHeldError, StrataError
@@ -82,10 +82,13 @@ class Service:
     def retrieve(
         self, query: str, top_k: int, *, kb_ids: Sequence[str] | None, filters: Filters | None,
         rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
-        queries: Sequence[str] | None = None, deadline_ms: int | None = None,
+        queries: Sequence[str] | None = None, deadline_ms: int | None = None, principal: Principal | None = None,
     ) -> RetrievalResult:  # fmt: skip
-        """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults)."""
+        """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults), its query-cache
+        entries the ``principal``'s own unless ``STRATA_RETRIEVAL__CACHE_SCOPE=kbs``."""
         switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries, "deadline_ms": deadline_ms}
+        if principal is not None and self.settings.retrieval.cache_scope == "key":
+            switches["cache_scope"] = principal.name
         options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
         kbs = list(kb_ids) if kb_ids is not None else None
         try:
@@ -99,13 +102,13 @@ class Service:
 
     def index_folder(
         self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool, root: str,
-        keep: Sequence[str] = (),
+        keep: Sequence[str] = (), max_delete: int | None = None, force_delete: bool = False,
     ) -> IndexReport:  # fmt: skip
         """Indexes an uploaded folder into ``kb_id`` as the root ``root`` (call from a worker thread)."""
         with self._writing(kb_id):
             report = self.indexer.index_paths(
                 [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
-                root_names={folder: root}, keep=keep,
+                root_names={folder: root}, keep=keep, max_delete=max_delete, force_delete=force_delete,
             )  # fmt: skip
         _relative_sources(report, folder)
         return report

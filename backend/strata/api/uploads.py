@@ -42,6 +42,11 @@ ROOT_HELP = (
     "only documents of this root whose files were not sent"
 )
 KEEP_HELP = "files of the folder that could not be read where they are (delete_missing keeps their documents)"
+MAX_DELETE_HELP = (
+    "most documents delete_missing may delete (default STRATA_INDEXING__MAX_DELETE); over it, or over half of the "
+    "root's documents, the upload is refused (409 delete-refused) and nothing is written"
+)
+FORCE_HELP = "delete_missing may delete over max_delete or half of the root's documents (never all of an empty root's)"
 FOLDER_PREFIX = "strata-upload-"
 
 T = TypeVar("T")

@@ -58,6 +58,14 @@ def _add_index(sub: Any) -> None:
     p.add_argument("--server", metavar="URL", help="send the files to a running `strata serve` (STRATA_SERVER__URL)")
     p.add_argument("--api-key", metavar="KEY", help="bearer key for --server (STRATA_SERVER__API_KEY)")
     p.add_argument(
+        "--max-delete", type=int, metavar="N", help="--delete-missing deletes at most N documents, else nothing "
+        "(STRATA_INDEXING__MAX_DELETE, default 100)",
+    )  # fmt: skip
+    p.add_argument(
+        "--force", action="store_true", help="--delete-missing may delete over --max-delete or half of the folders' "
+        "documents (an empty folder still deletes nothing)",
+    )  # fmt: skip
+    p.add_argument(
         "--root-id", metavar="ID", help="with --server: the folders' root identity, instead of this host's name and "
         "the folder's absolute path (--delete-missing deletes only documents of this root)",
     )  # fmt: skip
@@ -132,6 +140,11 @@ def _add_rebuild(sub: Any) -> None:
     p.add_argument("--kb", required=True, help="knowledge base id")
     p.add_argument("--to-uri", metavar="URI", help="write a copy into this Milvus: a Lite file *.db or http://host:19530")
     p.add_argument("--collection", metavar="NAME", help="collection of the copy (default STRATA_MILVUS__COLLECTION)")
+    p.add_argument(
+        "--isolation", choices=["collection", "partition", "partition_key"],
+        help="the copy's isolation level (docs/deploy.md; default STRATA_MILVUS__ISOLATION): with --to-uri or "
+        "--collection, to move kbs between levels",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_lazy("strata.cli.rebuild", "cmd_rebuild"))
 

@@ -16,7 +16,7 @@ from strata.errors import NotFoundError
 from strata.indexing.consistency import kb_stats
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 
 
 def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
@@ -36,7 +36,7 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     try:
         report = Indexer(resources).index_paths(
             args.paths, kb_id=args.kb, delete_missing=args.delete_missing, recreate=args.recreate,
-            dry_run=args.dry_run, progress=progress,
+            dry_run=args.dry_run, progress=progress, max_delete=args.max_delete, force_delete=args.force,
         )  # fmt: skip
     finally:
         progress.close()

@@ -18,7 +18,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     # pymilvus configures its own loggers when first imported, after the entry point silenced them;
     # its query iterator would warn on every Milvus Lite read-back.
     logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
-    target = target_settings(settings.milvus, to_uri=args.to_uri, collection=args.collection)
+    target = target_settings(settings.milvus, to_uri=args.to_uri, collection=args.collection, isolation=args.isolation)
     resources = Resources(settings)
     progress = make_progress(enabled=not args.json)
     try:
@@ -32,7 +32,8 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     where = "in place" if report["in_place"] else f"into {report['target_uri']}"
     print(
-        f"rebuilt kb {report['kb']} {where} (collection {report['collection']}): {report['leaves_written']} leaves "
+        f"rebuilt kb {report['kb']} {where} (collection {report['collection']}, isolation {report['isolation']}): "
+        f"{report['leaves_written']} leaves "
         f"written ({report['encoded']} encoded, {report['reused']} reused from the embedding cache) in "
         f"{report['seconds']:.1f}s; verified against SQL: {report['milvus_leaves']} leaves"
     )
@@ -41,13 +42,18 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def target_settings(source: MilvusSettings, *, to_uri: str | None, collection: str | None) -> MilvusSettings | None:
+def target_settings(
+    source: MilvusSettings, *, to_uri: str | None, collection: str | None, isolation: str | None = None
+) -> MilvusSettings | None:
     """The Milvus to write into: None = the configured one (in place); otherwise a copy of its settings
-    with another URI and/or collection (analyzer, HNSW parameters, layout and token carry over)."""
+    with another URI and/or collection, and ``isolation`` when given (analyzer, HNSW parameters and token carry
+    over). A level of its own needs a place of its own: the leaves of one place are at one level."""
     if to_uri is None and collection is None:
+        if isolation is not None:
+            raise ConfigError("--isolation writes a copy at that level: give --to-uri and/or --collection for it")
         return None
     fields = {**source.model_dump(), "token": source.token, "uri": to_uri or source.uri,
-              "collection": collection or source.collection}  # fmt: skip
+              "collection": collection or source.collection, "isolation": isolation or source.isolation}  # fmt: skip
     try:
         target = MilvusSettings.model_validate(fields)
     except ValidationError as exc:
@@ -70,6 +76,8 @@ def next_step(source: MilvusSettings, target: MilvusSettings | None) -> str:
     exports = [f"export STRATA_MILVUS__URI={target.uri}"] if _place(target)[0] != _place(source)[0] else []
     if target.collection != source.collection:
         exports.append(f"export STRATA_MILVUS__COLLECTION={target.collection}")
+    if target.isolation != source.isolation:
+        exports.append(f"export STRATA_MILVUS__ISOLATION={target.isolation}")
     return " && ".join(exports)
 
 

@@ -57,6 +57,12 @@ class Collected:
 def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, api_key: str | None) -> int:
     collected = collect_files(args.paths, root_id=getattr(args, "root_id", None))
     reports: list[dict[str, Any]] = []
+    if args.delete_missing and (empty := [u.root for u in collected.uploads if not u.files and u.scopes_deletion]):
+        print(
+            f"strata index: the folder {empty[0]} holds no file to index: nothing of it was sent, and an empty folder "
+            "deletes nothing, even with --force (check it: a sync or mount gone wrong?)", file=sys.stderr,
+        )  # fmt: skip
+        return 1
     with StrataClient(url, api_key) as client:
         for n, upload in enumerate(u for u in collected.uploads if u.files):
             try:
@@ -64,6 +70,7 @@ def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, 
                     args.kb, upload.files, delete_missing=args.delete_missing and upload.scopes_deletion and
                     collected.complete, recreate=args.recreate and n == 0, dry_run=args.dry_run,
                     timeout=settings.server.timeout_s, root=upload.root, keep=upload.keep,
+                    max_delete=args.max_delete, force=args.force,
                 )  # fmt: skip
             except (ValueError, NotFoundError) as exc:
                 print(f"strata: the service refused the files: {exc}", file=sys.stderr)

@@ -50,7 +50,7 @@ def eval_settings(base: Settings, index_dir: Path, overrides: Mapping[str, Any] 
     cache, no deadline); ``ConfigError`` names an invalid override."""
     private = {
         "data_dir": index_dir,
-        "milvus": {"uri": str(index_dir / "milvus.db"), "kb_layout": "auto"},
+        "milvus": {"uri": str(index_dir / "milvus.db"), "isolation": "auto"},
         "database": {"url": f"sqlite:///{index_dir / 'strata.sqlite3'}"},
         "redis": {"url": None},
         # quality is measured without a deadline: a loaded machine must not turn answers into fallbacks

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -22,7 +22,7 @@ from strata.types import Chunk
 
 if TYPE_CHECKING:
     from strata.resources import Resources
-    from strata.stores.milvus import LeafIndex
+    from strata.stores.leaf_index import LeafIndex
 
 
 def search_text(leaf: Chunk, contextualize: bool) -> str:
@@ -42,6 +42,7 @@ class Embedded:
     encoded: int
     reused: int
     seconds: float
+    kept: int = 0  # leaves the index held already, with these vectors (``upsert_leaves(keep_present=True)``)
 
 
 def embed_texts(
@@ -75,10 +76,14 @@ def embed_texts(
 
 def upsert_leaves(
     resources: Resources, index: LeafIndex, kb_id: str, leaves: Sequence[Chunk], *, progress: Progress,
-    batch_cached: Callable[[], None] = lambda: None,
+    batch_cached: Callable[[], None] = lambda: None, keep_present: bool = False,
 ) -> Embedded:  # fmt: skip
     """``leaves`` of ``kb_id`` into ``index`` with their search texts and vectors (``embed_texts``): the one
-    way indexing, ``strata rebuild`` and ``strata reconcile --repair`` write leaves."""
+    way indexing, ``strata rebuild`` and ``strata reconcile --repair`` write leaves.
+
+    ``keep_present`` (a resumed pending version, whose ids and texts are this run's): leaves the index holds
+    already are not written again, once one of them is seen to carry the vector this run computed (a run
+    with another encoder, a ``--recreate`` that stopped, wrote other vectors: then every leaf is written)."""
     settings = resources.settings
     texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
     embedded = embed_texts(
@@ -86,5 +91,22 @@ def upsert_leaves(
         batch_size=settings.embedding.batch_size, progress=progress, batch_cached=batch_cached,
     )  # fmt: skip
     resources.documents.check_fences()  # a run whose lease was taken while it encoded writes no leaf
-    index.upsert(leaves, embedded.vectors, texts)
-    return embedded
+    present = _present_with_same_vectors(index, kb_id, leaves, embedded.vectors) if keep_present else set()
+    if not present:
+        index.upsert(leaves, embedded.vectors, texts)
+        return embedded
+    missing = [i for i, leaf in enumerate(leaves) if leaf.chunk_id not in present]
+    index.upsert([leaves[i] for i in missing], embedded.vectors[missing], [texts[i] for i in missing])
+    return replace(embedded, kept=len(leaves) - len(missing))
+
+
+def _present_with_same_vectors(index: LeafIndex, kb_id: str, leaves: Sequence[Chunk], vectors: np.ndarray) -> set[str]:
+    """The ids of ``leaves`` the index holds, when the first of them holds the vector computed now; else none."""
+    present = index.present(kb_id, [leaf.chunk_id for leaf in leaves])
+    if not present:
+        return set()
+    row = next(i for i, leaf in enumerate(leaves) if leaf.chunk_id in present)
+    stored = index.dense_vectors(kb_id, [leaves[row].chunk_id]).get(leaves[row].chunk_id)
+    if stored is None or stored.shape != vectors[row].shape or not np.allclose(stored, vectors[row], atol=1e-5):
+        return set()
+    return present

@@ -18,7 +18,8 @@ checked and counted, then written on its own as it is chunked again: its
 pending row, then its chunks, leaves and parents a batch at a time, with
 progress after each; so a document of 200,000 leaves holds its text and one
 batch, not its chunks. A document over ``STRATA_INDEXING__MAX_DOCUMENT_BYTES``
-fails on its own.
+fails on its own, in the loader (``LoaderLimits``): before its text reaches the
+run, and a .txt or .md file over twice the limit before it is read.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from dataclasses import dataclass, replace
 from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from strata.config import ChunkingSettings
-from strata.errors import LeavesMissingError, LoaderError, StoreError
+from strata.errors import DeleteRefusedError, LeavesMissingError, LoaderError, StoreError
 from strata.indexing.chunking import iter_chunks
 from strata.indexing.consistency import check_leaves
 from strata.indexing.embedding import search_text, upsert_leaves
 from strata.indexing.loaders import LoaderLimits, load_document
-from strata.indexing.plan import DocumentPlan, IndexPlan, Scan, index_hash, plan_changes
+from strata.indexing.plan import DeleteLimit, DocumentPlan, IndexPlan, Scan, index_hash, plan_changes, refuse_deletions
 from strata.indexing.reconcile import ReconcileReport, check_stores, repair_stores, retry_invalidations
 from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
 from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths, without_text, without_root_conflicts
@@ -48,7 +49,7 @@ from strata.resources import Resources
 from strata.stores.catalog import Catalog
 from strata.stores.lease import KbLease
 from strata.stores.leaf_schema import LIMITS, dictionary_terms, leaf_limit_violation
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 from strata.stores.term_stats import add_terms
 from strata.types import ACTIVE, Chunk, DocumentVersion, SourceDocument
 
@@ -81,7 +82,6 @@ class Indexer:
         self._chunking = resources.settings.chunking
         self._signature = chunking_signature(self._chunking)
         self._group_leaves = group_leaves  # also the leaves looked up, encoded and upserted at a time
-        self._max_document_bytes = resources.settings.indexing.max_document_bytes
         self._stopping = threading.Event()
         limits = LoaderLimits.from_settings(resources.settings.indexing)
         self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
@@ -117,25 +117,35 @@ class Indexer:
         progress: Progress | None = None,
         root_names: Mapping[Path, str] | None = None,
         keep: Collection[str] = (),
+        max_delete: int | None = None,
+        force_delete: bool = False,
     ) -> IndexReport:
         """Brings ``kb_id`` in line with the files under ``paths``.
 
         ``delete_missing`` deletes documents that vanished from a folder argument that was
-        read whole; ``recreate`` rebuilds every document as a new version and switches to
-        them all at once at the end, or, if anything failed, keeps the old kb serving.
+        read whole, unless that would pass a ``DeleteLimit`` (``max_delete``, default
+        ``STRATA_INDEXING__MAX_DELETE``; ``force_delete`` lifts it): then the run raises
+        ``DeleteRefusedError`` before it writes any document. ``recreate`` rebuilds every
+        document as a new version and switches to them all at once at the end, or, if anything failed, keeps the old kb serving.
         ``root_names`` and ``keep`` are for uploads (see ``scan_paths``).
         """
         _check_kb_id(kb_id)
         progress = progress or NoProgress()
         started = time.perf_counter()
         report = IndexReport(kb=kb_id, dry_run=dry_run)
+        limit = DeleteLimit(self._res.settings.indexing.max_delete if max_delete is None else max_delete, force_delete)
         if dry_run:
             scan = self._scan(paths, report, root_names, keep)
-            self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True)
+            self._run(
+                scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=True, limit=limit
+            )  # fmt: skip
         else:
             with self.lease(kb_id):
                 scan = self._scan(paths, report, root_names, keep)
-                self._run(scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False)
+                self._run(
+                    scan, kb_id, report, progress, delete_missing=delete_missing, recreate=recreate, dry_run=False,
+                    limit=limit,
+                )  # fmt: skip
         report.seconds = time.perf_counter() - started
         return report
 
@@ -146,15 +156,17 @@ class Indexer:
 
     def _run(
         self, scan: Scan, kb_id: str, report: IndexReport, progress: Progress, *,
-        delete_missing: bool, recreate: bool, dry_run: bool,
+        delete_missing: bool, recreate: bool, dry_run: bool, limit: DeleteLimit,
     ) -> None:  # fmt: skip
         if not dry_run:
             # Open Milvus before any document write: a Milvus Lite file held by another process must fail
             # the run before it encodes or writes pending rows. A collection created now gets the scanned
             # documents' modules and skill points in its BM25 dictionary.
-            index = self._res.open_leaf_index(front_matter_terms(scan.docs))
-            _note_new_terms(report, index, scan, self._known_terms(kb_id))
-        plan = self._plan(kb_id, scan, report, delete_missing, dry_run, recreate)
+            terms = front_matter_terms(scan.docs)
+            index = self._res.open_leaf_index(terms)
+            index.open_kb(kb_id, terms)
+            _note_new_terms(report, index, kb_id, scan, self._known_terms(kb_id))
+        plan = self._plan(kb_id, scan, report, delete_missing, dry_run, recreate, limit)
         report.unchanged = len(plan.unchanged)
         progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
         for doc in plan.unchanged:
@@ -174,8 +186,9 @@ class Indexer:
             self._res.documents.set_chunking(kb_id, self._signature)
 
     def _plan(
-        self, kb_id: str, scan: Scan, report: IndexReport, delete_missing: bool, dry_run: bool, recreate: bool
-    ) -> IndexPlan:
+        self, kb_id: str, scan: Scan, report: IndexReport, delete_missing: bool, dry_run: bool, recreate: bool,
+        limit: DeleteLimit,
+    ) -> IndexPlan:  # fmt: skip
         signature = self._signature
         encoder = self._res.encoder
         store = self._res.documents
@@ -186,7 +199,6 @@ class Indexer:
             store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
         if not dry_run:
             retry_invalidations(self._res, kb_id)
-            self._remove_leftovers(kb_id)
         versions = store.versions(kb_id) if kb is not None else []
         if versions and not dry_run and not recreate:
             self._check_leaves_present(kb_id, versions)
@@ -194,10 +206,21 @@ class Indexer:
         rechunk = kb is not None and kb.chunking != signature
         if rechunk:
             logger.info("chunking settings of %s changed: its documents are re-chunked", kb_id)
-        return plan_changes(
+        plan = plan_changes(
             scan, versions, chunking=signature, legacy_ok=not rechunk, delete_missing=delete_missing and not recreate,
-            force=recreate, marks=store.version_marks(kb_id),
+            force=recreate, marks=store.version_marks(kb_id), resume=not dry_run and not recreate,
         )  # fmt: skip
+        plan = _checked_deletions(kb_id, scan, versions, plan, limit, report, dry_run)
+        if recreate:
+            _check_recreate_gone(kb_id, scan, versions, report, dry_run)
+        if not dry_run:
+            resumed = {(item.doc.doc_id, item.version) for item in plan.to_write if item.resumes}
+            self._remove_leftovers(kb_id, keep=resumed)
+            if resumed:
+                report.notes.append(
+                    f"{len(resumed)} document(s) continue the pending version a stopped run left: what it wrote is kept"
+                )  # fmt: skip
+        return plan
 
     def _check_leaves_present(self, kb_id: str, versions: Sequence[DocumentVersion]) -> None:
         """Refuses a run whose collection lacks the kb's served leaves (STRATA_MILVUS__URI or __COLLECTION
@@ -297,21 +320,13 @@ class Indexer:
         return _Prepared(item, ordered, leaves, count, None if tokenize is None else dict(terms))
 
     def _whole(self, scan: Scan, item: DocumentPlan, report: IndexReport) -> DocumentPlan | None:
-        """``item`` with its document whole (read again when the scan let its text go) and within the size
-        cap; None when it is not (reported; its indexed version is kept)."""
+        """``item`` with its document whole (read again when the scan let its text go); None when it cannot
+        be (reported; its indexed version is kept). Its size was checked as it was loaded (``LoaderLimits``)."""
         try:
-            item = replace(item, doc=read_again(scan, item.doc, self._load))
+            return replace(item, doc=read_again(scan, item.doc, self._load))
         except LoaderError as exc:
             record_failure(report, item.doc.source, f"{exc} (its indexed version, if any, is kept)")
             return None
-        size = len(item.doc.text.encode("utf-8"))
-        if size > self._max_document_bytes:
-            record_failure(
-                report, item.doc.source, f"the document is {size:,} bytes, over the limit of {self._max_document_bytes:,} "
-                "(STRATA_INDEXING__MAX_DOCUMENT_BYTES); its indexed version, if any, is kept",
-            )  # fmt: skip
-            return None
-        return item
 
     def _iter_chunks(self, kb_id: str, item: DocumentPlan) -> Iterator[Chunk]:
         return iter_chunks(item.doc, kb_id=kb_id, version=item.version, settings=self._chunking)
@@ -323,7 +338,7 @@ class Indexer:
         for doc in group:
             documents.write_pending(_version_row(kb_id, doc, self._signature), doc.held or [], doc.term_counts)
         self._checkpoint("sql_pending")
-        self._write_leaves(kb_id, group, report, progress)
+        self._write_leaves(kb_id, group, report, progress, resume=any(doc.item.resumes for doc in group))
         return self._finish(kb_id, group, report, progress, defer=defer)
 
     def _write_streamed(
@@ -331,21 +346,25 @@ class Indexer:
     ) -> list[_Prepared]:
         """A document too large to hold: its pending version row, then its chunks (SQL), leaves (Milvus) and
         parents (cache) ``group_leaves`` leaves at a time, chunked again; memory is one batch's, not the
-        document's. The version stays pending, hidden, until every leaf is written and counted."""
-        source, row = doc.item.doc.source, _version_row(kb_id, doc, self._signature)
-        self._res.documents.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
+        document's. The version stays pending, hidden, until every leaf is written and counted. A resumed
+        version (``DocumentPlan.resumes``) keeps its row and writes only the chunks and leaves it lacks."""
+        source, row, resume = doc.item.doc.source, _version_row(kb_id, doc, self._signature), doc.item.resumes
+        if not resume:
+            self._res.documents.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
         written = 0
         for batch in _batches(self._iter_chunks(kb_id, doc.item), self._group_leaves):
-            written += self._write_batch(kb_id, batch, report, progress)
+            written += self._write_batch(kb_id, batch, report, progress, resume=resume)
             progress.leaves_written(source, written, doc.leaf_count)
         return self._finish(kb_id, [doc], report, progress, defer=defer)
 
-    def _write_batch(self, kb_id: str, batch: list[Chunk], report: IndexReport, progress: Progress) -> int:
+    def _write_batch(
+        self, kb_id: str, batch: list[Chunk], report: IndexReport, progress: Progress, *, resume: bool
+    ) -> int:
         """One batch of a streamed document into SQL, Milvus and the cache; returns its number of leaves."""
-        self._res.documents.add_chunks(batch)
+        self._res.documents.add_chunks(batch, skip_existing=resume)
         self._checkpoint("sql_pending")
         leaves = [c for c in batch if c.is_leaf]
-        self._upsert_batch(kb_id, leaves, report, progress)
+        self._upsert_batch(kb_id, leaves, report, progress, resume=resume)
         # cached before the version serves: its ids are its own and SQL holds them, so a version that never
         # serves has them invalidated with its rows (_remove_versions)
         self._res.parents.put_many([c for c in batch if not c.is_leaf])
@@ -378,7 +397,9 @@ class Indexer:
         if doc.held is not None:
             self._res.parents.put_many([c for c in doc.held if not c.is_leaf])
 
-    def _write_leaves(self, kb_id: str, group: list[_Prepared], report: IndexReport, progress: Progress) -> None:
+    def _write_leaves(
+        self, kb_id: str, group: list[_Prepared], report: IndexReport, progress: Progress, *, resume: bool
+    ) -> None:
         """Embeds (cache, then encoder) and upserts the group's leaves ``group_leaves`` at a time, with
         progress after every batch."""
         leaves = [(doc.item.doc.source, c) for doc in group for c in doc.held or () if c.is_leaf]
@@ -386,18 +407,21 @@ class Indexer:
         written: Counter[str] = Counter()
         for start in range(0, len(leaves), self._group_leaves):
             batch = leaves[start : start + self._group_leaves]
-            self._upsert_batch(kb_id, [leaf for _, leaf in batch], report, progress)
+            self._upsert_batch(kb_id, [leaf for _, leaf in batch], report, progress, resume=resume)
             for source, count in Counter(source for source, _ in batch).items():
                 written[source] += count
                 progress.leaves_written(source, written[source], totals[source])
 
-    def _upsert_batch(self, kb_id: str, leaves: list[Chunk], report: IndexReport, progress: Progress) -> None:
+    def _upsert_batch(
+        self, kb_id: str, leaves: list[Chunk], report: IndexReport, progress: Progress, *, resume: bool = False
+    ) -> None:
         embedded = upsert_leaves(
             self._res, self._res.leaf_index, kb_id, leaves, progress=progress,
-            batch_cached=lambda: self._checkpoint(ENCODER_BATCH),
+            batch_cached=lambda: self._checkpoint(ENCODER_BATCH), keep_present=resume,
         )  # fmt: skip
         report.passages_encoded += embedded.encoded
         report.embeddings_reused += embedded.reused
+        report.leaves_kept += embedded.kept
         report.encode_seconds += embedded.seconds
 
     def _verified(self, kb_id: str, doc: _Prepared, report: IndexReport) -> bool:
@@ -458,9 +482,10 @@ class Indexer:
 
     # -- maintenance ------------------------------------------------------------
 
-    def _remove_leftovers(self, kb_id: str) -> int:
-        """Removes versions a crash left ``pending`` or ``retired``; returns how many."""
-        leftovers = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE]
+    def _remove_leftovers(self, kb_id: str, keep: Collection[tuple[str, int]] = ()) -> int:
+        """Removes versions a crash left ``pending`` or ``retired``, but those in ``keep`` (doc id, version):
+        pending versions this run resumes; returns how many."""
+        leftovers = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE and (v.doc_id, v.version) not in keep]
         if leftovers:
             logger.info("reconcile %s: removing %d unfinished or retired versions", kb_id, len(leftovers))
         self._remove_versions(leftovers)
@@ -528,14 +553,15 @@ def front_matter_terms(docs: Sequence[SourceDocument]) -> list[str]:
     return [t for t in terms if t.strip()]
 
 
-def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan, kb_terms: frozenset[str] | None) -> None:
+def _note_new_terms(report: IndexReport, index: LeafIndex, kb_id: str, scan: Scan, kb_terms: frozenset[str] | None) -> None:
     """Notes the front-matter terms jieba may split: those the collection's dictionary lacks or, with
     ``kb_terms``, those new to the kb. The dictionary holds every kb's terms of when the collection was
     created, so a note from it would tell a key scoped to one kb which terms other kbs have."""
-    if not index.dictionary and index.analyzer_tokenizer != "jieba":
+    dictionary = index.dictionary_for(kb_id)
+    if not dictionary and index.analyzer_tokenizer != "jieba":
         return
     terms = dictionary_terms(front_matter_terms(scan.docs))
-    new = sorted(terms - (index.dictionary if kb_terms is None else kb_terms))
+    new = sorted(terms - (dictionary if kb_terms is None else kb_terms))
     if not new:
         return
     shown = ", ".join(new[:5]) + (" ..." if len(new) > 5 else "")
@@ -550,6 +576,44 @@ def _note_new_terms(report: IndexReport, index: LeafIndex, scan: Scan, kb_terms:
         f"{len(new)} front-matter term(s) {what} until the leaves are rebuilt into a new collection "
         "(strata rebuild --kb KB --collection NEW)"
     )
+
+
+def _checked_deletions(
+    kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], plan: IndexPlan, limit: DeleteLimit,
+    report: IndexReport, dry_run: bool,
+) -> IndexPlan:  # fmt: skip
+    """``plan``, unless ``refuse_deletions`` refuses its deletions: then the run raises before it writes anything,
+    so the kb stays as it was and the run again, with the folder fixed or the deletions allowed, does it all at
+    once (a scheduled indexer fails visibly instead of serving half a sync). A dry run notes the refusal instead."""
+    refusal = refuse_deletions(scan, [v for v in versions if v.status == ACTIVE], plan.to_delete, limit)
+    if refusal is None:
+        return plan
+    what, why = f"{refusal.count} document(s) of knowledge base {kb_id!r}", f"{refusal.reason}; {refusal.remedy}"
+    if dry_run:
+        report.notes.append(f"--delete-missing would delete {what}, and would be refused: {why}")
+        return replace(plan, to_delete=())
+    raise DeleteRefusedError(
+        f"--delete-missing refused to delete {what}: nothing was deleted or written. {why}", count=refusal.count
+    )
+
+
+def _check_recreate_gone(
+    kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], report: IndexReport, dry_run: bool
+) -> None:
+    """``--recreate`` serves only what it found: the documents it did not find stop serving at its switch. From an
+    emptied or unmounted folder that is the whole kb, so ``refuse_deletions``'s empty-root rule holds here too
+    (the count and share caps do not: a recreate says what the kb is to hold)."""
+    active = [v for v in versions if v.status == ACTIVE]
+    found = {doc.doc_id for doc in scan.docs}
+    gone = [v for v in active if v.doc_id not in found]
+    refusal = refuse_deletions(scan, active, gone, DeleteLimit(max_count=len(gone), force=True))
+    if refusal is None:
+        return
+    what, why = f"{refusal.count} document(s) of knowledge base {kb_id!r}", f"{refusal.reason}; {refusal.remedy}"
+    if dry_run:
+        report.notes.append(f"--recreate would stop serving {what}, and is refused: {why}")
+        return
+    raise DeleteRefusedError(f"--recreate refused to stop serving {what}: nothing was written. {why}", count=refusal.count)
 
 
 def _check_kb_id(kb_id: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping, Sequence
 
-from strata.types import ACTIVE, DocumentVersion, SourceDocument
+from strata.types import ACTIVE, PENDING, DocumentVersion, SourceDocument
 
 
 def index_hash(content_hash: str, chunking: str) -> str:
@@ -21,12 +21,15 @@ def index_hash(content_hash: str, chunking: str) -> str:
 
 @dataclass(frozen=True)
 class DocumentPlan:
-    """A document to write as ``version``; ``previous`` is the version it replaces."""
+    """A document to write as ``version``; ``previous`` is the version it replaces. ``resumes``: ``version``
+    is a pending version a run that stopped before its end wrote from the same content under the same
+    chunking (what of it is already written is kept, not written again)."""
 
     doc: SourceDocument
     version: int
     previous: DocumentVersion | None
     root: str = ""
+    resumes: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ def plan_changes(
     delete_missing: bool = False,
     force: bool = False,
     marks: Mapping[str, int] | None = None,
+    resume: bool = False,
 ) -> IndexPlan:
     """Compares the scanned files with stored versions.
 
@@ -77,19 +81,27 @@ def plan_changes(
     the next free version number: above every stored version and above its
     ``marks`` entry (the highest version it ever served, deleted ones
     included), so a version number, hence a chunk id, that served is never given again.
-    With ``delete_missing``, see ``deletable``.
+    With ``resume``, a file to write whose pending version (left by a run that stopped) holds the same
+    content under the same ``chunking`` continues that version instead: it never served, and its chunks
+    are the ones this run would write. With ``delete_missing``, see ``deletable``.
     """
     active = {v.doc_id: v for v in versions if v.status == ACTIVE}
     latest: dict[str, int] = dict(marks or {})
     for v in versions:
         latest[v.doc_id] = max(latest.get(v.doc_id, 0), v.version)
+    pending = {
+        (v.doc_id, v.content_hash, v.source, v.root): v.version for v in sorted(versions, key=lambda v: v.version) if v.status == PENDING
+    }  # fmt: skip
     to_write, unchanged = [], []
     for doc in scan.docs:
         previous = active.get(doc.doc_id)
+        root = scan.roots.get(doc.doc_id, "")
         if not force and previous is not None and _same(previous, doc, chunking, legacy_ok):
             unchanged.append(doc)
+        elif resume and (version := pending.get((doc.doc_id, index_hash(doc.content_hash, chunking), doc.source, root))):
+            to_write.append(DocumentPlan(doc, version, previous, root, resumes=True))
         else:
-            to_write.append(DocumentPlan(doc, latest.get(doc.doc_id, 0) + 1, previous, scan.roots.get(doc.doc_id, "")))
+            to_write.append(DocumentPlan(doc, latest.get(doc.doc_id, 0) + 1, previous, root))
     to_delete = deletable(scan, active.values()) if delete_missing else []
     moved = {d.doc_id: scan.roots[d.doc_id] for d in unchanged if active[d.doc_id].root != scan.roots.get(d.doc_id, "")}
     return IndexPlan(tuple(to_write), tuple(unchanged), tuple(to_delete), moved)
@@ -111,6 +123,70 @@ def deletable(scan: Scan, active: Iterable[DocumentVersion]) -> list[DocumentVer
         if in_scope and v.doc_id not in seen and not _under_kept(v.source, scan.kept):
             out.append(v)
     return out
+
+
+DELETE_SHARE = 0.5  # a run deleting more than half of what its folders held looks like a sync accident, not pruning
+EMPTY_REMEDY = (
+    "an empty folder deletes nothing, even with --force: check it (a sync or mount gone wrong?); to remove its "
+    "documents on purpose, delete them with `strata delete` or drop the knowledge base"
+)
+
+
+@dataclass(frozen=True)
+class DeleteLimit:
+    """How much one ``--delete-missing`` run may delete: at most ``max_count`` documents and at most
+    ``DELETE_SHARE`` of the active documents under the roots it read whole; ``force`` lifts both caps."""
+
+    max_count: int
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_count < 0:
+            raise ValueError(f"--max-delete must be 0 or more, not {self.max_count}")
+
+
+@dataclass(frozen=True)
+class DeleteRefusal:
+    """Why a run may not delete the ``count`` documents it planned to: ``reason`` names the limit passed,
+    ``remedy`` what allows it, if anything does."""
+
+    count: int
+    reason: str
+    remedy: str
+
+
+def refuse_deletions(
+    scan: Scan, active: Iterable[DocumentVersion], to_delete: Sequence[DocumentVersion], limit: DeleteLimit
+) -> DeleteRefusal | None:
+    """The refusal of ``to_delete`` (``deletable``'s answer), or None when the run may delete it.
+
+    A root read whole that yielded no document (an emptied or unmounted folder, or one whose every file failed to
+    load) deletes nothing, whatever ``limit`` says: emptiness is what a broken sync or mount looks like, and
+    deleting a whole folder's documents on purpose is ``strata delete`` or a kb dropped, not an index run.
+    """
+    if not to_delete:
+        return None
+    count = len(to_delete)
+    empty = sorted(scan.complete_roots - set(scan.roots.values()))
+    legacy = any(not v.root for v in to_delete)  # indexed before roots were recorded: perhaps from an empty root
+    emptied = [r for r in empty if any(v.root == r for v in to_delete)] or (empty if legacy else [])
+    if emptied:
+        return DeleteRefusal(count, f"the folder {emptied[0]} holds no document to index", EMPTY_REMEDY)
+    if limit.force:
+        return None
+    in_scope = [v for v in active if (v.root in scan.complete_roots if v.root else bool(scan.complete_roots))]
+    if count > DELETE_SHARE * len(in_scope):
+        reason = f"{count} of the {len(in_scope)} documents of the folders read, over the limit of {DELETE_SHARE:.0%}"
+        return DeleteRefusal(
+            count, reason, "if the folder is as it should be, run again with --force (HTTP: force=true)"
+        )
+    if count > limit.max_count:
+        return DeleteRefusal(
+            count, f"over the limit of {limit.max_count} deletions per run (STRATA_INDEXING__MAX_DELETE)",
+            f"if the folder is as it should be, run again with --max-delete {count} or --force "
+            f"(HTTP: max_delete={count} or force=true)",
+        )  # fmt: skip
+    return None
 
 
 def _under_kept(source: str, kept: frozenset[str]) -> bool:

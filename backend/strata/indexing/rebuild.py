@@ -28,7 +28,7 @@ from strata.indexing.report import NoProgress, Progress
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
 from strata.stores.lease import KbLease
-from strata.stores.milvus import LeafIndex
+from strata.stores.leaf_index import LeafIndex
 from strata.stores.sql import ACTIVE, DocumentVersion
 from strata.types import LEAF_LEVEL, Chunk
 
@@ -43,6 +43,7 @@ class RebuildReport:
     kb: str
     target_uri: str
     collection: str
+    isolation: str
     in_place: bool
     documents: int
     leaves_written: int
@@ -109,7 +110,8 @@ class Rebuilder:
         # gets (every front-matter module and skill point SQL knows), so the copy tokenizes alike.
         catalog = Catalog(self._res.documents.engine)
         return LeafIndex(
-            self._target, encoder_name=encoder.name, dim=encoder.dim, vocabulary=lambda: catalog.vocabulary(None).terms
+            self._target, encoder_name=encoder.name, dim=encoder.dim, vocabulary=lambda kb_ids: catalog.vocabulary(kb_ids).terms,
+            tenants=self._res.tenants,
         )
 
     def _write(
@@ -164,7 +166,8 @@ class Rebuilder:
         found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)  # both Strong: every flushed row
         verified = found == expected and count == len(expected)
         report = RebuildReport(
-            kb=kb_id, target_uri=str(target.uri), collection=target.collection, in_place=self._target is None,
+            kb=kb_id, target_uri=str(target.uri), collection=target.collection, isolation=index.isolation,
+            in_place=self._target is None,
             documents=documents, leaves_written=len(expected), encoded=encoded, reused=reused, sql_leaves=len(expected),
             milvus_leaves=count, verified=verified, seconds=time.perf_counter() - started,
         )  # fmt: skip

@@ -51,6 +51,7 @@ class IndexReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     passages_encoded: int = 0
     embeddings_reused: int = 0
+    leaves_kept: int = 0  # leaves of resumed versions that Milvus held already (not written again)
     chunks_written: int = 0
     leaves_written: int = 0
     seconds: float = 0.0

@@ -78,7 +78,7 @@ class Retriever:
     def retrieve(
         self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
         rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
-        deadline_ms: int | None = None,
+        deadline_ms: int | None = None, cache_scope: str | None = None,
     ) -> RetrievalResult:  # fmt: skip
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
@@ -86,7 +86,8 @@ class Retriever:
         ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one
         of ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the
         ``fusion`` strategy's extra query variants; ``deadline_ms`` shortens this call's time
-        budget (never past ``STRATA_RETRIEVAL__DEADLINE_MS``).
+        budget (never past ``STRATA_RETRIEVAL__DEADLINE_MS``). ``cache_scope`` keeps this call's query-cache
+        entries (and its single flight) to callers of the same scope: the service passes the API key's.
         """
         self._cfg.check_query(query, top_k, queries or ())
         budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
@@ -115,7 +116,7 @@ class Retriever:
             computed.append(self._compute(run, state, use_reranker, expansion, plan))
             return computed[0].to_dict(), computed[0].meta.status == "ok"
 
-        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, expansion), compute)
+        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, expansion, cache_scope), compute)
         if lookup.cache_error:
             run.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
         if lookup.source == "miss":
@@ -150,8 +151,9 @@ class Retriever:
             parents.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
 
-    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, expansion: Expansion) -> str:
+    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, expansion: Expansion, scope: str | None) -> str:
         return cache_key({
+            "scope": scope,
             "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
             "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
             "expanded": list(expansion.added_terms), "config": self._config_key, "strategy": run.strategy,

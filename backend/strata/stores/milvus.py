@@ -1,16 +1,18 @@
-"""The L3 leaf index on Milvus (Milvus Lite file or a Milvus server).
+"""One Milvus collection of L3 leaves (Milvus Lite file or a Milvus server): ``LeafCollection``.
 
-One collection per encoder identity: the encoder name and dimension are
-recorded as collection properties and a mismatch is refused. Each leaf has a
-dense vector (HNSW/IP) and a BM25 sparse vector computed by Milvus from the
-analyzed ``text`` field. Knowledge bases are kept apart by layout:
+A collection belongs to one encoder identity: the encoder name and dimension
+are recorded as collection properties and a mismatch is refused. Each leaf has
+a dense vector (HNSW/IP) and a BM25 sparse vector computed by Milvus from the
+analyzed ``text`` field. A collection keeps its kbs apart by its layout, read
+from its schema and properties:
 
-- ``partition`` (Milvus Lite default): a partition per kb. Lite scans every row
-  of the searched partitions in Python, and measured on CMRC 2018 leaves a
-  partition-limited hybrid search took 14 ms where a ``kb_id`` filter over a
-  3-kb collection took 41 ms and no filter 62 ms.
-- ``partition_key`` (Milvus server default): ``kb_id`` is the partition key,
-  Milvus's recommended multi-tenancy; a ``kb_id in [...]`` filter prunes.
+- ``partition``: a partition per kb. Lite scans every row of the searched
+  partitions in Python, and measured on CMRC 2018 leaves a partition-limited
+  hybrid search took 14 ms where a ``kb_id`` filter over a 3-kb collection took
+  41 ms and no filter 62 ms.
+- ``partition_key``: ``kb_id`` is the partition key; a ``kb_id in [...]`` filter prunes.
+- ``single``: the collection holds one kb (its ``strata.kb`` property), the
+  ``collection`` isolation level of ``strata.stores.leaf_index``.
 """
 
 from __future__ import annotations
@@ -42,32 +44,39 @@ logger = logging.getLogger(__name__)
 
 ENCODER_PROPERTY = "strata.encoder"
 DIM_PROPERTY = "strata.dim"
+KB_PROPERTY = "strata.kb"  # the one kb of a collection of the ``collection`` isolation level
 _UPSERT_BATCH = 500
 _COLLECTION_NOT_LOADED = 101  # Milvus's error code (merr) for a collection that is not loaded
 
 
-class LeafIndex(LeafSearch):
-    """Upserts, deletes and searches L3 leaves of one encoder's collection (the searches: ``LeafSearch``)."""
+class LeafCollection(LeafSearch):
+    """Upserts, deletes and searches L3 leaves of one collection (the searches: ``LeafSearch``)."""
 
     def __init__(
         self, settings: MilvusSettings, *, encoder_name: str, dim: int,
-        vocabulary: Callable[[], Iterable[str]] = lambda: (),
+        vocabulary: Callable[[], Iterable[str]] = lambda: (), layout: str | None = None, name: str | None = None,
+        kb_id: str | None = None, client: tuple[MilvusClient, bool] | None = None,
     ) -> None:  # fmt: skip
         """``vocabulary`` (called only when the collection is created) gives the terms the jieba
-        analyzer must keep whole: the modules and skill points of the documents' front-matter."""
+        analyzer must keep whole: the modules and skill points of the documents' front-matter.
+        ``layout`` (``partition`` or ``partition_key``) is how a collection created now keeps its kbs apart
+        (None: ``settings.isolation``'s); with ``kb_id`` the collection ``name`` holds that kb alone
+        (``single``). ``client`` is a connection to share (``connect``'s); it stays open at ``close``."""
         self._settings = settings
-        self._name = settings.collection
+        self._name = name or settings.collection
+        self._kb = kb_id
         self._timeout = settings.timeout_s
         self._search_timeout = settings.search_timeout_s
         self._count_timeout = settings.count_timeout_s
         self._encoder_name = encoder_name
         self._dim = dim
-        self._use_partitions = settings.kb_layout == "partition" or (
-            settings.kb_layout == "auto" and settings.is_lite
-        )  # for a new collection; an existing one says its own layout (``_adopt_layout``)
+        wanted = layout or settings.isolation
+        # for a new collection; an existing one says its own layout (``_adopt_layout``)
+        self._use_partitions = kb_id is None and (wanted == "partition" or (wanted == "auto" and settings.is_lite))
         self._vocabulary = vocabulary
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
-        self._client, self._on_lite = connect(settings)
+        self._owns_client = client is None
+        self._client, self._on_lite = connect(settings) if client is None else client
         self._engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
@@ -83,7 +92,13 @@ class LeafIndex(LeafSearch):
     def _ensure_collection(self) -> None:
         try:
             if not self._client.has_collection(self._name, timeout=self._timeout):
-                self._create_collection()
+                try:
+                    self._create_collection()
+                except MilvusException:
+                    if not self._client.has_collection(self._name, timeout=self._timeout):
+                        raise  # else another process (a second worker) created it meanwhile: open theirs
+            if not self._client.list_indexes(self._name, timeout=self._timeout):  # its creator stopped before them
+                self._client.create_index(self._name, self._index_params(), timeout=self._timeout, sync=False)
             described = self._client.describe_collection(self._name, timeout=self._timeout)
             self._check_identity(described)
             self._check_analyzer(described)
@@ -128,23 +143,20 @@ class LeafIndex(LeafSearch):
         )
 
     def _adopt_layout(self, described: dict[str, Any]) -> None:
-        """Keeps kbs apart the way the collection was built: a ``kb_id`` partition key, or a partition per kb.
-
-        The same collection reached through a Lite file and through a server (or after
-        ``strata rebuild``) is used the one way it was created; a ``kb_layout`` setting that names
-        the other way is refused rather than followed (its rows would be searched as absent).
-        """
-        kb_field = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
-        uses_partitions = not kb_field.get("is_partition_key", False)
-        wanted = self._settings.kb_layout
-        if wanted != "auto" and (wanted == "partition") != uses_partitions:
-            built = "partition" if uses_partitions else "partition_key"
+        """Keeps kbs apart the way the collection was built (``layout_of``), whatever a setting says for new
+        collections: the same collection reached through a Lite file and through a server (or after
+        ``strata rebuild``) is used the one way it was created (``LeafIndex`` refuses a setting naming another)."""
+        layout = layout_of(described)
+        if (self._kb is not None) != (layout == "single"):
             raise StoreError(
-                f"Milvus collection {self._name!r} keeps knowledge bases apart by {built}, but "
-                f"STRATA_MILVUS__KB_LAYOUT is {wanted}: set it to auto (the collection's own layout) or {built}, "
-                "or copy it into a new collection (strata rebuild --kb KB --collection NAME)"
-            )
-        self._use_partitions = uses_partitions
+                f"Milvus collection {self._name!r} keeps knowledge bases apart by {layout}, not as the collection of "
+                f"knowledge base {self._kb!r}" if self._kb is not None else
+                f"Milvus collection {self._name!r} is the collection of one knowledge base, not a shared one"
+            )  # fmt: skip
+        if self._kb is not None and (owner := (described.get("properties") or {}).get(KB_PROPERTY)) != self._kb:
+            raise StoreError(f"Milvus collection {self._name!r} holds knowledge base {owner!r}, not {self._kb!r}")
+        self._use_partitions = layout == "partition"
+        self.layout = layout
 
     @property
     def on_lite(self) -> bool:
@@ -158,16 +170,20 @@ class LeafIndex(LeafSearch):
         self._client.create_collection(
             self._name,
             schema=self._schema(),
-            index_params=self._index_params(),
-            properties={ENCODER_PROPERTY: self._encoder_name, DIM_PROPERTY: str(self._dim)},
+            properties={
+                ENCODER_PROPERTY: self._encoder_name, DIM_PROPERTY: str(self._dim), **({KB_PROPERTY: self._kb} if self._kb else {}),
+            },  # fmt: skip
             timeout=self._timeout,
         )
+        # sync=False: the collection is empty, and pymilvus's wait for the build sleeps 0.5 s per index (a new
+        # kb's collection in 15 ms instead of 1 s); loading it (``_ensure_collection``) needs the index only declared
+        self._client.create_index(self._name, self._index_params(), timeout=self._timeout, sync=False)
 
     def _schema(self) -> Any:
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         add = schema.add_field
         add("chunk_id", DataType.VARCHAR, is_primary=True, max_length=64)
-        add("kb_id", DataType.VARCHAR, max_length=256, is_partition_key=not self._use_partitions)
+        add("kb_id", DataType.VARCHAR, max_length=256, is_partition_key=not self._use_partitions and self._kb is None)
         add("doc_id", DataType.VARCHAR, max_length=2048)
         add("version", DataType.INT64)
         add("version_key", DataType.VARCHAR, max_length=32)
@@ -270,6 +286,8 @@ class LeafIndex(LeafSearch):
         anything else by its ids."""
         if whole_kb and partitions:
             return int(self._call("get_partition_stats", self._name, partitions[0])["row_count"])
+        if whole_kb and self._kb is not None:
+            return int(self._call("get_collection_stats", self._name)["row_count"])
         rows = self._call(
             "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
             timeout=self._count_timeout,
@@ -310,6 +328,18 @@ class LeafIndex(LeafSearch):
             )  # fmt: skip
             found.update(row["chunk_id"] for row in rows)
         return found
+
+    def dense_vectors(self, kb_id: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The dense vectors the collection holds for ``chunk_ids`` of ``kb_id`` (a resumed write's check)."""
+        partitions = self._partitions_for([kb_id])
+        ids = list(dict.fromkeys(chunk_ids))
+        if partitions == [] or not ids:
+            return {}
+        rows = self._call(
+            "query", self._name, filter=self._where([kb_id], expr.in_("chunk_id", ids)), output_fields=["chunk_id", "dense"],
+            partition_names=partitions, consistency_level="Strong", timeout=self._count_timeout,
+        )  # fmt: skip
+        return {row["chunk_id"]: np.asarray(row["dense"], dtype=np.float32) for row in rows}
 
     def holds_any(self, kb_id: str) -> bool:
         """Whether the collection holds any leaf of ``kb_id`` (one row asked for, cut at the search timeout)."""
@@ -363,6 +393,14 @@ class LeafIndex(LeafSearch):
         if name not in self._partitions:
             self._refresh_partitions()
         if name not in self._partitions:
+            held = sum(1 for name in self._partitions if name != "_default")
+            if held >= self._settings.max_partitions:
+                raise StoreError(
+                    f"knowledge base {kb_id!r} would be kb partition {held + 1:,} of Milvus collection "
+                    f"{self._name!r}, over STRATA_MILVUS__MAX_PARTITIONS ({self._settings.max_partitions:,}; Milvus "
+                    "refuses more than rootCoord.maxPartitionNum, 1,024 by default). Move the kbs to the collection "
+                    "level (strata rebuild --to-uri URI --isolation collection) or raise both limits"
+                )
             self._call("create_partition", self._name, name)
             with self._partitions_lock:
                 self._partitions.add(name)
@@ -393,13 +431,33 @@ class LeafIndex(LeafSearch):
         return call(*args, **kwargs)
 
     def close(self) -> None:
-        self._client.close()
+        if self._owns_client:
+            self._client.close()
+
+
+def layout_of(described: dict[str, Any]) -> str:
+    """How a collection keeps kbs apart, from ``describe_collection``: ``single`` (one kb, its ``strata.kb``
+    property), ``partition_key`` (``kb_id`` is the partition key) or ``partition`` (a partition per kb)."""
+    if (described.get("properties") or {}).get(KB_PROPERTY):
+        return "single"
+    kb_field = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
+    return "partition_key" if kb_field.get("is_partition_key", False) else "partition"
 
 
 # Milvus Lite's gRPC server (in this process for a ``.db`` file, or a ``milvus-lite server``) keeps grpc's
 # default ping policy and answers pymilvus's 10 s keepalive pings with GOAWAY "too_many_pings", which fails
 # the call in flight; loopback needs no keepalive. Milvus standalone permits them: it keeps pymilvus's.
 _NO_KEEPALIVE = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
+# After each refused connection grpc waits longer before it tries again (1 s, x1.6, up to 120 s): under steady
+# queries, a server back from a 10 s outage was tried again only 5-7 s after it answered, and every query
+# failed meanwhile. pymilvus's recovery (a new channel on UNAVAILABLE) did not help: by default the new
+# channel takes the same waiting connection from grpc's process-wide subchannel pool. A pool of the
+# channel's own makes that new channel try at once, and a 1 s cap bounds the wait of the channel itself.
+_RECONNECT = {
+    "grpc.use_local_subchannel_pool": 1,
+    "grpc.initial_reconnect_backoff_ms": 250,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 
 
 def milvus_client(settings: MilvusSettings) -> MilvusClient:
@@ -419,8 +477,8 @@ def connect(settings: MilvusSettings) -> tuple[MilvusClient, bool]:
     uri = str(settings.uri)
     if settings.is_lite:
         os.makedirs(os.path.dirname(os.path.abspath(uri)), exist_ok=True)
-        return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE), True
-    client = _client(settings, dedicated=True)
+        return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE | _RECONNECT), True
+    client = _client(settings, dedicated=True, grpc_options=_RECONNECT)
     try:
         lite_server = str(client.get_server_version(timeout=settings.timeout_s)).startswith("milvus_lite")
     except MilvusException as exc:
@@ -429,7 +487,7 @@ def connect(settings: MilvusSettings) -> tuple[MilvusClient, bool]:
     if not lite_server:
         return client, False
     client.close()
-    return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE), True
+    return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE | _RECONNECT), True
 
 
 def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:

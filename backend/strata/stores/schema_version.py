@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from strata.config import DatabaseSettings
 from strata.errors import StoreError
-from strata.stores.sql_database import SqlDatabase
+from strata.stores.sql_database import SqlDatabase, untimed
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,12 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Brings the database to the head revision; returns (version before, version after).
 
-    Upgraders queue on a lock (PostgreSQL advisory lock, SQLite file lock), so two at once are safe.
+    Upgraders queue on a lock (PostgreSQL advisory lock, SQLite file lock), so two at once are safe. The
+    call timeout does not apply (``untimed``).
     """
     try:
         with _upgrade_lock(engine), engine.begin() as conn:
+            untimed(conn)
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
             before = _current(conn)

@@ -69,10 +69,11 @@ class DocumentVersions(SqlPart):
                 insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
             bump_generation(conn, version.kb_id)  # the serving state changed: a version to hide
 
-    def add_chunks(self, doc_chunks: Sequence[Chunk]) -> None:
-        """More chunks of a pending version (``write_pending`` with ``chunk_count``), in one transaction."""
+    def add_chunks(self, doc_chunks: Sequence[Chunk], *, skip_existing: bool = False) -> None:
+        """More chunks of a pending version (``write_pending`` with ``chunk_count``), in one transaction;
+        ``skip_existing``: chunks the version holds already are left as they are (a resumed version)."""
         with self._begin() as conn:
-            _insert_chunks(conn, doc_chunks)
+            _insert_chunks(conn, doc_chunks, insert=self._db.insert(chunks).on_conflict_do_nothing() if skip_existing else None)
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
@@ -175,9 +176,9 @@ def _raise_mark(conn: Connection, kb_id: str, doc_id: str, version: int) -> None
         conn.execute(update(version_marks).where(doc).values(last_version=version))
 
 
-def _insert_chunks(conn: Connection, doc_chunks: Sequence[Chunk]) -> None:
+def _insert_chunks(conn: Connection, doc_chunks: Sequence[Chunk], insert: Any = None) -> None:
     for start in range(0, len(doc_chunks), INSERT_BATCH):
-        conn.execute(chunks.insert(), [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
+        conn.execute(chunks.insert() if insert is None else insert, [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:

@@ -59,6 +59,8 @@ async def upload_documents(
     dry_run: Annotated[bool, Query(description="report what would change, write nothing")] = False,
     root: Annotated[str, Query(max_length=uploads.MAX_NAME_CHARS, description=uploads.ROOT_HELP)] = "",
     keep: Annotated[list[str], Query(max_length=uploads.MAX_KEPT, description=uploads.KEEP_HELP)] = [],  # noqa: B006
+    max_delete: Annotated[int | None, Query(ge=0, description=uploads.MAX_DELETE_HELP)] = None,
+    force: Annotated[bool, Query(description=uploads.FORCE_HELP)] = False,
 ) -> dict[str, Any]:
     uploads.check_name(root, "root")
     kept = [str(uploads.relative_name(name)) for name in keep]
@@ -66,7 +68,7 @@ async def upload_documents(
     def index(folder: Path) -> IndexReport:
         return service.index_folder(
             kb, folder, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
-            root=uploads.root_name(root), keep=kept,
+            root=uploads.root_name(root), keep=kept, max_delete=max_delete, force_delete=force,
         )  # fmt: skip
 
     report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)  # errors: ERROR_TABLE

@@ -32,7 +32,7 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
     filters = body.filters.to_filters() if body.filters else None
     result = service.retrieve(
         body.query, body.top_k, kb_ids=scope, filters=filters, rerank=body.rerank, expand=body.expand,
-        strategy=body.strategy, queries=body.queries, deadline_ms=body.deadline_ms,
+        strategy=body.strategy, queries=body.queries, deadline_ms=body.deadline_ms, principal=principal,
     )  # fmt: skip
     return answers.retrieval(result, explain=body.explain)
 
@@ -44,7 +44,7 @@ def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -
     answers.check_limits(service, body.query or body.skill, body.top_k)
     scope = answers.search_scope(service, principal, body.kb_ids)
     selection = answers.skill_selection(service, body.skill, scope)
-    result = service.retrieve(body.query or selection.query, body.top_k, kb_ids=scope, filters=selection.filters)
+    result = service.retrieve(body.query or selection.query, body.top_k, kb_ids=scope, filters=selection.filters, principal=principal)
     return answers.retrieval(result, explain=body.explain, skill=selection.describe())
 
 
@@ -58,5 +58,5 @@ def by_module(body: ModuleRequest, service: ServiceDep, principal: PrincipalDep)
     match = answers.match_module(service, body.module, scope)
     if body.query is None:
         return answers.module_listing(service, match, scope, top_k=body.top_k, level=body.level)
-    result = service.retrieve(body.query, body.top_k, kb_ids=scope, filters=match.filters)
+    result = service.retrieve(body.query, body.top_k, kb_ids=scope, filters=match.filters, principal=principal)
     return answers.retrieval(result, explain=body.explain, module=match.describe())

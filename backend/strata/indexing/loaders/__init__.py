@@ -13,7 +13,10 @@ styles give sections).
 Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
 and what it decompresses to; its elements (paragraphs, pages, tags, comments,
 headings); and, since every format parses in a child process (``_isolated``),
-the parse's time and memory. A file over a bound fails with one line naming
+the parse's time and memory. Its text's UTF-8 is bounded by
+``max_document_bytes`` in the child, before the text comes back, and a .txt or
+.md file, whose text is its bytes, before it is read: over twice that bound
+(``LoaderLimits.check_text_file``). A file over a bound fails with one line naming
 the setting. ``stop``, when set, ends a parse in progress with
 ``IndexingStoppedError``: a stopping service does not wait for a parser.
 
@@ -159,7 +162,7 @@ def load_document(
     if parse is None:
         raise LoaderError(f"unsupported file type '{suffix}'" if suffix else "unsupported file type (no suffix)")
     source = _relative_source(path, root)
-    raw = _read_bytes(path, limits)
+    raw = _read_bytes(path, limits, text_is_the_file=suffix in _TEXT_IS_THE_FILE)
     parsed = parse_isolated(parse, raw, limits, stop)
     if not parsed.text:
         raise LoaderError("empty file")
@@ -185,7 +188,7 @@ def _relative_source(path: Path, root: Path | None) -> str:
         raise LoaderError(f"file is outside the root folder {root}") from None
 
 
-def _read_bytes(path: Path, limits: LoaderLimits) -> bytes:
+def _read_bytes(path: Path, limits: LoaderLimits, *, text_is_the_file: bool) -> bytes:
     # O_NONBLOCK: a FIFO put in the file's place after the walk fails here instead of blocking the run.
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
@@ -193,6 +196,8 @@ def _read_bytes(path: Path, limits: LoaderLimits) -> bytes:
             if not stat.S_ISREG(status.st_mode):
                 raise LoaderError(unreadable_reason(path) or "not a regular file")
             limits.check_bytes("the file is", status.st_size)  # what a file decompresses to is at least its size
+            if text_is_the_file:
+                limits.check_text_file(status.st_size)
             # read(n) allocates n bytes first: its size, not the limit (256 MB for every file), then what it grew by
             raw = file.read(status.st_size + 1)
             if len(raw) > status.st_size:
@@ -208,6 +213,9 @@ def _read_bytes(path: Path, limits: LoaderLimits) -> bytes:
 def _parse_text(raw: bytes, limits: LoaderLimits) -> Parsed:
     return parse_text(raw)  # one section: nothing to count
 
+
+# Formats whose text is the file's bytes decoded, only normalized: the file's size tells the text's (check_text_file).
+_TEXT_IS_THE_FILE = frozenset({".md", ".markdown", ".txt"})
 
 _PARSERS: dict[str, Parse] = {
     ".md": parse_markdown,

@@ -7,9 +7,10 @@ of every format, runs in a child process. The parent
 waits for its answer at most ``parse_timeout_s``, then kills it and fails the
 file; the child caps its own address space at what it had when it started plus
 ``parse_max_memory_bytes``, so a parse that needs more fails with
-``MemoryError`` (reported as such) instead of growing the service. A ``stop``
-event set while the parent waits (the service is shutting down) kills the
-child and raises ``IndexingStoppedError``.
+``MemoryError`` (reported as such) instead of growing the service. A text
+over ``max_document_bytes`` fails in the child, so the parent never receives
+it. A ``stop`` event set while the parent waits (the service is shutting down)
+kills the child and raises ``IndexingStoppedError``.
 
 The children are forked by a forkserver that has imported the parsers: a child
 starts in milliseconds (a fresh interpreter would import lxml, python-docx and
@@ -137,8 +138,21 @@ def _parse_in_child(parse: Parse, raw: bytes, limits: LoaderLimits, sender: Conn
     except Exception as exc:  # a parser bug: the file fails with it, the run goes on
         answer = ("failed", _out_of_memory(limits) if _reached(cap) else f"parser error: {type(exc).__name__}: {reason(exc)}")
     del raw
+    if answer[0] == "parsed":
+        answer = _within_document_limit(answer[1], limits)
     sender.send(answer)
     sender.close()
+
+
+def _within_document_limit(parsed: Parsed, limits: LoaderLimits) -> tuple[str, Any]:
+    """The answer for a parse that succeeded: failed when its text is over ``max_document_bytes``."""
+    try:
+        limits.check_document(parsed.text)
+    except LoaderError as exc:
+        return "failed", str(exc)
+    except MemoryError:
+        return "failed", _out_of_memory(limits)
+    return "parsed", parsed
 
 
 def _out_of_memory(limits: LoaderLimits) -> str:

@@ -1,0 +1,362 @@
+"""The leaf index: every kb's L3 leaves in Milvus, kept apart at one of Milvus's multi-tenancy levels.
+
+``STRATA_MILVUS__ISOLATION`` names the level new leaves are written at
+(docs/deploy.md has what each level shares and its limits):
+
+- ``collection``: a collection per kb, named ``{collection}_kb_{hash of the kb id}``
+  and carrying the kb id as its ``strata.kb`` property. A kb's BM25 statistics,
+  segments, compaction and load state are its own; a query over several kbs
+  searches each kb's collection and merges the hits by score.
+- ``partition``: a partition per kb of the one collection ``{collection}``.
+- ``partition_key``: ``kb_id`` is the partition key of the one collection; kbs
+  share its buckets, so one kb's BM25 scores depend on the others' words.
+
+The level of existing leaves is read from Milvus, never guessed: the shared
+collection's schema when it exists, else the kb collections under its name; a
+setting naming another level is refused (``strata rebuild --to-uri URI
+--isolation LEVEL`` moves the leaves). ``LeafIndex`` has one interface for
+every level; ``LeafCollection`` (``strata.stores.milvus``) is one collection.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+import grpc
+import numpy as np
+from pymilvus.exceptions import MilvusException
+
+from strata.config import MilvusSettings
+from strata.errors import EncoderMismatchError, StoreError
+from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
+from strata.stores.milvus import DIM_PROPERTY, ENCODER_PROPERTY, KB_PROPERTY, LeafCollection, connect, layout_of
+from strata.types import Chunk, RouteHit
+
+LEVELS = ("collection", "partition", "partition_key")
+T = TypeVar("T")
+_SEARCHES = ThreadPoolExecutor(max_workers=8, thread_name_prefix="strata-kb-search")  # a multi-kb query's searches
+
+
+def kb_collection_name(base: str, kb_id: str) -> str:
+    """The collection of ``kb_id`` at the ``collection`` level: a valid Milvus name for any kb id."""
+    return f"{base}_kb_{hashlib.sha1(kb_id.encode()).hexdigest()[:20]}"
+
+
+def default_level(settings: MilvusSettings, *, tenants: bool) -> str:
+    """``auto``'s level for leaves written now: ``collection`` on a Milvus server or for a service with API keys
+    (``tenants``), whose kbs belong to teams that must not learn about each other; ``partition`` on an embedded
+    Milvus Lite file, one user's."""
+    if settings.isolation != "auto":
+        return settings.isolation
+    return "collection" if tenants or not settings.is_lite else "partition"
+
+
+class LeafIndex:
+    """Upserts, deletes and searches the leaves of every kb, at the isolation level Milvus holds them at."""
+
+    def __init__(
+        self, settings: MilvusSettings, *, encoder_name: str, dim: int,
+        vocabulary: Callable[[Sequence[str] | None], Iterable[str]] = lambda kb_ids: (), tenants: bool = False,
+    ) -> None:  # fmt: skip
+        """``vocabulary(kb_ids)`` gives the terms the jieba analyzer of a collection created now keeps whole (the
+        front-matter modules and skill points of those kbs; None: of every kb). ``tenants``: the service has
+        API keys (``default_level``)."""
+        self._settings = settings
+        self._base = settings.collection
+        # a kb's collection is looked up on the query path too: cut as a search is
+        self._lookup_timeout = min(settings.search_timeout_s, settings.timeout_s)
+        self._encoder = {"encoder_name": encoder_name, "dim": dim}
+        self._vocabulary = vocabulary
+        self._connection = connect(settings)
+        self._client, self._on_lite = self._connection
+        self._lock = threading.RLock()
+        self._kbs: dict[str, LeafCollection] = {}
+        self._written: set[str] = set()
+        try:
+            if self._on_lite and (problem := lite_analyzer_problem(settings.analyzer)):
+                raise UnsupportedAnalyzer(f"STRATA_MILVUS__ANALYZER: {problem}")  # at start, not at a kb's first write
+            self.isolation = self._read_level(default_level(settings, tenants=tenants))
+            self._shared = None
+            if self.isolation != "collection":
+                self._shared = LeafCollection(
+                    settings, **self._encoder, layout=self.isolation, client=self._connection,
+                    vocabulary=lambda: vocabulary(None),
+                )  # fmt: skip
+        except BaseException:
+            self._client.close()
+            raise
+
+    # -- the level ------------------------------------------------------------
+
+    def _read_level(self, default: str) -> str:
+        """The level existing leaves were written at (refusing a setting that names another), else ``default``."""
+        names = self._meta("list_collections")
+        kb_collections = [n for n in names if n.startswith(f"{self._base}_kb_")]
+        found = None
+        if self._base in names:
+            found = layout_of(self._meta("describe_collection", self._base))
+            if found == "single":
+                raise StoreError(f"Milvus collection {self._base!r} is one knowledge base's; STRATA_MILVUS__COLLECTION names the shared one")
+            if kb_collections:
+                raise StoreError(
+                    f"Milvus holds both a shared collection {self._base!r} and {len(kb_collections)} knowledge base "
+                    f"collection(s) under its name ({kb_collections[0]}...): drop the ones that are not in use, or "
+                    "point STRATA_MILVUS__COLLECTION elsewhere"
+                )  # fmt: skip
+        elif kb_collections:
+            found = "collection"
+            self._check_encoder(sorted(kb_collections)[0])
+        wanted = self._settings.isolation
+        if found is not None and wanted != "auto" and wanted != found:
+            raise StoreError(
+                f"the leaves under Milvus collection name {self._base!r} are kept apart at the {found} level, but "
+                f"STRATA_MILVUS__ISOLATION is {wanted}: set it to auto (the level Milvus holds) or {found}, or move "
+                f"them (strata rebuild --kb KB --to-uri URI --isolation {wanted})"
+            )
+        return found or default
+
+    def _check_encoder(self, name: str) -> None:
+        """Refuses another encoder than the kb collections' at once, as a shared collection's opening does."""
+        props = self._meta("describe_collection", name).get("properties") or {}
+        built = (props.get(ENCODER_PROPERTY, "<unknown encoder>"), int(props.get(DIM_PROPERTY) or 0))
+        if built != (self._encoder["encoder_name"], self._encoder["dim"]):
+            raise EncoderMismatchError(
+                f"the Milvus collections under {self._base!r} were built with encoder {built[0]} (dim {built[1]}); the "
+                f"configured encoder is {self._encoder['encoder_name']} (dim {self._encoder['dim']}). Use another "
+                "collection name (STRATA_MILVUS__COLLECTION) or rebuild the knowledge bases with this encoder."
+            )
+
+    @property
+    def on_lite(self) -> bool:
+        return self._on_lite
+
+    @property
+    def analyzer_tokenizer(self) -> str:
+        tokenizer = self._settings.analyzer.get("tokenizer")
+        return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
+
+    def open_kb(self, kb_id: str, extra_terms: Iterable[str] = ()) -> None:
+        """Opens the kb's collection, creating it at the ``collection`` level (its BM25 dictionary: the kb's
+        front-matter terms and ``extra_terms``, those of the documents about to be written)."""
+        if self._shared is None:
+            self._kb_collection(kb_id, create=True, extra_terms=tuple(extra_terms))
+
+    def dictionary_for(self, kb_id: str) -> frozenset[str]:
+        """The terms the analyzer of the kb's collection keeps whole."""
+        if self._shared is not None:
+            return self._shared.dictionary
+        found = self._kb_collection(kb_id)
+        return found.dictionary if found is not None else frozenset()
+
+    # -- writes ---------------------------------------------------------------
+
+    def upsert(self, leaves: Sequence[Chunk], vectors: np.ndarray, search_texts: Sequence[str]) -> None:
+        if not leaves:
+            return
+        kb_ids = {leaf.kb_id for leaf in leaves}
+        if len(kb_ids) != 1:
+            raise ValueError("upsert takes leaves of one knowledge base at a time")
+        kb_id = kb_ids.pop()
+        collection = self._shared or self._kb_collection(kb_id, create=True)
+        assert collection is not None
+        with self._lock:
+            self._written.add(kb_id)
+        collection.upsert(leaves, vectors, search_texts)
+
+    def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
+        self._on_kb(kb_id, lambda c: c.delete_version(kb_id, doc_id, version), None)
+
+    def delete_document(self, kb_id: str, doc_id: str) -> None:
+        self._on_kb(kb_id, lambda c: c.delete_document(kb_id, doc_id), None)
+
+    def delete_leaves(self, kb_id: str, chunk_ids: Sequence[str]) -> None:
+        self._on_kb(kb_id, lambda c: c.delete_leaves(kb_id, chunk_ids), None)
+
+    def delete_kb(self, kb_id: str) -> None:
+        """Every leaf of the kb; at the ``collection`` level its collection goes with them."""
+        if self._shared is not None:
+            self._shared.delete_kb(kb_id)
+            return
+        name = kb_collection_name(self._base, kb_id)
+        with self._lock:
+            self._kbs.pop(kb_id, None)
+            self._written.discard(kb_id)
+            if name in self._meta("list_collections"):
+                self._meta("drop_collection", name)
+
+    def flush(self) -> None:
+        """Seals written rows (of every collection written since the last flush)."""
+        if self._shared is not None:
+            self._shared.flush()
+            return
+        with self._lock:
+            written, self._written = sorted(self._written), set()
+        for kb_id in written:
+            self._on_kb(kb_id, lambda c: c.flush(), None)
+
+    def drop_collection(self) -> None:
+        """Drops every collection under the configured name (benchmarks and tests that made their own)."""
+        if self._shared is not None:
+            self._shared.drop_collection()
+            return
+        with self._lock:
+            self._kbs.clear()
+            for name in self._meta("list_collections"):
+                if name.startswith(f"{self._base}_kb_"):
+                    self._meta("drop_collection", name)
+
+    # -- reads ----------------------------------------------------------------
+
+    def count(self, kb_id: str, *, doc_id: str | None = None, version: int | None = None) -> int:
+        return self._on_kb(kb_id, lambda c: c.count(kb_id, doc_id=doc_id, version=version), 0)
+
+    def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
+        return self._on_kb(kb_id, lambda c: c.leaf_ids(kb_id), {})
+
+    def present(self, kb_id: str, chunk_ids: Sequence[str]) -> set[str]:
+        return self._on_kb(kb_id, lambda c: c.present(kb_id, chunk_ids), set())
+
+    def dense_vectors(self, kb_id: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return self._on_kb(kb_id, lambda c: c.dense_vectors(kb_id, chunk_ids), {})
+
+    def holds_any(self, kb_id: str) -> bool:
+        return self._on_kb(kb_id, lambda c: c.holds_any(kb_id), False)
+
+    def ping(self) -> dict[str, Any]:
+        """One metadata call to the server, cut at the search timeout (readiness: no count, no data read)."""
+        if self._shared is not None:
+            return {**self._shared.ping(), "isolation": self.isolation}
+        self._meta("list_collections", timeout=self._settings.search_timeout_s)
+        return {"collection": f"{self._base}_kb_*", "isolation": self.isolation}
+
+    def search_dense_many(
+        self, vectors: Sequence[np.ndarray], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
+        timeout: float | None = None, with_source: bool = False,
+    ) -> list[list[RouteHit]]:  # fmt: skip
+        """Top leaves by inner product for each vector (``LeafCollection.search_dense_many``), over the kbs'
+        collections: their hits merged by score."""
+        if self._shared is not None:
+            return self._shared.search_dense_many(vectors, limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)
+        return self._merged(
+            len(vectors), limit, kb_ids, timeout,
+            lambda kb_id, c, timeout: c.search_dense_many(vectors, limit=limit, kb_ids=[kb_id], where=where, timeout=timeout, with_source=with_source),
+        )  # fmt: skip
+
+    def search_sparse(
+        self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
+        timeout: float | None = None, with_source: bool = False,
+    ) -> list[RouteHit]:  # fmt: skip
+        return self.search_sparse_many([text], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)[0]
+
+    def search_sparse_many(
+        self, texts: Sequence[str], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
+        timeout: float | None = None, with_source: bool = False,
+    ) -> list[list[RouteHit]]:  # fmt: skip
+        """Top leaves by BM25 for each text (``LeafCollection.search_sparse_many``). At the ``collection`` level
+        each kb's hits are scored by its own statistics, then merged by score."""
+        if self._shared is not None:
+            return self._shared.search_sparse_many(texts, limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)
+        return self._merged(
+            len(texts), limit, kb_ids, timeout,
+            lambda kb_id, c, timeout: c.search_sparse_many(texts, limit=limit, kb_ids=[kb_id], where=where, timeout=timeout, with_source=with_source),
+        )  # fmt: skip
+
+    def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
+        if self._shared is not None:
+            return self._shared.fetch_leaves(refs, timeout=timeout)
+        by_kb: dict[str, list[tuple[str, str]]] = {}
+        for kb_id, chunk_id in refs:
+            by_kb.setdefault(kb_id, []).append((kb_id, chunk_id))
+        found: dict[str, Chunk] = {}
+        for kb_id, kb_refs in by_kb.items():
+            found.update(self._on_kb(kb_id, lambda c: c.fetch_leaves(kb_refs, timeout=timeout), {}))
+        return found
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- helpers --------------------------------------------------------------
+
+    def _merged(
+        self, queries: int, limit: int, kb_ids: Sequence[str] | None, timeout: float | None,
+        search: Callable[..., list[list[RouteHit]]],
+    ) -> list[list[RouteHit]]:  # fmt: skip
+        """Each query's hits over the kbs' collections, best first, ``limit`` of them. The kbs' searches run at
+        once (each a call to Milvus that waits on the network), all within ``timeout``."""
+        merged: list[list[RouteHit]] = [[] for _ in range(queries)]
+        kbs = self._kb_ids(kb_ids)
+        if len(kbs) == 1:
+            found_each = [self._on_kb(kbs[0], lambda c: search(kbs[0], c, timeout), None)]
+        else:
+            futures = [_SEARCHES.submit(self._on_kb, kb_id, functools.partial(search, kb_id, timeout=timeout), None) for kb_id in kbs]
+            found_each = [future.result() for future in futures]
+        for found in found_each:
+            for i, hits in enumerate(found or ()):
+                merged[i].extend(hits)
+        return [sorted(hits, key=lambda h: h.score, reverse=True)[:limit] for hits in merged]
+
+    def _kb_ids(self, kb_ids: Sequence[str] | None) -> list[str]:
+        """The kbs asked for; None: every kb that has a collection (read from the collections' properties)."""
+        if kb_ids is not None:
+            return list(dict.fromkeys(kb_ids))
+        found = []
+        for name in self._meta("list_collections"):
+            if name.startswith(f"{self._base}_kb_"):
+                owner = (self._meta("describe_collection", name).get("properties") or {}).get(KB_PROPERTY)
+                if owner:
+                    found.append(owner)
+        return found
+
+    def _on_kb(self, kb_id: str, call: Callable[[LeafCollection], T], empty: T) -> T:
+        """``call`` on the kb's collection; ``empty`` when the kb has none (never written, or dropped by another
+        process since this one opened it)."""
+        if self._shared is not None:
+            return call(self._shared)
+        collection = self._kb_collection(kb_id)
+        if collection is None:
+            return empty
+        try:
+            return call(collection)
+        except StoreError as failed:
+            try:
+                gone = not self._meta("has_collection", kb_collection_name(self._base, kb_id), timeout=self._lookup_timeout)
+            except StoreError:
+                raise failed from None  # Milvus is down: the call's own error says so
+            if not gone:
+                raise
+            with self._lock:
+                self._kbs.pop(kb_id, None)
+            return empty
+
+    def _kb_collection(self, kb_id: str, *, create: bool = False, extra_terms: Sequence[str] = ()) -> LeafCollection | None:
+        with self._lock:
+            if kb_id in self._kbs:
+                return self._kbs[kb_id]
+            name = kb_collection_name(self._base, kb_id)
+            if not self._meta("has_collection", name, timeout=self._lookup_timeout):
+                if not create:
+                    return None
+                held = sum(1 for n in self._meta("list_collections") if n.startswith(f"{self._base}_kb_"))
+                if held >= self._settings.max_collections:
+                    raise StoreError(
+                        f"knowledge base {kb_id!r} would be collection {held + 1:,} under {self._base!r}, over "
+                        f"STRATA_MILVUS__MAX_COLLECTIONS ({self._settings.max_collections:,}; Milvus refuses more "
+                        "than rootCoord.maxCollectionNum, 65,536 per cluster by default). Raise it within Milvus's "
+                        "limits, or move kbs to the partition level (strata rebuild --to-uri URI --isolation partition)"
+                    )  # fmt: skip
+            collection = LeafCollection(
+                self._settings, **self._encoder, name=name, kb_id=kb_id, client=self._connection,
+                vocabulary=lambda: [*self._vocabulary([kb_id]), *extra_terms],
+            )  # fmt: skip
+            self._kbs[kb_id] = collection
+            return collection
+
+    def _meta(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        try:
+            return getattr(self._client, method)(*args, timeout=timeout or self._settings.timeout_s)
+        except (MilvusException, grpc.RpcError) as exc:
+            raise StoreError(f"Milvus {method} failed: {exc}") from exc
