@@ -799,3 +799,30 @@ def test_the_documented_model_loading_applies_the_loader_job() -> None:
     commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
     assert "kubectl apply -f deploy/k8s/model-loader-job.yaml" in commands
     assert "job/strata-model-loader" in section and "model folder /models/bge-m3: not found" in section
+
+
+SHUTDOWN_MARGIN_S = 10  # after the grace: cancelling what is left, closing the stores, the workers' exit
+
+
+def _seconds(value: str | int) -> float:
+    text = str(value)
+    return float(text[:-1]) if text.endswith("s") else float(text)
+
+
+def test_strata_shutdown_fits_in_the_grace_the_orchestrators_give() -> None:
+    """The kubelet SIGKILLs a pod terminationGracePeriodSeconds after it starts stopping it (preStop included), and
+    Docker a container stop_grace_period after SIGTERM: both must outlast strata's own shutdown."""
+    from strata.config import ApiSettings
+
+    default_grace = ApiSettings.model_fields["shutdown_grace_s"].default
+    config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")["data"]
+    grace = float(config.get("STRATA_API__SHUTDOWN_GRACE_S", default_grace))
+    pod = next(d for d in _k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "strata")["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "strata"]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert float(pre_stop[1]) + grace + SHUTDOWN_MARGIN_S <= pod["terminationGracePeriodSeconds"]
+
+    service = _compose()["services"]["strata"]
+    compose_grace = float(_environment_of(service).get("STRATA_API__SHUTDOWN_GRACE_S", default_grace))
+    assert compose_grace + SHUTDOWN_MARGIN_S <= _seconds(service["stop_grace_period"])

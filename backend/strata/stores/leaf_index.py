@@ -75,6 +75,7 @@ class LeafIndex:
         self._client, self._on_lite = self._connection
         self._lock = threading.RLock()
         self._kbs: dict[str, LeafCollection] = {}
+        self._owners: dict[str, str] = {}  # kb collection name -> its kb (its ``strata.kb`` property)
         self._written: set[str] = set()
         try:
             if self._on_lite and (problem := lite_analyzer_problem(settings.analyzer)):
@@ -304,11 +305,13 @@ class LeafIndex:
         if kb_ids is not None:
             return list(dict.fromkeys(kb_ids))
         found = []
-        for name in self._meta("list_collections"):
+        for name in self._meta("list_collections", timeout=self._lookup_timeout):
             if name.startswith(f"{self._base}_kb_"):
-                owner = (self._meta("describe_collection", name).get("properties") or {}).get(KB_PROPERTY)
-                if owner:
-                    found.append(owner)
+                if name not in self._owners:  # a collection's kb never changes: described once
+                    props = self._meta("describe_collection", name, timeout=self._lookup_timeout).get("properties") or {}
+                    self._owners[name] = props.get(KB_PROPERTY) or ""
+                if self._owners[name]:
+                    found.append(self._owners[name])
         return found
 
     def _on_kb(self, kb_id: str, call: Callable[[LeafCollection], T], empty: T) -> T:
