@@ -28,7 +28,6 @@ from strata.config import Settings, load_settings
 from strata.encoders.openai_http import OpenAIEmbeddingEncoder
 from strata.resources import Resources
 from strata.stores.keys import database_namespace
-from strata.stores.milvus import milvus_client
 from strata.stores.sql import ACTIVE, DocumentStore
 from strata.stores.sql_schema import documents, version_terms
 from strata.stores.term_stats import TermFrequencies

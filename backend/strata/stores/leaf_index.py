@@ -33,7 +33,7 @@ from pymilvus.exceptions import MilvusException
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
-from strata.stores.milvus import DIM_PROPERTY, ENCODER_PROPERTY, KB_PROPERTY, LeafCollection, connect, layout_of
+from strata.stores.milvus import DIM_PROPERTY, ENCODER_PROPERTY, KB_PROPERTY, LeafCollection, analyzer_tokenizer, connect, layout_of
 from strata.types import Chunk, RouteHit
 
 LEVELS = ("collection", "partition", "partition_key")
@@ -137,8 +137,7 @@ class LeafIndex:
 
     @property
     def analyzer_tokenizer(self) -> str:
-        tokenizer = self._settings.analyzer.get("tokenizer")
-        return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
+        return analyzer_tokenizer(self._settings)
 
     def open_kb(self, kb_id: str, extra_terms: Iterable[str] = ()) -> None:
         """Opens the kb's collection, creating it at the ``collection`` level (its BM25 dictionary: the kb's
@@ -240,12 +239,7 @@ class LeafIndex:
     ) -> list[list[RouteHit]]:  # fmt: skip
         """Top leaves by inner product for each vector (``LeafCollection.search_dense_many``), over the kbs'
         collections: their hits merged by score."""
-        if self._shared is not None:
-            return self._shared.search_dense_many(vectors, limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)
-        return self._merged(
-            len(vectors), limit, kb_ids, timeout,
-            lambda kb_id, c, timeout: c.search_dense_many(vectors, limit=limit, kb_ids=[kb_id], where=where, timeout=timeout, with_source=with_source),
-        )  # fmt: skip
+        return self._route("search_dense_many", vectors, limit, kb_ids, where, timeout, with_source)
 
     def search_sparse(
         self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
@@ -259,12 +253,20 @@ class LeafIndex:
     ) -> list[list[RouteHit]]:  # fmt: skip
         """Top leaves by BM25 for each text (``LeafCollection.search_sparse_many``). At the ``collection`` level
         each kb's hits are scored by its own statistics, then merged by score."""
+        return self._route("search_sparse_many", texts, limit, kb_ids, where, timeout, with_source)
+
+    def _route(
+        self, method: str, queries: Sequence[Any], limit: int, kb_ids: Sequence[str] | None, where: str,
+        timeout: float | None, with_source: bool,
+    ) -> list[list[RouteHit]]:  # fmt: skip
+        """One route's search: the shared collection's, or each kb collection's merged (``_merged``)."""
+        options = {"limit": limit, "where": where, "with_source": with_source}
         if self._shared is not None:
-            return self._shared.search_sparse_many(texts, limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)
+            return getattr(self._shared, method)(queries, kb_ids=kb_ids, timeout=timeout, **options)
         return self._merged(
-            len(texts), limit, kb_ids, timeout,
-            lambda kb_id, c, timeout: c.search_sparse_many(texts, limit=limit, kb_ids=[kb_id], where=where, timeout=timeout, with_source=with_source),
-        )  # fmt: skip
+            len(queries), limit, kb_ids, timeout,
+            lambda kb_id, c, timeout: getattr(c, method)(queries, kb_ids=[kb_id], timeout=timeout, **options),
+        )
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
         if self._shared is not None:

@@ -112,8 +112,7 @@ class LeafCollection(LeafSearch):
 
     @property
     def analyzer_tokenizer(self) -> str:
-        tokenizer = self._settings.analyzer.get("tokenizer")
-        return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
+        return analyzer_tokenizer(self._settings)
 
     def _check_identity(self, described: dict[str, Any]) -> None:
         props = described.get("properties") or {}
@@ -433,6 +432,12 @@ class LeafCollection(LeafSearch):
     def close(self) -> None:
         if self._owns_client:
             self._client.close()
+
+
+def analyzer_tokenizer(settings: MilvusSettings) -> str:
+    """The tokenizer name of the configured BM25 analyzer (``jieba``, ``standard``...)."""
+    tokenizer = settings.analyzer.get("tokenizer")
+    return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
 
 
 def layout_of(described: dict[str, Any]) -> str:
