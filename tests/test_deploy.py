@@ -79,6 +79,9 @@ def _lands(loaded: Any, raw: str) -> bool:
         return raw.strip().lower() in ({"1", "true", "yes", "on"} if loaded else {"0", "false", "no", "off"})
     if isinstance(loaded, (int, float)):
         return float(raw) == float(loaded)
+    if isinstance(loaded, dict) and any(hasattr(v, "model_validate") for v in loaded.values()):  # API keys' grants
+        given = json.loads(raw)
+        return given.keys() == loaded.keys() and all(type(v).model_validate(given[k]) == v for k, v in loaded.items())
     if isinstance(loaded, (dict, list)):
         return json.loads(raw) == loaded
     if isinstance(loaded, Path):
@@ -162,11 +165,12 @@ def _manifests(name: str) -> list[dict[str, Any]]:
 
 
 def _k8s_documents() -> list[dict[str, Any]]:
-    """Every manifest under deploy/k8s (Helm values and the kustomization aside), and the generated Secrets."""
+    """Every manifest under deploy/k8s and its folders (the Jobs of jobs/*), Helm values and kustomizations aside,
+    and the generated Secrets."""
     docs = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
         if path.name not in {"milvus-values.yaml", "kustomization.yaml"}:
-            docs.extend(_manifests(path.name))
+            docs.extend(_manifests(str(path.relative_to(K8S))))
     return docs + _generated_secrets()
 
 
@@ -259,9 +263,12 @@ def test_every_compose_service_has_a_health_check_and_the_service_waits_for_its_
     compose = _compose()
     services = compose["services"]
     assert {"etcd", "minio", "milvus", "postgres", "redis", "strata", "embeddings", "reranker"} <= set(services)
+    one_shot = {name for s in services.values() for name, dep in (s.get("depends_on") or {}).items()
+                if dep["condition"] == "service_completed_successfully"}  # fmt: skip
+    assert one_shot == {"migrate"}  # it exits: compose waits for its exit code, not its health
     for name, service in services.items():
         check = service.get("healthcheck") or {}
-        assert check.get("test") and not check.get("disable"), f"{name} has no health check"
+        assert name in one_shot or (check.get("test") and not check.get("disable")), f"{name} has no health check"
     assert "/health" in json.dumps(services["strata"]["healthcheck"]["test"])
     for store in ("milvus", "postgres", "redis"):
         assert services["strata"]["depends_on"][store]["condition"] == "service_healthy"
@@ -311,7 +318,8 @@ def test_the_milvus_helm_values_run_a_pinned_cluster() -> None:
 
 def test_no_image_is_latest() -> None:
     images = [resolve(s["image"]) for s in _compose()["services"].values()]
-    images += [c["image"] for w in _workloads(_k8s_documents()).values() for c in _containers(w)]
+    (release,) = yaml.safe_load((K8S / "release" / "kustomization.yaml").read_text(encoding="utf-8"))["images"]
+    images.append(f"{release['newName']}@{release['digest']}" if "digest" in release else f"{release['newName']}:{release['newTag']}")
     images += re.findall(r"^ARG PYTHON_IMAGE=(\S+)", (DEPLOY / "Dockerfile").read_text(encoding="utf-8"), re.M)
     assert len(images) >= 11
     assert [p for p in map(image_problem, images) if p] == []
@@ -342,12 +350,17 @@ def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> N
     env_file = tmp_path / "compose.env"
     shutil.copy(DEPLOY / "compose.env.example", env_file)
     args = [*command, "--env-file", str(env_file), "-f", str(COMPOSE), "--profile", "embeddings", "--profile", "rerank"]
+    refused = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)  # the example's secrets are empty
+    assert refused.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in refused.stderr
+    filled = {"POSTGRES_PASSWORD": "pg-secret", "STRATA_API_KEY": "api-secret-value", "MINIO_SECRET_KEY": "minio-secret"}
+    lines = env_file.read_text(encoding="utf-8").splitlines()
+    env_file.write_text("\n".join(f"{l}{filled[l[:-1]]}" if l[:-1] in filled else l for l in lines), encoding="utf-8")
     done = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rendered = yaml.safe_load(done.stdout)
     assert set(rendered["services"]) == set(_compose()["services"])
     strata = rendered["services"]["strata"]["environment"]
-    assert strata["STRATA_DATABASE__URL"] == "postgresql+psycopg://strata:CHANGE_ME@postgres:5432/strata"
+    assert strata["STRATA_DATABASE__URL"] == "postgresql+psycopg://strata:pg-secret@postgres:5432/strata"
 
     (tmp_path / "empty.env").write_text("", encoding="utf-8")  # not deploy/.env: an operator's secrets stay unread
     missing = subprocess.run([*command, "--env-file", str(tmp_path / "empty.env"), "-f", str(COMPOSE), "config"],
@@ -366,9 +379,10 @@ def test_kustomize_renders_every_manifest_of_the_service(tmp_path: Path) -> None
     done = subprocess.run(["kubectl", "kustomize", str(k8s)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rendered = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(done.stdout) if d}
-    apart = {"Job", "ServiceMonitor"}  # applied on their own (kustomization.yaml says why)
-    listed = {(d["kind"], d["metadata"]["name"]) for d in _k8s_documents() if d["kind"] not in apart}
-    assert set(rendered) == listed
+    # the jobs/* Jobs and the Prometheus Operator's objects are applied on their own (kustomization.yaml says why)
+    listed = {(d["kind"], d["metadata"]["name"]) for name in _kustomization()["resources"] for d in _manifests(name)}
+    listed |= {(s["kind"], s["metadata"]["name"]) for s in _generated_secrets()}
+    assert set(rendered) == listed and ("Job", "strata-db-upgrade") in listed
     for secret in _generated_secrets():  # fixed names (the chart and the Job name them), every key of the example
         made = rendered[("Secret", secret["metadata"]["name"])]
         assert set(made["data"]) == set(secret["stringData"]) and made["metadata"]["namespace"] == "strata"
@@ -513,7 +527,7 @@ def test_milvus_reaches_minio_with_the_credentials_minio_runs_with() -> None:
     assert {"accesskey", "secretkey"} <= set(generated[secret])
 
 
-def test_milvus_auth_is_on_with_the_root_password_strata_sends() -> None:
+def test_milvus_auth_is_on_and_only_the_user_job_logs_in_as_root() -> None:
     values = _milvus_values()
     user = yaml.safe_load(values["extraConfigFiles"]["user.yaml"])
     assert user["common"]["security"]["authorizationEnabled"] is True
@@ -521,20 +535,69 @@ def test_milvus_auth_is_on_with_the_root_password_strata_sends() -> None:
     assert len(refs) == 1 and None not in refs
     ((secret, key),) = refs
     generated = {s["metadata"]["name"]: s["stringData"] for s in _generated_secrets()}
-    assert generated["strata-secrets"]["STRATA_MILVUS__TOKEN"] == f"root:{generated[secret][key]}"
+    assert generated["strata-secrets"]["STRATA_MILVUS__TOKEN"].split(":")[0] == "strata"  # its own user, not root
+    workloads = _workloads(_k8s_documents())
+    (job,) = _containers(workloads["Job/strata-milvus-user"])
+    assert job["command"] == ["strata", "milvus-user", "create"]
+    env = {e["name"]: e for e in job["env"]}
+    assert _secret_ref(job["env"], "MILVUS_ROOT_PASSWORD") == (secret, key)
+    assert env["MILVUS_ADMIN_TOKEN"]["value"] == "root:$(MILVUS_ROOT_PASSWORD)"  # defined after what it expands
+    assert list(env).index("MILVUS_ROOT_PASSWORD") < list(env).index("MILVUS_ADMIN_TOKEN")
+    readers = [name for name, w in workloads.items() for c in _containers(w) for e in c.get("env") or []
+               if (e.get("valueFrom") or {}).get("secretKeyRef", {}).get("key") == key]  # fmt: skip
+    assert readers == ["Job/strata-milvus-user"]
 
 
-def test_make_secrets_writes_a_token_made_of_the_root_password(tmp_path: Path) -> None:
-    script = K8S / "make-secrets.sh"
-    done = subprocess.run(["sh", str(script), str(tmp_path)], capture_output=True, text=True, timeout=30)
+def _make_secrets(directory: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"STRATA_DATABASE__URL", "STRATA_REDIS__URL", "MIGRATION_DATABASE_URL"}}
+    return subprocess.run(["sh", str(K8S / "make-secrets.sh"), str(directory)], capture_output=True, text=True,
+                          timeout=30, env={**env, **environment})  # fmt: skip
+
+
+URLS = {"STRATA_DATABASE__URL": "postgresql+psycopg://strata_app:pw1@pg:5432/strata",
+        "MIGRATION_DATABASE_URL": "postgresql+psycopg://strata:pw2@pg:5432/strata", "STRATA_REDIS__URL": "redis://:pw3@redis:6379/0"}  # fmt: skip
+
+
+def test_make_secrets_writes_every_secret_with_a_metrics_only_key(tmp_path: Path) -> None:
+    done = _make_secrets(tmp_path, **URLS)
     assert done.returncode == 0, done.stderr
-    milvus, strata = _env_file(tmp_path / "milvus-credentials.env"), _env_file(tmp_path / "strata-secrets.env")
-    assert set(milvus) == set(_env_file(K8S / "milvus-credentials.env.example"))
-    assert set(strata) == set(_env_file(K8S / "strata-secrets.env.example"))
-    assert strata["STRATA_MILVUS__TOKEN"] == f"root:{milvus['rootpassword']}"
+    files = {name: _env_file(tmp_path / name) for name in
+             ("milvus-credentials.env", "strata-secrets.env", "strata-migration.env", "strata-metrics.env")}  # fmt: skip
+    for name, values in files.items():
+        assert set(values) == set(_env_file(K8S / f"{name}.example")), name
+    milvus, strata = files["milvus-credentials.env"], files["strata-secrets.env"]
+    user, password = strata["STRATA_MILVUS__TOKEN"].split(":")
+    assert user == "strata" and len(password) >= 32 and password != milvus["rootpassword"]
     assert len(milvus["rootpassword"]) >= 32 and len(milvus["secretkey"]) >= 32  # not Milvus's or MinIO's default
-    again = subprocess.run(["sh", str(script), str(tmp_path)], capture_output=True, text=True, timeout=30)
-    assert again.returncode != 0 and _env_file(tmp_path / "strata-secrets.env") == strata  # never overwritten
+    assert strata["STRATA_DATABASE__URL"] == URLS["STRATA_DATABASE__URL"]
+    assert files["strata-migration.env"]["STRATA_DATABASE__URL"] == URLS["MIGRATION_DATABASE_URL"]
+    metrics_key = files["strata-metrics.env"]["token"]
+    assert metrics_key != strata["STRATA_API__API_KEY"] and len(metrics_key) >= 32
+    assert json.loads(strata["STRATA_API__KEYS"]) == {metrics_key: {"metrics": True}}
+    again = _make_secrets(tmp_path)  # kept, checked again
+    assert again.returncode == 0 and _env_file(tmp_path / "strata-secrets.env") == strata
+
+
+def test_make_secrets_refuses_placeholders_and_minios_default_naming_the_key(tmp_path: Path) -> None:
+    done = _make_secrets(tmp_path)  # no URLs given: written with CHANGE_ME, and refused
+    assert done.returncode != 0
+    assert "strata-secrets.env: STRATA_DATABASE__URL still holds a CHANGE_ME placeholder" in done.stderr
+    assert "strata-migration.env: STRATA_DATABASE__URL still holds a CHANGE_ME placeholder" in done.stderr
+
+    copied = tmp_path / "examples"  # the examples copied as they are, as an operator might
+    copied.mkdir()
+    for example in K8S.glob("*.env.example"):
+        shutil.copy(example, copied / example.name.removesuffix(".example"))
+    done = _make_secrets(copied, **URLS)
+    assert done.returncode != 0 and "strata-secrets.env: STRATA_API__API_KEY still holds a CHANGE_ME" in done.stderr
+    assert "milvus-credentials.env: rootpassword still holds a CHANGE_ME" in done.stderr
+
+    filled = tmp_path / "filled"
+    assert _make_secrets(filled.mkdir() or filled, **URLS).returncode == 0
+    credentials = (filled / "milvus-credentials.env").read_text(encoding="utf-8")
+    (filled / "milvus-credentials.env").write_text(credentials.replace("accesskey=strata", "accesskey=minioadmin"), encoding="utf-8")
+    done = _make_secrets(filled)
+    assert done.returncode != 0 and "milvus-credentials.env: accesskey is MinIO's default minioadmin" in done.stderr
 
 
 def test_the_secrets_come_from_git_ignored_env_files_not_from_a_manifest() -> None:
@@ -620,8 +683,20 @@ def test_a_service_monitor_scrapes_metrics_with_the_api_key() -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
-    assert endpoint["authorization"]["credentials"] == {"name": "strata-secrets", "key": "STRATA_API__API_KEY"}
     assert "servicemonitor.yaml" not in _kustomization()["resources"]  # needs the Prometheus Operator's CRDs
+    # the metrics-only key: a Secret of its own, never the full-access key, granted /metrics and nothing else
+    credentials = endpoint["authorization"]["credentials"]
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in _generated_secrets()}
+    assert credentials["name"] != "strata-secrets" and credentials["key"] != "STRATA_API__API_KEY"
+    token = secrets[credentials["name"]][credentials["key"]]
+    assert token != secrets["strata-secrets"]["STRATA_API__API_KEY"]
+    from strata.api.auth import KeyRing
+    from strata.config import ApiSettings
+
+    ring = KeyRing.from_settings(ApiSettings(api_key=secrets["strata-secrets"]["STRATA_API__API_KEY"],
+                                             keys=secrets["strata-secrets"]["STRATA_API__KEYS"]))  # fmt: skip
+    scraper = ring.lookup(token)
+    assert scraper is not None and scraper.can_read_metrics and not scraper.write and scraper.kbs == frozenset()
 
 
 def test_the_documented_rebuilds_land_in_the_collection_the_servers_read() -> None:
@@ -792,12 +867,13 @@ def test_the_loader_job_is_the_one_writer_of_the_models_and_the_pods_mount_them_
     assert 'target="$STRATA_EMBEDDING__MODEL"' in steps  # the folder the ConfigMap tells the pods to load
     assert (Path(sys.executable).parent / "hf").exists()  # the image installs the same dependencies: it has `hf`
     assert "model-loader-job.yaml" not in _kustomization()["resources"]  # run on its own, before a rollout
+    assert yaml.safe_load((K8S / "jobs" / "model-loader" / "kustomization.yaml").read_text(encoding="utf-8"))["resources"] == ["model-loader-job.yaml"]
 
 
 def test_the_documented_model_loading_applies_the_loader_job() -> None:
     section = DOCS.read_text(encoding="utf-8").split("## Model weights", 1)[1].split("\n## ", 1)[0]
     commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
-    assert "kubectl apply -f deploy/k8s/model-loader-job.yaml" in commands
+    assert "kubectl apply -k deploy/k8s/jobs/model-loader" in commands
     assert "job/strata-model-loader" in section and "model folder /models/bge-m3: not found" in section
 
 

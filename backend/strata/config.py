@@ -341,6 +341,12 @@ class ApiSettings(_Section):
     ready_cache_s: float = Field(
         5.0, ge=0, description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe"
     )
+    ready_requires: list[Literal["sql", "milvus", "redis", "reranker", "encoder"]] = Field(
+        default_factory=list,
+        description="shared components whose outage makes /ready answer 503, JSON list; default none: an outage of a store every "
+        "replica shares would take them all out of the Service together (clients then get connection refused, not strata's 503 "
+        "naming the store). An encoder in the process always counts",
+    )
     api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
     # NoDecode: the JSON reaches _grants_by_position as text, so a key given twice is seen (json.loads keeps the
     # last) and no error names a key; repr=False keeps the keys out of repr(Settings) and any log of it.
@@ -390,6 +396,22 @@ class ApiSettings(_Section):
         return min(wanted, self.max_concurrency)
 
 
+class LogSettings(_Section):
+    """What the processes log and how (docs/deploy.md, "Logs and traces"); the level is STRATA_LOG_LEVEL."""
+
+    format: Literal["text", "json"] = Field("text", description="text lines, or one JSON object per line")
+    query_text: bool = Field(False, description="log the query text of requests; off by default")
+
+
+class OtelSettings(_Section):
+    """OpenTelemetry tracing of the service (the ``strata-rag[otel]`` extra), exported over OTLP/HTTP."""
+
+    enabled: bool | None = Field(
+        None, description="trace requests and retrieval stages; unset = on when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "(or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set. The exporter reads the standard OTEL_* variables",
+    )  # fmt: skip
+
+
 class ServerSettings(_Section):
     """A running strata service that `strata index --server` sends files to."""
 
@@ -414,6 +436,8 @@ class Settings(BaseSettings):
     environment: Literal["development", "production"] = "development"
     data_dir: Path = Path("./data")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log: LogSettings = LogSettings()
+    otel: OtelSettings = OtelSettings()
     milvus: MilvusSettings = MilvusSettings()
     database: DatabaseSettings = DatabaseSettings()
     redis: RedisSettings = RedisSettings()

@@ -106,21 +106,65 @@ def test_concurrent_probes_wait_for_the_one_check_in_flight(
     service.close()
 
 
-def test_milvus_at_a_dead_port_is_a_503_naming_milvus_and_only_the_detail_says_why(
-    stores: tuple[Settings, Resources], memo_encoder: Any
-) -> None:
+def _dead_milvus(stores: tuple[Settings, Resources], encoder: Any, **api: Any) -> tuple[Settings, Resources, int]:
     settings, shared = stores
     port = free_port()
     milvus = settings.milvus.model_copy(update={"uri": f"http://127.0.0.1:{port}", "timeout_s": 1.0, "search_timeout_s": 1.0})
-    dead = settings.model_copy(update={"milvus": milvus})
-    resources = Resources(dead, encoder=memo_encoder)
+    dead = settings.model_copy(update={"milvus": milvus, "api": settings.api.model_copy(update=api)})
+    resources = Resources(dead, encoder=encoder)
     resources.__dict__.update(documents=shared.documents, parents=shared.parents)  # only Milvus differs
+    return dead, resources, port
+
+
+def test_milvus_down_keeps_the_pod_reachable_and_retrieval_answers_its_503_naming_milvus(
+    stores: tuple[Settings, Resources], memo_encoder: Any
+) -> None:
+    """Milvus is shared by every replica: failing /ready would take them all out of the Service together, and
+    clients would get connection refused instead of strata's problem answer."""
+    dead, resources, port = _dead_milvus(stores, memo_encoder)
     with TestClient(create_app(dead, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
         ready = client.get("/ready")
-        assert ready.status_code == 503
-        assert ready.json() == {"status": "unavailable", "components": {
+        assert ready.status_code == 200
+        assert ready.json() == {"status": "degraded", "components": {
             "milvus": {"status": "down"}, "sql": {"status": "ok"}, "redis": {"status": "ok"},
             "reranker": {"status": "not_configured"}, "encoder": {"status": "ok"},
         }}  # fmt: skip
         detail = client.get("/ready/detail")  # no keys configured: every caller has full access
-        assert detail.status_code == 503 and str(port) in detail.json()["components"]["milvus"]["error"]
+        assert detail.status_code == 200 and str(port) in detail.json()["components"]["milvus"]["error"]
+        answer = client.post("/retrieve", json={"query": "密码重置链接多久失效？", "kb_ids": ["demo"]})
+        assert answer.status_code == 503 and answer.headers["content-type"].startswith("application/problem+json")
+        assert "Milvus" in answer.json()["detail"] and answer.json()["meta"]["status"] == "failed"
+
+
+def test_a_shared_component_the_settings_require_makes_the_probe_503(
+    stores: tuple[Settings, Resources], memo_encoder: Any
+) -> None:
+    dead, resources, _ = _dead_milvus(stores, memo_encoder, ready_requires=["milvus"])
+    with TestClient(create_app(dead, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
+        ready = client.get("/ready")
+        assert (ready.status_code, ready.json()["status"]) == (503, "unavailable")
+        assert ready.json()["components"]["milvus"] == {"status": "down"}
+
+
+class _BrokenEncoder:
+    """The real encoder, except that encoding a query raises (a model the process can no longer run)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def encode_queries(self, texts: Any) -> Any:
+        raise RuntimeError("the model's session is gone")
+
+
+def test_the_pods_own_encoder_failing_makes_the_probe_503(stores: tuple[Settings, Resources], memo_encoder: Any) -> None:
+    settings, shared = stores
+    resources = Resources(settings, encoder=_BrokenEncoder(memo_encoder))
+    resources.__dict__.update(documents=shared.documents, parents=shared.parents, leaf_index=shared.leaf_index)
+    with TestClient(create_app(settings, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
+        ready = client.get("/ready")
+        assert (ready.status_code, ready.json()["status"]) == (503, "unavailable")
+        assert ready.json()["components"]["encoder"] == {"status": "down"}
+        assert ready.json()["components"]["milvus"] == {"status": "ok"}

@@ -28,6 +28,7 @@ from strata.api.service import Service
 from strata.api.uploads import remove_orphaned_folders
 from strata.config import Settings, get_settings
 from strata.resources import Resources
+from strata.tracing import start_tracing, stop_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owns = resources is None
+        tracer_provider = start_tracing(settings)  # in each worker process: the exporter's thread is its own
         service = Service(settings, resources or Resources(settings), owns_resources=owns, metrics=metrics, keys=keys)
         app.state.service = service
         app.state.readiness = Readiness(service, cache_s=settings.api.ready_cache_s)
@@ -56,6 +58,7 @@ def create_app(
             yield {CLOSED_CONNECTIONS: metrics.connections_closed}  # lifespan state: the server's connections count here
         finally:
             service.close()
+            stop_tracing(tracer_provider)
             logger.info("strata service stopped")
 
     app = FastAPI(

@@ -37,6 +37,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from strata.logs import LogSetup
+from strata.logs import configure as configure_logs
+
 if TYPE_CHECKING:  # a worker imports this module before it answers uvicorn's health check: nothing heavy
     from strata.config import ApiSettings
 
@@ -97,17 +100,20 @@ def raise_open_file_limit() -> int:
 
 
 class ServeConfig(uvicorn.Config):
-    """uvicorn's config serving with ``BoundedH11Protocol`` under ``limits`` (pickled whole to each worker)."""
+    """uvicorn's config serving with ``BoundedH11Protocol`` under ``limits``, logging as ``log_setup`` says
+    (pickled whole to each worker)."""
 
-    def __init__(self, app: Any, *, limits: ConnectionLimits, **options: Any) -> None:
-        super().__init__(
-            app, http=BoundedH11Protocol, timeout_keep_alive=limits.keep_alive_s, backlog=BACKLOG, **options
-        )
+    def __init__(self, app: Any, *, limits: ConnectionLimits, log_setup: LogSetup | None = None, **options: Any) -> None:
+        self.log_setup = log_setup or LogSetup()  # read by configure_logging, which uvicorn.Config.__init__ calls
+        options.setdefault("log_config", None)  # uvicorn's loggers propagate to strata's handler
+        super().__init__(app, http=BoundedH11Protocol, timeout_keep_alive=limits.keep_alive_s, backlog=BACKLOG, **options)
         self.limits = limits
 
     def configure_logging(self) -> None:
-        """uvicorn's, plus the accept-error filter: uvicorn calls this in the parent and again in each worker."""
-        super().configure_logging()
+        """strata's logging (``strata.logs``: every record through one handler, text or JSON), plus the
+        accept-error filter: uvicorn calls this in the parent and again in each worker process."""
+        super().configure_logging()  # with log_config None: only the access logger's switch
+        configure_logs(self.log_setup)
         accept_log = logging.getLogger("asyncio")
         if not any(isinstance(f, AcceptErrorsOncePerMinute) for f in accept_log.filters):
             accept_log.addFilter(AcceptErrorsOncePerMinute())

@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids and access logs, the key check, the body limits, the concurrency limit.
+"""ASGI middleware: request ids, access logs and request spans, the key check, the body limits, the concurrency limit.
 
 Plain ASGI (not ``BaseHTTPMiddleware``) so streaming bodies and timings stay
 exact and nothing is buffered twice. The order (outermost first) is the order
@@ -27,6 +27,8 @@ from strata.api.auth import CHALLENGE, OPEN, UNAUTHORIZED, KeyRing, Principal, b
 from strata.api.metrics import Metrics
 from strata.api.problems import problem_response
 from strata.api.slots import KeySlots
+from strata.logs import ACCESS, REQUEST_ID
+from strata.tracing import request_span
 
 access_log = logging.getLogger("strata.api.access")
 
@@ -35,7 +37,12 @@ _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class RequestContext:
-    """Gives each request an id (echoed in a header), logs it, and counts it per route."""
+    """Gives each request an id (echoed in a header and set in ``strata.logs.REQUEST_ID`` for every record logged
+    while it is served), logs it, counts it per route and traces it (``strata.tracing``).
+
+    The context variable is not reset afterwards: uvicorn serves each request in a task of its own (a copy of
+    the context), and the error handler Starlette runs outside every middleware logs under the request's id.
+    """
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics, header: str, routes: Callable[[], list[Any]]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
@@ -47,6 +54,7 @@ class RequestContext:
             return await self.app(scope, receive, send)
         request_id = self._request_id(scope)
         scope.setdefault("state", {})["request_id"] = request_id
+        REQUEST_ID.set(request_id)
         route = self._route(scope)
         started = time.perf_counter()
         status = 500
@@ -60,16 +68,19 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), (self.header, request_id.encode("latin-1"))]
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            gauge.dec()
-            seconds = time.perf_counter() - started
-            self.metrics.observe_request(route, scope["method"], status, seconds)
-            access_log.info(json.dumps({
-                "request_id": request_id, "method": scope["method"], "path": scope["path"], "route": route,
-                "status": status, "ms": round(seconds * 1000, 2), "client": (scope.get("client") or ("", 0))[0],
-            }))  # fmt: skip
+        with request_span(scope["method"], route, scope["path"], request_id, scope.get("headers", [])) as span:
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                gauge.dec()
+                seconds = time.perf_counter() - started
+                self.metrics.observe_request(route, scope["method"], status, seconds)
+                span.finish(status)
+                fields = {
+                    "request_id": request_id, "method": scope["method"], "path": scope["path"], "route": route,
+                    "status": status, "ms": round(seconds * 1000, 2), "client": (scope.get("client") or ("", 0))[0],
+                }  # fmt: skip
+                access_log.info(json.dumps(fields), extra={ACCESS: fields})
 
     def _request_id(self, scope: Scope) -> str:
         for name, value in scope.get("headers", []):

@@ -8,6 +8,10 @@ keeps its cause in the log). Routes raise strata's errors, or ``Problem`` for
 a refusal of their own (a key that may not write); the handlers here turn
 those, FastAPI's validation errors, a method the path does not have and
 anything unexpected into ``application/problem+json``.
+
+Each answer is logged once, under the request's id (``strata.logs``): a client's
+error (4xx) at INFO, the service's (5xx) at ERROR. No line quotes the request's
+body: the query text is the user's.
 """
 
 from __future__ import annotations
@@ -194,8 +198,8 @@ def install(app: FastAPI, *, request_id_header: str = "X-Request-ID", routes: Se
         return await _http(request, exc, routes)
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unexpected error (request %s)", request_id_of(request))
         request_id = request_id_of(request)
+        logger.error("unexpected error: %s", type(exc).__name__, exc_info=exc, extra={"request_id": request_id})
         return problem_response(
             500, "internal error; the request id is in the service log", request_id=request_id,
             headers={request_id_header: request_id} if request_id else None,
@@ -208,8 +212,15 @@ def install(app: FastAPI, *, request_id_header: str = "X-Request-ID", routes: Se
     app.add_exception_handler(Exception, unexpected)
 
 
+def _log_answer(status: int, slug: str, detail: str, exc: BaseException | None = None) -> None:
+    """One line per error answer: 4xx at INFO, 5xx at ERROR (a 500 with its traceback)."""
+    level = logging.ERROR if status >= 500 else logging.INFO
+    logger.log(level, "%d %s: %s", status, slug, detail, exc_info=exc if status == 500 else None)
+
+
 async def _problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Problem)
+    _log_answer(exc.status, exc.slug or exc.title.lower().replace(" ", "-"), exc.detail)
     return problem_response(
         exc.status, exc.detail, request_id=request_id_of(request), title=exc.title, headers=exc.headers, slug=exc.slug,
         **exc.extra,
@@ -219,11 +230,7 @@ async def _problem(request: Request, exc: Exception) -> JSONResponse:
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
     refusal = refusal_for(exc)
     request_id = request_id_of(request)
-    if refusal.status == 500:
-        logger.error("%s (request %s)", refusal.slug, request_id, exc_info=exc)
-    else:
-        level = logging.WARNING if refusal.status >= 500 else logging.INFO
-        logger.log(level, "%s (request %s): %s: %s", refusal.slug, request_id, type(exc).__name__, exc)
+    _log_answer(refusal.status, refusal.slug, f"{type(exc).__name__}: {exc}", exc)
     return problem_response(
         refusal.status, refusal.detail_of(exc), request_id=request_id, title=refusal.title,
         headers=refusal.headers_of(exc), slug=refusal.slug,
@@ -237,6 +244,7 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
         for e in exc.errors()
     ]
     detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5])
+    _log_answer(INVALID_INPUT.status, INVALID_INPUT.slug, detail)  # names and rules, never the values sent
     return problem_response(
         INVALID_INPUT.status, detail, request_id=request_id_of(request), title=INVALID_INPUT.title,
         slug=INVALID_INPUT.slug, errors=errors,
@@ -250,6 +258,7 @@ async def _http(request: Request, exc: Exception, routes: Sequence[BaseRoute]) -
         headers["Allow"] = allowed_methods(request, routes)
         if request.method == "OPTIONS":
             return Response(status_code=204, headers={"Allow": headers["Allow"]})
+    _log_answer(exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "-"), str(exc.detail))
     return problem_response(exc.status_code, str(exc.detail), request_id=request_id_of(request), headers=headers)
 
 

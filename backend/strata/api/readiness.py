@@ -1,8 +1,13 @@
 """Readiness: a status per component (Milvus, SQL, Redis, reranker, encoder).
 
-Milvus and SQL are required (either down = not ready, 503); Redis, the
-reranker and the encoder only cost speed or quality when down (``degraded``,
-still 200): retrieval falls back and says so in its meta record.
+``/ready`` fails (503) only for what is this pod's own: an encoder running in
+the process. Milvus, SQL, Redis, a reranker server and an HTTP encoder are
+shared by every replica, so an outage of one would take every pod out of the
+Service at once and clients would get "connection refused" instead of strata's
+503 problem answer naming the store; a shared component that is down makes the
+answer ``degraded`` (still 200). ``STRATA_API__READY_REQUIRES`` names shared
+components that should fail it anyway (a single replica behind a load balancer
+that can send traffic elsewhere).
 
 Probes come every few seconds from every kubelet, load balancer and monitor,
 so ``Readiness`` keeps the last check for ``STRATA_API__READY_CACHE_S`` and
@@ -23,7 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 if TYPE_CHECKING:
     from strata.api.service import Service
 
-REQUIRED = ("milvus", "sql")
+COMPONENTS = ("sql", "milvus", "redis", "reranker", "encoder")
 Components = dict[str, dict[str, Any]]
 
 
@@ -35,9 +40,16 @@ def check_components(service: Service) -> Components:
     return {name: _timed(lambda: check(service)) for name, check in checks.items()}
 
 
-def overall(components: Components) -> tuple[str, int]:
-    """``ready``/``degraded`` (200) or ``unavailable`` (503)."""
-    if any(components[name]["status"] == "down" for name in REQUIRED):
+def required(service: Service) -> frozenset[str]:
+    """The components whose failure makes this pod unready: its own (an in-process encoder) and the
+    shared ones ``STRATA_API__READY_REQUIRES`` names."""
+    own = {"encoder"} if service.settings.embedding.provider != "openai" else set()
+    return frozenset(own | set(service.settings.api.ready_requires))
+
+
+def overall(components: Components, requires: frozenset[str]) -> tuple[str, int]:
+    """``ready``/``degraded`` (200) or ``unavailable`` (503: a component of ``requires`` is down)."""
+    if any(components[name]["status"] == "down" for name in requires):
         return "unavailable", 503
     if any(c["status"] == "down" for c in components.values()):
         return "degraded", 200
@@ -58,6 +70,7 @@ class Readiness:
 
     def __init__(self, service: Service, *, cache_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._service, self._cache_s, self._clock = service, cache_s, clock
+        self.requires = required(service)
         self._lock = asyncio.Lock()
         self._last: _Check | None = None
 

@@ -20,25 +20,10 @@ logger = logging.getLogger("strata")
 
 
 def configure_logging(settings: Settings, *, verbose: bool = False) -> None:
-    """Entry-point logging: strata at the configured level, libraries at WARNING."""
-    level = logging.DEBUG if verbose else getattr(logging, settings.log_level)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("strata").setLevel(level)
-    # pymilvus logs every failed RPC with a traceback and Milvus Lite's gRPC server logs the RPCs it
-    # does not implement; strata translates and reports the errors that matter itself. pymilvus sets
-    # its own levels when imported, so it is imported first.
-    try:
-        import pymilvus  # noqa: F401
-    except ImportError:
-        pass
-    for name in ("pymilvus", "milvus_lite", "grpc"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        import jieba
+    """Entry-point logging (``strata.logs``): strata at the configured level, libraries at WARNING."""
+    from strata.logs import LogSetup, configure
 
-        jieba.setLogLevel(logging.WARNING)
-    except ImportError:
-        pass
+    configure(LogSetup.of(settings, verbose=verbose))
 
 
 def add_index_options(p: argparse.ArgumentParser) -> None:
@@ -162,15 +147,39 @@ def _add_milvus_server(sub: Any) -> None:
     p.set_defaults(handler=_lazy("strata.cli.milvus_server", "cmd_milvus_server"))
 
 
+def _add_milvus_user(sub: Any) -> None:
+    p = sub.add_parser("milvus-user", help="make the Milvus user strata runs as, with only the privileges it uses")
+    users = p.add_subparsers(dest="milvus_user_command", required=True)
+    create = users.add_parser(
+        "create", help="the role and the user of STRATA_MILVUS__TOKEN, as the administrator of MILVUS_ADMIN_TOKEN",
+        description="Creates the role (collection reads and writes, creating and dropping collections, in the "
+        "default database), then the user of STRATA_MILVUS__TOKEN (user:password) holding it, logged in with "
+        "MILVUS_ADMIN_TOKEN (root:<password>). Safe to run twice; an existing user's password is kept.",
+    )  # fmt: skip
+    create.add_argument("--role", default="strata_rw", help="the role's name (default strata_rw)")
+    create.set_defaults(handler=_lazy("strata.cli.milvus_user", "cmd_milvus_user_create"))
+
+
 def _add_db(sub: Any) -> None:
-    p = sub.add_parser("db", help="the SQL schema: upgrade it (once per release, before new pods) or show its version")
+    p = sub.add_parser("db", help="the SQL schema: upgrade, downgrade, wait for or show its version; copy a database")
     db = p.add_subparsers(dest="db_command", required=True)
     db.add_parser("upgrade", help="migrate the database to the schema this strata needs (safe to run twice)").set_defaults(
         handler=_lazy("strata.cli.db", "cmd_db_upgrade")
     )
-    db.add_parser("current", help="print the schema version; exit 1 when it is behind").set_defaults(
+    db.add_parser("current", help="print the schema version; exit 1 when this strata cannot run on it").set_defaults(
         handler=_lazy("strata.cli.db", "cmd_db_current")
     )
+    down = db.add_parser("downgrade", help="take the schema back (default: one step); lossy steps need --force")
+    down.add_argument("revision", nargs="?", help="the revision to go back to (default: the one before the current)")
+    down.add_argument("--force", action="store_true", help="also undo steps whose downgrade loses rows")
+    down.set_defaults(handler=_lazy("strata.cli.db", "cmd_db_downgrade"))
+    wait = db.add_parser("wait", help="block until the schema is one this strata runs on (an init container)")
+    wait.add_argument("--timeout", type=float, default=600.0, help="give up (exit 1) after this many seconds (600)")
+    wait.add_argument("--interval", type=float, default=2.0, help="seconds between checks (2)")
+    wait.set_defaults(handler=_lazy("strata.cli.db", "cmd_db_wait"))
+    copy = db.add_parser("copy", help="copy the strata rows of another database (SQLite) into the configured one")
+    copy.add_argument("--from", dest="source", required=True, metavar="URL", help="the source, e.g. sqlite:///data/strata.sqlite3")
+    copy.set_defaults(handler=_lazy("strata.cli.db", "cmd_db_copy"))
 
 
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace, Settings], int]:
@@ -186,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server, _add_db):
+    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server, _add_milvus_user, _add_db):
         add(sub)
     return parser
 

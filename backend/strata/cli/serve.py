@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from strata.config import Settings
 from strata.encoders.model_folder import check_encoder_loads, check_model_folder
 from strata.stores.schema_version import open_database_schema
+from strata.tracing import check_tracing
 
 if TYPE_CHECKING:
     import uvicorn
@@ -47,6 +48,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if refusal:
         print(f"strata serve: {refusal}", file=sys.stderr)
         return 2
+    check_tracing(settings)  # tracing asked for without the otel extra stops it here, in one line
     check_model_folder(settings.embedding)  # an empty or unreadable model volume stops it here, in one line
     open_database_schema(settings.database)  # a PostgreSQL database behind `strata db upgrade` stops it here
     resources = _loaded_resources(settings) if args.workers == 1 else None
@@ -54,7 +56,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
     try:
         with multiprocess_dir(args.workers):  # set before any worker creates a metric; a private one is removed
-            _run(settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources)
+            _run(
+                settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources,
+                verbose=bool(getattr(args, "verbose", False)),
+            )  # fmt: skip
     finally:
         if resources is not None:
             resources.close()
@@ -101,21 +106,25 @@ def is_loopback(host: str) -> bool:
 
 
 def _run(
-    settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing, resources: Resources | None
+    settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing, resources: Resources | None,
+    verbose: bool = False,
 ) -> None:
     from strata.api.connections import ConnectionLimits, ServeConfig, raise_open_file_limit
+    from strata.logs import LogSetup
 
     # uvicorn re-raises the signal that stopped it once it has drained; a handler of our own
     # receives it instead of the default action, so a SIGTERM shutdown exits 0.
     signal.signal(signal.SIGTERM, lambda *_: logger.info("stopped by SIGTERM"))
-    logging.getLogger("uvicorn.error").setLevel(logging.INFO)
     limits = ConnectionLimits.for_process(settings.api, raise_open_file_limit())  # workers inherit the raised limit
     logger.info(
         "at most %d connections per process; headers within %g s; keep-alive %g s",
         limits.max_connections, limits.header_timeout_s, limits.keep_alive_s,
     )  # fmt: skip
     grace = settings.api.shutdown_grace_s
-    common = {"host": host, "port": port, "log_config": None, "access_log": False, "timeout_graceful_shutdown": grace}
+    common = {
+        "host": host, "port": port, "access_log": False, "timeout_graceful_shutdown": grace,
+        "log_setup": LogSetup.of(settings, verbose=verbose),  # each worker configures its logging from it
+    }  # fmt: skip
     if workers == 1:
         from strata.api import create_app
 

@@ -25,7 +25,7 @@ from strata.stores.keys import database_identity
 # Settings that never change a query's result, as dotted names; every other setting is in the cache key.
 NOT_IN_RESULT: frozenset[str] = frozenset({
     # the process and where its files go (data_dir shows in milvus.uri and database.url, which are in the key)
-    "environment", "data_dir", "log_level",
+    "environment", "data_dir", "log_level", "log.format", "log.query_text", "otel.enabled",
     # timeouts, retries, pools and replicas: a result that ran out of time is degraded and never cached
     "milvus.token", "milvus.timeout_s", "milvus.search_timeout_s", "milvus.count_timeout_s", "milvus.replica_number", "milvus.lite_in_process",
     "database.echo", "database.pool_size", "database.connect_timeout_s", "database.query_timeout_s",

@@ -28,7 +28,7 @@ from strata.rag.rank_fusion import fuse_candidates
 from strata.rag.merge import apply_merge, parents_to_fetch
 from strata.rag.fingerprint import config_fingerprint, settings_fingerprint
 from strata.rag.query_cache import QueryCache, cache_key, normalize_query
-from strata.rag.run_state import FusionOutcome, RunState, SearchOutcome
+from strata.rag.run_state import UNKNOWN_KB, FusionOutcome, RunState, SearchOutcome
 from strata.rag.rerank import Reranker, build_reranker
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
@@ -109,7 +109,7 @@ class Retriever:
         expansion = self._synonyms.expand(query) if expand else Expansion(query, ())
         state = self._serving_state(run)
         if state is None or not self._cache.enabled:
-            return run.uncached(self._compute(run, state, use_reranker, expansion, plan))
+            return run.traced(run.uncached(self._compute(run, state, use_reranker, expansion, plan)))
         computed: list[RetrievalResult] = []
 
         def compute() -> tuple[dict[str, Any], bool]:
@@ -120,8 +120,8 @@ class Retriever:
         if lookup.cache_error:
             run.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
         if lookup.source == "miss":
-            return run.with_cache_errors(computed[0])
-        return run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source)
+            return run.traced(run.with_cache_errors(computed[0]))
+        return run.traced(run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source))
 
     def warm_up(self) -> None:
         """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary, chunk
@@ -178,7 +178,7 @@ class Retriever:
                 return self._last_state(run, exc)
         unknown = [k for k in run.kb_ids or () if k not in state.generations]
         if unknown:
-            run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", "unknown_kb")
+            run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", UNKNOWN_KB)
         return state
 
     def _current_state(self, run: RunState) -> ServingState:

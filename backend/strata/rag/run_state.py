@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence, TypeVar
 
+from strata import tracing
+from strata.logs import QUERY
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import Deadline, DeadlineExceeded
@@ -35,6 +37,7 @@ from strata.types import (
 
 logger = logging.getLogger("strata.rag")
 
+UNKNOWN_KB = "unknown_kb"  # the reason code of a kb the serving state does not know
 VARIANT_FAILED = "query_variant_failed"
 """The reason code of a ``fusion`` query some of whose variants failed while others found evidence."""
 
@@ -168,7 +171,9 @@ class RunState:
         self.merge_rounds: list[MergeRound] = []
         self.rerank = RerankOutcome()
         self._started = time.perf_counter()
+        self._started_ns = time.time_ns()
         self._outcomes: list[StageOutcome] = []
+        self._ended_ns: list[int] = []  # when each outcome was added (its stage's end), for its span
 
     @property
     def filters_dict(self) -> dict[str, Any]:
@@ -185,6 +190,7 @@ class RunState:
     def add(self, outcome: O) -> O:
         """Collects a stage's outcome; returns it."""
         self._outcomes.append(outcome)
+        self._ended_ns.append(time.time_ns())
         return outcome
 
     @contextmanager
@@ -227,8 +233,25 @@ class RunState:
             bm25_query=dict(self.bm25_query),
         )  # fmt: skip
         if status == "failed":
-            logger.error("retrieval failed for %r: %s", self.query[:80], "; ".join(f"{e.stage}: {e.message}" for e in meta.errors))
+            # an unknown kb is the caller's mistake, not a failure of the service; the query text is the user's
+            # (logged only when STRATA_LOG__QUERY_TEXT asks for it: strata.logs)
+            level = logging.INFO if degraded == (UNKNOWN_KB,) else logging.ERROR
+            reasons = "; ".join(f"{e.stage}: {e.message}" for e in meta.errors)
+            logger.log(level, "retrieval failed: %s", reasons, extra={QUERY: self.query})
         return RetrievalResult(docs=tuple(docs), meta=meta)
+
+    def traced(self, result: RetrievalResult) -> RetrievalResult:
+        """``result``, once its run's spans are written (``strata.tracing``; nothing when tracing is off)."""
+        if tracing.active():
+            tracing.record_retrieval(result.meta, self._started_ns, time.time_ns(), self._stage_timings())
+        return result
+
+    def _stage_timings(self) -> list[tracing.StageTiming]:
+        """Each outcome as a span: ending when it was added, lasting what its stage measured."""
+        return [
+            tracing.StageTiming(o.stage, ended - int(_duration_ms(o) * 1e6), ended, _stage_attributes(o))
+            for o, ended in zip(self._outcomes, self._ended_ns)
+        ]
 
     def uncached(self, result: RetrievalResult) -> RetrievalResult:
         return replace(result, meta=replace(result.meta, cache="off"))
@@ -257,6 +280,29 @@ class RunState:
         if total:
             timings["total"] = round((time.perf_counter() - self._started) * 1000, 3)
         return timings
+
+
+def _duration_ms(outcome: StageOutcome) -> float:
+    """The time the stage measured: its own timing, else its longest step's (none: it only reported)."""
+    timings = dict(outcome.timings_ms)
+    return timings.get(outcome.stage, max(timings.values(), default=0.0))
+
+
+def _stage_attributes(outcome: StageOutcome) -> dict[str, Any]:
+    """A stage span's attributes: its errors, reason codes and counts (never a query's text)."""
+    attributes: dict[str, Any] = {
+        "strata.stage.errors": [e.error for e in outcome.errors], "strata.stage.degraded": list(outcome.degraded),
+        **{f"strata.stage.timings_ms.{key}": round(ms, 3) for key, ms in outcome.timings_ms},
+        **{f"strata.stage.parent_cache.{key}": n for key, n in outcome.parent_cache},
+    }  # fmt: skip
+    if isinstance(outcome, SearchOutcome):
+        attributes.update({
+            "strata.stage.mode": outcome.mode, "strata.stage.candidates": len(outcome.candidates),
+            "strata.stage.dense": outcome.dense, "strata.stage.sparse": outcome.sparse, "strata.stage.fused": outcome.fused,
+        })  # fmt: skip
+    elif isinstance(outcome, FusionOutcome):
+        attributes.update({"strata.stage.candidates": len(outcome.candidates), "strata.stage.fused": outcome.fused})
+    return attributes
 
 
 def run_mode(outcomes: Sequence[StageOutcome]) -> Mode:

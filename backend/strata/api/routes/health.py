@@ -19,25 +19,25 @@ def health() -> dict[str, str]:
 
 
 @router.get(
-    "/ready", summary="a status per component (no key; one check serves STRATA_API__READY_CACHE_S); 503 when Milvus or SQL is unusable",
-    responses={503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}}},
+    "/ready", summary="a status per component (no key; one check serves STRATA_API__READY_CACHE_S); 503 only when this pod's own encoder (or a component STRATA_API__READY_REQUIRES names) is unusable, 200 degraded when a shared store is down",
+    responses={503: {"description": "a required component is unusable (the same body as the 200)", "content": {"application/json": {}}}},
 )  # fmt: skip
 async def ready(readiness: ReadinessDep) -> JSONResponse:
     components, _ = await readiness.components()
-    status, code = overall(components)
+    status, code = overall(components, readiness.requires)
     return JSONResponse({"status": status, "components": public(components)}, status_code=code)
 
 
 @router.get(
     "/ready/detail", summary="a fresh check with timings, errors and details (the metrics grant or full access)",
     responses={
-        503: {"description": "a component is unusable (the same body as the 200)", "content": {"application/json": {}}},
+        503: {"description": "a required component is unusable (the same body as the 200)", "content": {"application/json": {}}},
         **problems(403),
     },
 )  # fmt: skip
 async def ready_detail(readiness: ReadinessDep, _: MetricsReader) -> JSONResponse:
     components, age_s = await readiness.components(fresh=True)
-    status, code = overall(components)
+    status, code = overall(components, readiness.requires)
     return JSONResponse({"status": status, "checked_s_ago": round(age_s, 3), "components": components}, status_code=code)
 
 

@@ -2,7 +2,9 @@
 
 Only strata's own tables (``strata_*``) are compared and migrated, so strata can
 share a database with other applications; its version is kept in
-``strata_alembic_version`` for the same reason.
+``strata_alembic_version`` for the same reason. Every step applied or undone
+updates ``strata_schema_compat`` (``schema_compat``): the marks an older
+strata reads to know whether it may run on this schema.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from alembic import context
 
+from strata.stores.schema_compat import COMPAT_TABLE, record_step
 from strata.stores.sql_schema import metadata
 
 VERSION_TABLE = "strata_alembic_version"
@@ -18,7 +21,7 @@ VERSION_TABLE = "strata_alembic_version"
 
 def include_name(name: str | None, type_: str, _parent_names: Any) -> bool:
     """Only strata's tables: another application's tables in the database are none of strata's business."""
-    return type_ != "table" or bool(name and name.startswith("strata_") and name != VERSION_TABLE)
+    return type_ != "table" or bool(name and name.startswith("strata_") and name not in (VERSION_TABLE, COMPAT_TABLE))
 
 
 def run_migrations() -> None:
@@ -32,6 +35,7 @@ def run_migrations() -> None:
         include_name=include_name,
         render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters a table by copying it
         compare_type=True,
+        on_version_apply=record_step,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -24,6 +24,8 @@ revision = "0001"
 down_revision = None
 branch_labels = None
 depends_on = None
+compatible_with = None  # the first revision: no older code
+lossy_downgrade = "drops every strata table and its rows"
 
 logger = logging.getLogger("strata.stores.migrations")
 _ROOT_COMMENT = "absolute folder the document was indexed from; scopes --delete-missing"

@@ -19,14 +19,17 @@ from typing import Iterator
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql, sqlite
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+compatible_with = None  # contract: code at 0001 reads and writes strata_embedding_cache, which this drops
+lossy_downgrade = None  # the shared cache gets every vector back (one per encoder and text: the same vector)
 
 logger = logging.getLogger("strata.stores.migrations")
-_BATCH = 500
+_BATCH = 400  # leaves per page: at most 800 hashes in one IN (...), under SQLite's variable limit
 _LEAF_LEVEL = 3
 
 _shared = sa.table(
@@ -34,8 +37,8 @@ _shared = sa.table(
     sa.column("vector", sa.LargeBinary),
 )  # fmt: skip
 _chunks = sa.table(
-    "strata_chunks", sa.column("kb_id", sa.String), sa.column("level", sa.Integer), sa.column("text", sa.Text),
-    sa.column("heading_path", sa.Text),
+    "strata_chunks", sa.column("chunk_id", sa.String), sa.column("kb_id", sa.String), sa.column("level", sa.Integer),
+    sa.column("text", sa.Text), sa.column("heading_path", sa.Text),
 )  # fmt: skip
 _kbs = sa.table("strata_knowledge_bases", sa.column("kb_id", sa.String), sa.column("encoder", sa.String))
 
@@ -49,31 +52,40 @@ def upgrade() -> None:
         sa.Column("vector", sa.LargeBinary, nullable=False),
     )
     bind = op.get_bind()
+    insert = (postgresql.insert if bind.dialect.name == "postgresql" else sqlite.insert)(per_kb)
     kept = 0
     for kb_id, encoder in bind.execute(sa.select(_kbs.c.kb_id, _kbs.c.encoder)).all():
-        hashes = sorted(set(_leaf_hashes(bind, kb_id)))
-        for start in range(0, len(hashes), _BATCH):
+        for hashes in _leaf_hash_batches(bind, kb_id):
             query = sa.select(_shared.c.text_hash, _shared.c.vector).where(
-                _shared.c.encoder == encoder, _shared.c.text_hash.in_(hashes[start : start + _BATCH])
+                _shared.c.encoder == encoder, _shared.c.text_hash.in_(hashes)
             )
             rows = [{"kb_id": kb_id, "encoder": encoder, "text_hash": h, "vector": v} for h, v in bind.execute(query)]
-            if rows:
-                bind.execute(sa.insert(per_kb), rows)
+            if rows:  # a text two leaves share comes again in a later batch: kept once
+                bind.execute(insert.on_conflict_do_nothing(), rows)
                 kept += len(rows)
     if kept:
         logger.info("kept %d cached vectors, each for the kb whose leaf it is", kept)
     op.drop_table("strata_embedding_cache")
 
 
-def _leaf_hashes(bind: sa.Connection, kb_id: str) -> Iterator[str]:
-    """The hashes a leaf's search text had: its text, and its heading path + text (``contextualize``)."""
-    query = sa.select(_chunks.c.text, _chunks.c.heading_path).where(
-        _chunks.c.kb_id == kb_id, _chunks.c.level == _LEAF_LEVEL
-    )
-    for text, heading_path in bind.execute(query.execution_options(yield_per=2000)):  # a server-side cursor
-        yield hashlib.sha256(text.encode("utf-8")).hexdigest()
-        if heading_path:
-            yield hashlib.sha256(f"{heading_path}\n{text}".encode("utf-8")).hexdigest()
+def _leaf_hash_batches(bind: sa.Connection, kb_id: str) -> Iterator[list[str]]:
+    """The hashes a kb's leaves' search texts had (its text, and its heading path + text: ``contextualize``), a
+    page of ``_BATCH`` leaves at a time by chunk id, so memory stays flat however large the kb."""
+    after = ""
+    while True:
+        query = (
+            sa.select(_chunks.c.chunk_id, _chunks.c.text, _chunks.c.heading_path)
+            .where(_chunks.c.kb_id == kb_id, _chunks.c.level == _LEAF_LEVEL, _chunks.c.chunk_id > after)
+            .order_by(_chunks.c.chunk_id)
+            .limit(_BATCH)
+        )
+        page = bind.execute(query).all()
+        if not page:
+            return
+        hashes = {hashlib.sha256(text.encode("utf-8")).hexdigest() for _, text, _ in page}
+        hashes |= {hashlib.sha256(f"{path}\n{text}".encode("utf-8")).hexdigest() for _, text, path in page if path}
+        yield sorted(hashes)
+        after = page[-1].chunk_id
 
 
 def downgrade() -> None:

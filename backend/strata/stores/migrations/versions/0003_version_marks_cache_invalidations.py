@@ -22,6 +22,10 @@ revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
+# Expand: two new tables that code at 0002 never reads. While such code indexes, it records no marks, so a
+# document it deletes and that is indexed again may get a version number again (0002's behaviour).
+compatible_with = "0002"
+lossy_downgrade = "drops the version marks of deleted documents and the cache invalidations still to do"
 
 _MARK_COMMENT = "highest version of the document ever activated; outlives its deletion"
 
