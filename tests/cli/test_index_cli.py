@@ -52,8 +52,8 @@ def _generation(database_url: str, kb: str) -> int:
         store.dispose()
 
 
-def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path, level_target: MilvusTarget) -> None:
-    env = strata_env(tmp_path / "data", **level_target.env())
+def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path, each_level_target: MilvusTarget) -> None:
+    env = strata_env(tmp_path / "data", **each_level_target.env())
 
     first = _index(EXAMPLES_KB, "demo", env)
     assert REPORT_KEYS <= set(first)

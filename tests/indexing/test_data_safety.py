@@ -43,8 +43,8 @@ def active(resources: Any, kb: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, level_target: MilvusTarget) -> None:
-    env = strata_env(tmp_path / "data", **level_target.env())
+def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, milvus_target: MilvusTarget) -> None:
+    env = strata_env(tmp_path / "data", **milvus_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
 
     typo = run_strata(["index", str(tmp_path / "kbb"), "--kb", "demo", "--delete-missing", "--json"], env)
@@ -210,9 +210,9 @@ def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[
 
 @pytest.mark.slow
 def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
-    tmp_path: Path, memo_encoder, level_target: MilvusTarget
+    tmp_path: Path, memo_encoder, each_level_target: MilvusTarget
 ) -> None:
-    env = strata_env(tmp_path / "data", **level_target.env())
+    env = strata_env(tmp_path / "data", **each_level_target.env())
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
     with opened(settings_for(env), memo_encoder) as resources:
         leaves = sorted(resources.documents.active_chunk_ids("demo"))

