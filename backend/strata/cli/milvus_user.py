@@ -40,7 +40,7 @@ GROUPS: dict[str, frozenset[str]] = {
 PRIVILEGES = ("CreateCollection", "DropCollection")
 GRANTS: tuple[str, ...] = (*GROUPS, *PRIVILEGES)
 
-# The privilege behind each pymilvus call strata makes (tests/test_milvus_user.py finds every call in the package
+# The privilege behind each pymilvus call strata makes (tests/cli/test_milvus_user.py finds every call in the package
 # and fails on one missing here). None: a call Milvus checks for no privilege.
 PRIVILEGE_OF_CALL: dict[str, str | None] = {
     "search": "Search", "hybrid_search": "Search", "query": "Query", "query_iterator": "Query",
