@@ -8,8 +8,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from strata.encoders import tune_openmp
 
@@ -59,9 +60,16 @@ def median(values: Sequence[float]) -> float:
 
 
 def native_hybrid_search(
-    index: LeafIndex, vector: np.ndarray, text: str, *, limit: int, route_limit: int, kb: str, rrf_k: int = 60,
+    index: LeafIndex,
+    vector: np.ndarray,
+    text: str,
+    *,
+    limit: int,
+    route_limit: int,
+    kb: str,
+    rrf_k: int = 60,
     with_text: bool = True,
-) -> list[Any]:  # fmt: skip
+) -> list[Any]:
     """The baseline, what a hand-rolled script gets: Milvus's own ``hybrid_search`` with ``RRFRanker``
     over a kb's two routes, through the client (leaves with their text, or ids only with ``with_text=False``)."""
     from pymilvus import AnnSearchRequest, RRFRanker
@@ -75,7 +83,12 @@ def native_hybrid_search(
         AnnSearchRequest([text], "sparse", {}, route_limit, expr=where),
     ]
     hits = index._client.hybrid_search(
-        index._name, requests, RRFRanker(rrf_k), limit=limit, partition_names=partitions,
-        output_fields=SCALAR_FIELDS if with_text else route_fields(False), timeout=index._search_timeout,
-    )[0]  # fmt: skip
+        index._name,
+        requests,
+        RRFRanker(rrf_k),
+        limit=limit,
+        partition_names=partitions,
+        output_fields=SCALAR_FIELDS if with_text else route_fields(False),
+        timeout=index._search_timeout,
+    )[0]
     return [leaf_hit(h, h["distance"]) if with_text else route_hit(h, h["distance"]) for h in hits]

@@ -19,9 +19,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -50,8 +50,9 @@ def milvus_server(uri: str | None) -> Iterator[str]:
     binary = shutil.which("milvus-lite", path=os.path.dirname(sys.executable)) or "milvus-lite"
     process = subprocess.Popen(
         [binary, "server", "--data-dir", str(folder), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -64,7 +65,9 @@ def open_index(uri: str, collection: str) -> LeafIndex:
     deadline = time.monotonic() + 60
     while True:
         try:
-            return LeafIndex(MilvusSettings(uri=uri, collection=collection, timeout_s=600), encoder_name="bench", dim=DIM)
+            return LeafIndex(
+                MilvusSettings(uri=uri, collection=collection, timeout_s=600), encoder_name="bench", dim=DIM
+            )
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -76,17 +79,32 @@ def leaves(kb: str, n: int, start: int) -> list[Chunk]:
     for i in range(start, start + n):
         doc, ordinal = f"doc-{i % DOCS}", i // DOCS
         text = f"leaf {i} of {doc}: the tide rose {i % 7} metres and the lamp used {i % 50} litres"
-        out.append(Chunk(
-            chunk_id=chunk_id(kb, doc, 1, 3, ordinal), kb_id=kb, doc_id=doc, version=1, level=3, parent_id=None,
-            root_id="r", ordinal=ordinal, text=text, heading_path="", char_start=0, char_end=len(text),
-        ))  # fmt: skip
+        out.append(
+            Chunk(
+                chunk_id=chunk_id(kb, doc, 1, 3, ordinal),
+                kb_id=kb,
+                doc_id=doc,
+                version=1,
+                level=3,
+                parent_id=None,
+                root_id="r",
+                ordinal=ordinal,
+                text=text,
+                heading_path="",
+                char_start=0,
+                char_end=len(text),
+            )
+        )
     return out
 
 
-def timed(label: str, call) -> object:  # noqa: ANN001
+def timed(label: str, call) -> object:
     started = time.perf_counter()
     value = call()
-    print(f"{label:<44} {time.perf_counter() - started:8.2f} s   -> {value if not isinstance(value, (dict, set)) else len(value)}")
+    print(
+        f"{label:<44} {time.perf_counter() - started:8.2f} s   -> "
+        f"{value if not isinstance(value, (dict, set)) else len(value)}"
+    )
     return value
 
 
@@ -106,7 +124,10 @@ def main() -> int:
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
             index.upsert(batch, vectors, [c.text for c in batch])
         index.flush()
-        print(f"wrote {args.leaves} leaves in {time.perf_counter() - started:.1f} s on {uri} (load {os.getloadavg()[0]:.2f})")
+        print(
+            f"wrote {args.leaves} leaves in {time.perf_counter() - started:.1f} s on {uri} (load "
+            f"{os.getloadavg()[0]:.2f})"
+        )
         timed("count(kb)", lambda: index.count(kb))
         probe = [chunk_id(kb, f"doc-{d}", 1, 3, o) for d in range(DOCS) for o in (0, args.leaves // DOCS - 1)]
         timed(f"present({len(probe)} probe ids)", lambda: index.present(kb, probe))

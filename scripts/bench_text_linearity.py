@@ -20,11 +20,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from tests.pathological_text import NORMAL, PATHOLOGIES, Pathology  # noqa: E402
 
 from strata.config import ChunkingSettings  # noqa: E402
 from strata.errors import LoaderError  # noqa: E402
@@ -33,7 +35,6 @@ from strata.indexing.loaders import LoaderLimits, load_document  # noqa: E402
 from strata.indexing.loaders._html import parse_html  # noqa: E402
 from strata.indexing.loaders._isolated import Parse, parse_isolated  # noqa: E402
 from strata.indexing.loaders._markdown import parse_markdown  # noqa: E402
-from tests.pathological_text import NORMAL, PATHOLOGIES, Pathology  # noqa: E402
 
 MB = 1024 * 1024
 LIMITS = LoaderLimits(max_elements=100_000_000)

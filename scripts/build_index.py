@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from strata.cli import add_index_options  # noqa: E402
-from strata.cli import main as strata_main  # noqa: E402
+from strata.cli import add_index_options
+from strata.cli import main as strata_main
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

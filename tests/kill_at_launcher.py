@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from strata import cli
 from strata.indexing import pipeline

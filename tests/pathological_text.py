@@ -9,8 +9,8 @@ tests/api/test_pathological_uploads.py and scripts/bench_text_linearity.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,11 @@ _NORMAL_SECTION = (
     "- a list item\n- another, with a comma, and more words\n\n"
 )
 NORMAL = Pathology(
-    "normal", ".md",
+    "normal",
+    ".md",
     lambda n: _run("---\ntitle: Guide\n---\n# Guide\n\n", _NORMAL_SECTION, n),
     "a document as people write them",
-)  # fmt: skip
+)
 
 
 def pathology(name: str) -> Pathology:

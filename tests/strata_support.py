@@ -8,32 +8,34 @@ subprocess starts. Shared by tests/indexing and tests/cli.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import redis
-from sqlalchemy import and_, create_engine, func, select
 from milvus_lite.server_manager import server_manager_instance
+from sqlalchemy import and_, create_engine, func, select
 
 from strata.config import Settings, load_settings
 from strata.encoders.openai_http import OpenAIEmbeddingEncoder
+from strata.indexing.pipeline import WRITE_STEPS
+from strata.indexing.rebuild import Rebuilder
+from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.keys import database_namespace
 from strata.stores.sql import ACTIVE, DocumentStore
 from strata.stores.sql_schema import documents, version_terms
 from strata.stores.term_stats import TermFrequencies
-from strata.indexing.pipeline import WRITE_STEPS
-from strata.indexing.rebuild import Rebuilder
-from strata.rag.retrieve import Retriever
 from strata.types import Chunk, RetrievalResult
 from tests.conftest import REDIS_URL, TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE, MilvusTarget, free_port
 
@@ -81,7 +83,9 @@ def run_strata(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 
     return subprocess.run(command, env=dict(env), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def run_strata_killed_at(step: str, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_strata_killed_at(
+    step: str, args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``strata ARGS`` that SIGKILLs itself right after the indexer's write step ``step`` (``step:n``: the n-th
     time it passes it), through the test-only launcher ``tests/kill_at_launcher.py``."""
     command = [sys.executable, "-m", "tests.kill_at_launcher", step, *args]
@@ -98,8 +102,11 @@ def settings_for(env: Mapping[str, str]) -> Settings:
     if "STRATA_DATABASE__URL" in env:
         overrides["database"] = {"url": env["STRATA_DATABASE__URL"]}
     if "STRATA_MILVUS__URI" in env:  # a Milvus server (MilvusTarget.env)
-        overrides["milvus"] = {"uri": env["STRATA_MILVUS__URI"], "collection": env["STRATA_MILVUS__COLLECTION"],
-                               "token": env.get("STRATA_MILVUS__TOKEN", "")}  # fmt: skip
+        overrides["milvus"] = {
+            "uri": env["STRATA_MILVUS__URI"],
+            "collection": env["STRATA_MILVUS__COLLECTION"],
+            "token": env.get("STRATA_MILVUS__TOKEN", ""),
+        }
     if "STRATA_REDIS__URL" in env:
         overrides["redis"] = {"url": env["STRATA_REDIS__URL"], "key_prefix": env["STRATA_REDIS__KEY_PREFIX"]}
     return load_settings(**overrides)
@@ -148,7 +155,9 @@ def assert_equal_but_renumbered(state: StoreState, clean: StoreState, doc_id: st
     """``state`` holds what ``clean`` holds, except that ``doc_id`` serves as ``version``: the number a crashed or
     failed run gave its pending version is never given again, so the rerun's version is the next one."""
     assert state.active == {**clean.active, doc_id: version}
-    assert {level: len(ids) for level, ids in state.sql_chunks.items()} == {level: len(ids) for level, ids in clean.sql_chunks.items()}
+    assert {level: len(ids) for level, ids in state.sql_chunks.items()} == {
+        level: len(ids) for level, ids in clean.sql_chunks.items()
+    }
     assert state.milvus_count == clean.milvus_count
     others = [leaf for leaf in state.milvus_leaves if leaf[1] != doc_id]
     assert others == [leaf for leaf in clean.milvus_leaves if leaf[1] != doc_id]
@@ -212,18 +221,25 @@ class CountingEncoder:
 def term_frequencies(store: DocumentStore, kb_ids: Sequence[str], terms: Sequence[str]) -> TermFrequencies:
     """The df of ``terms`` summed straight from the version terms of the active versions of ``kb_ids``
     (not from the kb sums the query path reads), and their leaves: the term bookkeeping checked on its own."""
-    active = and_(documents.c.kb_id == version_terms.c.kb_id, documents.c.doc_id == version_terms.c.doc_id,
-                  documents.c.version == version_terms.c.version, documents.c.status == ACTIVE)  # fmt: skip
+    active = and_(
+        documents.c.kb_id == version_terms.c.kb_id,
+        documents.c.doc_id == version_terms.c.doc_id,
+        documents.c.version == version_terms.c.version,
+        documents.c.status == ACTIVE,
+    )
     kbs = list(dict.fromkeys(kb_ids))
     with store.engine.connect() as conn:
         leaves = conn.execute(
-            select(func.coalesce(func.sum(documents.c.leaf_count), 0)).where(documents.c.kb_id.in_(kbs), documents.c.status == ACTIVE)
+            select(func.coalesce(func.sum(documents.c.leaf_count), 0)).where(
+                documents.c.kb_id.in_(kbs), documents.c.status == ACTIVE
+            )
         ).scalar_one()
         summed = conn.execute(
-            select(version_terms.c.term, func.sum(version_terms.c.leaf_df)).join(documents, active)
+            select(version_terms.c.term, func.sum(version_terms.c.leaf_df))
+            .join(documents, active)
             .where(version_terms.c.kb_id.in_(kbs), version_terms.c.term.in_([t for t in terms if t]))
             .group_by(version_terms.c.term)
-        )  # fmt: skip
+        )
         df = {**dict.fromkeys(terms, 0), **{term: int(n) for term, n in summed}}
     return TermFrequencies(leaves=int(leaves), df=df)
 
@@ -260,7 +276,7 @@ def crash_copy(baseline: Path, dest: Path, target: MilvusTarget, encoder: Any) -
     return dest / "docs", env
 
 
-# -- queries, settings and fakes shared by the retrieval tests (tests/rag, tests/faults, tests/indexing, tests/stores) --
+# -- queries, settings and fakes shared by the retrieval tests (tests/rag, tests/faults, tests/indexing, tests/stores)
 
 RESET_QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
 
@@ -348,19 +364,41 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 def cut_sql(resources: Resources) -> None:
     """The database stops answering: every new connection is refused (nothing listens on the port)."""
-    resources.documents.engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone",
-                                               connect_args={"connect_timeout": 1})  # fmt: skip
+    resources.documents.engine = create_engine(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone", connect_args={"connect_timeout": 1}
+    )
 
 
 def make_chunks(kb: str, doc: str, version: int, n_l2: int = 2, leaves_per_l2: int = 3) -> list[Chunk]:
     root = f"{kb}:{doc}:{version}:L1"
-    out = [Chunk(root, kb, doc, version, 1, None, root, 0, "root text", "H", 0, 100, child_count=n_l2, metadata={"module": "m"})]
+    out = [
+        Chunk(
+            root,
+            kb,
+            doc,
+            version,
+            1,
+            None,
+            root,
+            0,
+            "root text",
+            "H",
+            0,
+            100,
+            child_count=n_l2,
+            metadata={"module": "m"},
+        )
+    ]
     for j in range(n_l2):
         l2 = f"{kb}:{doc}:{version}:L2:{j}"
         out.append(Chunk(l2, kb, doc, version, 2, root, root, j, f"l2 {j}", "H > S", 0, 50, child_count=leaves_per_l2))
         for i in range(leaves_per_l2):
             leaf = f"{kb}:{doc}:{version}:L3:{j}:{i}"
-            out.append(Chunk(leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1))
+            out.append(
+                Chunk(
+                    leaf, kb, doc, version, 3, l2, root, j * leaves_per_l2 + i, f"leaf {j}.{i} 文本", "H > S", i, i + 1
+                )
+            )
     return out
 
 
@@ -389,7 +427,7 @@ def alias_bomb(levels: int) -> str:
     """Front matter of nested YAML aliases: ``levels`` (at most 9) levels of nine references each ("billion laughs")."""
     names = "abcdefghi"[:levels]
     lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"{name}: &{name} [" + ",".join([f"*{below}"] * 9) + "]" for below, name in zip(names, names[1:])]
+    lines += [f"{name}: &{name} [" + ",".join([f"*{below}"] * 9) + "]" for below, name in itertools.pairwise(names)]
     return "---\n" + "\n".join(lines) + "\n---\n# Bomb\n\nThe body is harmless.\n"
 
 

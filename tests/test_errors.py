@@ -58,5 +58,60 @@ def test_the_second_bases_keep_old_except_clauses_working() -> None:
 
 def test_every_class_of_the_tree_is_drawn_in_the_errors_docstring() -> None:
     drawn = strata.errors.__doc__ or ""
-    missing = sorted(c.__name__ for c in exception_classes() - NOT_ERRORS - {StrataError} if f"── {c.__name__} " not in drawn)
+    missing = sorted(
+        c.__name__ for c in exception_classes() - NOT_ERRORS - {StrataError} if f"── {c.__name__} " not in drawn
+    )
     assert missing == []
+
+
+# The library refuses input with InvalidArgumentError (and settings with ConfigError); a plain ValueError or
+# TypeError is left where pydantic expects one (a validator: it becomes a ValidationError) or where it marks
+# strata's own bug, which a comment on the raise or the line before it says ("bug", "not input").
+# indexing/ and cli/ are out of this rule's reach for now (the loaders' and the parser's own conventions).
+PLAIN = {"ValueError", "TypeError"}
+UNCHECKED = ("indexing", "cli")
+
+
+def _plain_raises(path: Path) -> list[tuple[int, str]]:
+    """``(line, enclosing function)`` of each ``raise ValueError(...)`` / ``raise TypeError(...)`` in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: ast.FunctionDef | ast.AsyncFunctionDef | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node
+        if (
+            isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and isinstance(node.exc.func, ast.Name)
+            and node.exc.func.id in PLAIN
+            and not _is_validator(function)
+        ):
+            found.append((node.lineno, function.name if function else ""))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def _is_validator(function: ast.FunctionDef | ast.AsyncFunctionDef | None) -> bool:
+    """A pydantic validator, or the helper only validators call (``strata.config._not_blank``)."""
+    if function is None:
+        return False
+    names = {ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in function.decorator_list}
+    return function.name == "_not_blank" or any(n.endswith(("field_validator", "model_validator")) for n in names)
+
+
+def test_plain_value_and_type_errors_are_only_in_validators_or_marked_as_bugs() -> None:
+    root = Path(strata.__file__).parent
+    unmarked = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in UNCHECKED:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for line, function in _plain_raises(path):
+            said = " ".join(lines[max(0, line - 3) : line]).lower()
+            if "bug" not in said and "not input" not in said:
+                unmarked.append(f"{path.relative_to(root)}:{line} ({function})")
+    assert unmarked == []  # raise InvalidArgumentError (input) or ConfigError (a setting), or say why it is a bug

@@ -11,8 +11,9 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -35,10 +36,26 @@ PROMETHEUS_RULE = REPO / "deploy" / "k8s" / "prometheusrule.yaml"
 PROMETHEUS_OWN = frozenset({"up"})  # series Prometheus writes itself for every target
 
 # PromQL words that are not metric names (functions and aggregations are told apart by the "(" or "by" after them)
-KEYWORDS = frozenset({
-    "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "atan2", "inf", "nan", "start", "end",
-})  # fmt: skip
+KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "atan2",
+        "inf",
+        "nan",
+        "start",
+        "end",
+    }
+)
 LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 _TOKEN = re.compile(
     r"""(?P<skip>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`"""  # strings
@@ -156,20 +173,33 @@ def test_the_prometheus_rule_holds_the_same_groups_as_alerts_yaml() -> None:
 def test_the_name_check_reports_a_metric_the_service_does_not_export() -> None:
     expr = (
         'sum by (le, route) (rate(strata_no_such_metric_total{route=~"/retrieve.*", le!="x"}[5m])) '
-        '/ on (route) group_left (instance) sum without (job) (strata_http_requests_total offset 1h) > bool 0.5e3'
+        "/ on (route) group_left (instance) sum without (job) (strata_http_requests_total offset 1h) > bool 0.5e3"
     )
     assert metric_names(expr) == {"strata_no_such_metric_total", "strata_http_requests_total"}
     exported = {"strata_http_requests_total"}
     assert unknown_names([("made up", expr)], exported) == {"made up": {"strata_no_such_metric_total"}}
-    assert metric_names('histogram_quantile(0.95, sum(rate(x_bucket[$__rate_interval])) by (le)) or up{job="s"} == 0') == {
-        "x_bucket", "up",
-    }  # fmt: skip
-    panel = {"panels": [{"type": "row", "title": "r", "panels": [
-        {"title": "p", "targets": [{"refId": "A", "expr": "rate(strata_typo_total[5m])"}]}]}],
-        "templating": {"list": [{"type": "query", "name": "job", "query": {"query": "label_values(strata_typo2, job)"}}]}}  # fmt: skip
+    assert metric_names(
+        'histogram_quantile(0.95, sum(rate(x_bucket[$__rate_interval])) by (le)) or up{job="s"} == 0'
+    ) == {
+        "x_bucket",
+        "up",
+    }
+    panel = {
+        "panels": [
+            {
+                "type": "row",
+                "title": "r",
+                "panels": [{"title": "p", "targets": [{"refId": "A", "expr": "rate(strata_typo_total[5m])"}]}],
+            }
+        ],
+        "templating": {
+            "list": [{"type": "query", "name": "job", "query": {"query": "label_values(strata_typo2, job)"}}]
+        },
+    }
     assert unknown_names(dashboard_expressions(panel), exported) == {
-        "panel 'p' A": {"strata_typo_total"}, "variable job": {"strata_typo2"},
-    }  # fmt: skip
+        "panel 'p' A": {"strata_typo_total"},
+        "variable job": {"strata_typo2"},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -182,9 +212,12 @@ def scrape(tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_en
     (source / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")
     redis_prefix = f"strata-test-{uuid.uuid4().hex[:10]}"
     settings = make_settings(
-        root, module_pg_url, redis_prefix, api={"max_upload_bytes": 4096},
+        root,
+        module_pg_url,
+        redis_prefix,
+        api={"max_upload_bytes": 4096},
         rerank={"url": f"http://127.0.0.1:{free_port()}/rerank", "max_retries": 0, "connect_timeout_s": 1.0},
-    )  # fmt: skip
+    )
     resources = Resources(settings, encoder=memo_encoder)
     try:
         assert Indexer(resources).index_paths([source], kb_id="monitoring").failed == 0
@@ -215,7 +248,9 @@ def _exercise(client: TestClient) -> str:
     assert client.post("/retrieve", json=query).json()["meta"]["cache"] == "hit"
     degraded = client.post("/retrieve", json={**query, "rerank": True}).json()["meta"]
     assert degraded["status"] == "degraded" and "rerank_failed" in degraded["degraded"], degraded
-    assert client.post("/retrieve", content=b"x" * 5000, headers={"Content-Type": "application/json"}).status_code == 413
+    assert (
+        client.post("/retrieve", content=b"x" * 5000, headers={"Content-Type": "application/json"}).status_code == 413
+    )
     client.get("/ready")  # its answer is tests/api/test_readiness.py's business; here it makes the /ready series
     scraped = client.get("/metrics")
     assert scraped.status_code == 200, scraped.text
@@ -225,9 +260,13 @@ def _exercise(client: TestClient) -> str:
 def test_every_metric_the_dashboard_and_the_rules_name_is_exported(scrape: Scrape) -> None:
     # the requests reached every labelled family the alerts read: these are samples, not only declarations
     assert {
-        "strata_retrievals_total", "strata_retrieval_degraded_total", "strata_http_requests_rejected_total",
-        "strata_http_request_duration_seconds_bucket", "strata_http_requests_total", "strata_query_cache_total",
-    } <= scrape.samples  # fmt: skip
+        "strata_retrievals_total",
+        "strata_retrieval_degraded_total",
+        "strata_http_requests_rejected_total",
+        "strata_http_request_duration_seconds_bucket",
+        "strata_http_requests_total",
+        "strata_query_cache_total",
+    } <= scrape.samples
     exported = scrape.samples | scrape.declared
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     used = list(dashboard_expressions(dashboard)) + list(rule_expressions(_yaml(ALERTS)))
@@ -240,12 +279,14 @@ def test_the_dashboard_reads_every_metric_family_and_one_templated_data_source(s
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     read = set().union(*(metric_names(expr) for _, expr in dashboard_expressions(dashboard)))
     read_by_suffix = ("_created", "_count", "_sum")  # a histogram is read through its buckets
-    families = {n.removesuffix("_bucket") for n in exported if n.startswith("strata_") and not n.endswith(read_by_suffix)}
+    families = {
+        n.removesuffix("_bucket") for n in exported if n.startswith("strata_") and not n.endswith(read_by_suffix)
+    }
     assert {name.removesuffix("_bucket") for name in read} >= families
     assert [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "datasource"] == ["prometheus"]
     sources = {json.dumps(p["datasource"]) for p in _panels(dashboard)} | {
         json.dumps(t["datasource"]) for p in _panels(dashboard) for t in p.get("targets", [])
-    }  # fmt: skip
+    }
     assert sources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
 
 

@@ -38,7 +38,7 @@ def _python_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def _script_literals(path: Path) -> list[tuple[int, str]]:
-    pattern = re.compile(r"""["'`](%s)["'`]""" % "|".join(STRATEGY_NAMES))
+    pattern = re.compile(r"""["'`]({})["'`]""".format("|".join(STRATEGY_NAMES)))
     text = path.read_text(encoding="utf-8")
     return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in pattern.finditer(text)]
 
@@ -64,7 +64,9 @@ def test_no_source_file_but_the_table_lists_strategies() -> None:
         if lists := [sorted(names) for names in by_line.values() if len(names) > 1]:
             copies[path] = lists
     assert not copies, f"a copy of the strategy list (derive it from strata.strategy_table): {copies}"
-    only = {path: hits for path, literals in named.items() if (hits := [x for x in literals if x[1] in ONLY_STRATEGIES])}
+    only = {
+        path: hits for path, literals in named.items() if (hits := [x for x in literals if x[1] in ONLY_STRATEGIES])
+    }
     assert not only, f"a strategy named outside strata.strategy_table: {only}"
 
 
@@ -77,7 +79,9 @@ def test_settings_api_cli_console_registry_and_eval_list_the_table(tmp_path: Pat
     assert field["anyOf"][0]["enum"] == names
     console = client.get("/ui/strategies").json()
     assert [row["name"] for row in console["strategies"]] == names and set(console["compare"]) <= set(names)
-    query = next(a for a in build_parser()._subparsers._group_actions[0].choices["query"]._actions if a.dest == "strategy")
+    query = next(
+        a for a in build_parser()._subparsers._group_actions[0].choices["query"]._actions if a.dest == "strategy"
+    )
     assert list(query.choices) == names
     assert list(RAG_STRATEGIES) == names and set(names) <= set(available_retrievers())
     assert [m for m in MODES if m not in SPEC_ROWS] == names

@@ -10,22 +10,28 @@ the service's apply) plus ``timeout``, and returns the same
 ``RetrievalResult`` (with the per-document trace). A retrieval the service
 ran but that failed comes back, as from the library, with
 ``meta.status == "failed"``. Unlike the library it raises when there is no
-answer to return: ``ValueError`` for bad arguments, ``NotFoundError`` for an
-unknown (or unreadable) kb, and ``ServiceError`` when the service cannot be
-reached, does not answer within ``timeout``, refuses the key (401, 403), is
-busy (503 with Retry-After) or answers any other error.
+answer to return: ``InvalidArgumentError`` (a ``ValueError``) for bad
+arguments, ``NotFoundError`` for an unknown (or unreadable) kb, and
+``ServiceError`` when the service cannot be reached, does not answer within
+``timeout``, refuses the key (401, 403), is busy (503 with Retry-After) or
+answers any other error.
+
+Answers are read by the records' own definition (``strata.wire``): fields a
+newer service adds are ignored, fields an older one lacks take their defaults.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
-from strata.errors import NotFoundError, StrataError
+from strata.errors import InvalidArgumentError, NotFoundError, StrataError
 from strata.types import Filters, RetrievalMeta, RetrievalResult, StageError
+from strata.wire import from_json
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +52,13 @@ class StrataClient:
     """A strata service at ``url``; ``api_key`` is sent as a bearer token."""
 
     def __init__(
-        self, url: str, api_key: str | None = None, *, timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        self,
+        url: str,
+        api_key: str | None = None,
+        *,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
 
@@ -64,10 +74,19 @@ class StrataClient:
     # -- retrieval -----------------------------------------------------------------
 
     def retrieve_documents(
-        self, query: str, top_k: int = 5, *, kb_ids: list[str] | None = None, filters: Filters | None = None,
-        rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
-        deadline_ms: int | None = None, timeout: float | None = None,
-    ) -> RetrievalResult:  # fmt: skip
+        self,
+        query: str,
+        top_k: int = 5,
+        *,
+        kb_ids: list[str] | None = None,
+        filters: Filters | None = None,
+        rerank: bool = True,
+        expand: bool = True,
+        strategy: str | None = None,
+        queries: Sequence[str] | None = None,
+        deadline_ms: int | None = None,
+        timeout: float | None = None,
+    ) -> RetrievalResult:
         """The library's ``retrieve_documents`` over HTTP (see the module docstring for what it raises).
 
         ``deadline_ms`` is the service's time budget for this query (never past its own
@@ -77,7 +96,11 @@ class StrataClient:
         body: dict[str, Any] = {"query": query, "top_k": top_k, "kb_ids": kb_ids, "explain": True}
         if filters is not None and not filters.is_empty():
             body["filters"] = {k: v for k, v in filters.to_dict().items() if v}
-        optional = {"strategy": strategy, "queries": list(queries) if queries is not None else None, "deadline_ms": deadline_ms}
+        optional = {
+            "strategy": strategy,
+            "queries": list(queries) if queries is not None else None,
+            "deadline_ms": deadline_ms,
+        }
         body.update({"rerank": rerank, "expand": expand, **{k: v for k, v in optional.items() if v is not None}})
         if timeout is None and deadline_ms is not None:
             timeout = deadline_ms / 1000 + ANSWER_MARGIN_S
@@ -89,10 +112,19 @@ class StrataClient:
     # -- knowledge bases -------------------------------------------------------------
 
     def index_files(
-        self, kb_id: str, files: Sequence[tuple[str, Path]], *, delete_missing: bool = False, recreate: bool = False,
-        dry_run: bool = False, timeout: float | None = None, root: str = "", keep: Sequence[str] = (),
-        max_delete: int | None = None, force: bool = False,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        kb_id: str,
+        files: Sequence[tuple[str, Path]],
+        *,
+        delete_missing: bool = False,
+        recreate: bool = False,
+        dry_run: bool = False,
+        timeout: float | None = None,
+        root: str = "",
+        keep: Sequence[str] = (),
+        max_delete: int | None = None,
+        force: bool = False,
+    ) -> dict[str, Any]:
         """Uploads ``(relative name, path)`` pairs into ``kb_id``; the indexing report (``strata index --json``).
 
         ``root`` names the folder the files came from (``delete_missing`` deletes only that root's documents);
@@ -109,7 +141,7 @@ class StrataClient:
             parts = [("files", (str(PurePosixPath(name)), handle)) for name, handle in handles]
             response = self._send(
                 "POST", f"/kbs/{kb_id}/documents", files=parts, params=params, timeout=_timeout(timeout)
-            )  # fmt: skip
+            )
         finally:
             for _, handle in handles:
                 handle.close()
@@ -143,7 +175,7 @@ class StrataClient:
         detail = problem.get("detail") or response.text[:300]
         message = f"{response.status_code} {problem.get('title', response.reason_phrase)}: {detail}"
         if response.status_code == 422:
-            raise ValueError(message)
+            raise InvalidArgumentError(message)
         if response.status_code == 404:
             raise NotFoundError(message)
         raise ServiceError(message, status=response.status_code, problem=problem)
@@ -162,12 +194,18 @@ def _problem(response: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def _meta(data: dict[str, Any]) -> RetrievalMeta:
+def _meta(data: Any) -> RetrievalMeta:
+    """The meta record of a failed retrieval's answer. Fields this client does not know are ignored and those
+    it misses take their defaults (``RetrievalMeta.from_dict``); a record it cannot read at all still says
+    that the retrieval failed, with the errors it can read."""
     try:
         return RetrievalMeta.from_dict(data)
-    except (TypeError, KeyError):  # a service of another version: keep what is known
-        errors = tuple(StageError(**e) for e in data.get("errors", ()))
+    except ValueError:  # pydantic's ValidationError: a service of another version; keep what is known
+        known = data if isinstance(data, dict) else {}
+        try:
+            errors = from_json(tuple[StageError, ...], known.get("errors", ()))
+        except ValueError:
+            errors = ()
         return RetrievalMeta(
-            query=data.get("query", ""), top_k=data.get("top_k", 0), candidate_k=0, status="failed", mode="failed",
-            errors=errors,
-        )  # fmt: skip
+            query=str(known.get("query", "")), top_k=0, candidate_k=0, status="failed", mode="failed", errors=errors
+        )

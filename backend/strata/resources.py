@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Iterable
+from collections.abc import Iterable
+
 from strata.config import Settings
 from strata.encoders import Encoder, create_encoder
-from strata.stores.parent_cache import create_parent_cache
-from strata.stores.keys import database_namespace
 from strata.stores.catalog import Catalog
+from strata.stores.keys import database_namespace
 from strata.stores.leaf_index import LeafIndex
+from strata.stores.parent_cache import create_parent_cache
 from strata.stores.parents import ParentStore
 from strata.stores.redis_client import RedisBreaker
 from strata.stores.sql import DocumentStore
@@ -53,7 +54,11 @@ class Resources:
                 encoder = self.encoder
                 terms = lambda kb_ids: [*Catalog(self.documents.engine).vocabulary(kb_ids).terms, *extra_terms]  # noqa: E731
                 self.__dict__["leaf_index"] = LeafIndex(
-                    self.settings.milvus, encoder_name=encoder.name, dim=encoder.dim, vocabulary=terms, tenants=self.tenants
+                    self.settings.milvus,
+                    encoder_name=encoder.name,
+                    dim=encoder.dim,
+                    vocabulary=terms,
+                    tenants=self.tenants,
                 )
             return self.__dict__["leaf_index"]
 
@@ -71,7 +76,9 @@ class Resources:
     @functools.cached_property
     def parents(self) -> ParentStore:
         with self._lock:
-            cache = create_parent_cache(self.settings.redis, namespace=database_namespace(self.settings.database.url))
+            cache = create_parent_cache(
+                self.settings.redis, namespace=database_namespace(str(self.settings.database.url))
+            )
             return ParentStore(cache, self.documents, breaker=self.redis_breaker)
 
     def close(self) -> None:
@@ -79,7 +86,12 @@ class Resources:
 
         Milvus Lite keeps its file until the process exits or the server is released.
         """
-        for name, closer in (("leaf_index", "close"), ("documents", "dispose"), ("parents", "close"), ("encoder", "close")):
+        for name, closer in (
+            ("leaf_index", "close"),
+            ("documents", "dispose"),
+            ("parents", "close"),
+            ("encoder", "close"),
+        ):
             part = self.__dict__.get(name)
             if part is not None and hasattr(part, closer):
                 getattr(part, closer)()

@@ -4,7 +4,7 @@ The setting ``STRATA_RETRIEVAL__STRATEGY`` (its type), the API's ``strategy``
 enum, ``strata query --strategy``'s choices, the console's list (``GET
 /ui/strategies``), the retriever registry, the planner
 (``strata.rag.strategies.plan_for``) and ``strata eval --modes`` all derive
-from ``STRATEGIES``. The table lives in this pure module (it imports nothing)
+from ``STRATEGIES``. The table lives in this pure module (it imports only ``strata.errors``)
 rather than in ``strata.rag`` because ``strata.config``, which imports nothing
 else of strata, types its setting with it and must not import the engine.
 
@@ -31,9 +31,12 @@ default; to ask for another search, name the strategy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
+
+from strata.errors import InvalidArgumentError
 
 Routes = Literal["hybrid", "dense", "sparse"]
 Merge = Literal["parents", "adjacent", "none"]
@@ -53,19 +56,29 @@ class Strategy:
         return asdict(self)
 
 
-STRATEGIES: Mapping[str, Strategy] = MappingProxyType({s.name: s for s in (
-    Strategy("basic", "the dense route only, leaves as found", routes="dense", merge="none"),
-    Strategy("hybrid", "dense + BM25 fused by RRF, leaves as found", routes="hybrid", merge="none"),
-    Strategy("auto_merge", "hybrid, then two rounds of auto-merge (L3 → L2 → L1)", routes=None, merge=None),
-    Strategy(
-        "fusion", "several query variants searched and fused (N-list RRF), then auto-merged",
-        routes=None, merge=None, multi_query=True,
-    ),
-    Strategy(
-        "adjacent", "hybrid, then consecutive hit leaves of one document joined into one passage",
-        routes="hybrid", merge="adjacent",
-    ),
-)})  # fmt: skip
+STRATEGIES: Mapping[str, Strategy] = MappingProxyType(
+    {
+        s.name: s
+        for s in (
+            Strategy("basic", "the dense route only, leaves as found", routes="dense", merge="none"),
+            Strategy("hybrid", "dense + BM25 fused by RRF, leaves as found", routes="hybrid", merge="none"),
+            Strategy("auto_merge", "hybrid, then two rounds of auto-merge (L3 → L2 → L1)", routes=None, merge=None),
+            Strategy(
+                "fusion",
+                "several query variants searched and fused (N-list RRF), then auto-merged",
+                routes=None,
+                merge=None,
+                multi_query=True,
+            ),
+            Strategy(
+                "adjacent",
+                "hybrid, then consecutive hit leaves of one document joined into one passage",
+                routes="hybrid",
+                merge="adjacent",
+            ),
+        )
+    }
+)
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 DEFAULT_STRATEGY = "auto_merge"
 # the console's compare view opens on the default against the search it merges
@@ -76,8 +89,8 @@ StrategyName = Literal[STRATEGY_NAMES]  # type: ignore[valid-type]
 
 
 def strategy(name: str) -> Strategy:
-    """The row of ``name``; ``ValueError`` naming the choices for an unknown one."""
+    """The row of ``name``; ``InvalidArgumentError`` (a ``ValueError``) naming the choices for an unknown one."""
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None
+        raise InvalidArgumentError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGY_NAMES)}") from None

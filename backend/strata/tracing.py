@@ -18,9 +18,10 @@ stage measured, with its own errors, reason codes and counts.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from strata.errors import ConfigError
 
@@ -62,7 +63,7 @@ def check_tracing(settings: Settings) -> None:
     if not tracing_enabled(settings):
         return
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
         import opentelemetry.sdk.trace  # noqa: F401
     except ImportError:
         raise ConfigError(MISSING_EXTRA) from None
@@ -153,9 +154,11 @@ def record_retrieval(meta: RetrievalMeta, started_ns: int, ended_ns: int, stages
     inside = trace.set_span_in_context(span)
     for stage in stages:
         child = _tracer.start_span(
-            f"retrieval.{stage.name}", context=inside, start_time=max(stage.start_ns, started_ns),
+            f"retrieval.{stage.name}",
+            context=inside,
+            start_time=max(stage.start_ns, started_ns),
             attributes=dict(stage.attributes),
-        )  # fmt: skip
+        )
         child.end(end_time=stage.end_ns)
     span.end(end_time=ended_ns)
 
@@ -163,14 +166,20 @@ def record_retrieval(meta: RetrievalMeta, started_ns: int, ended_ns: int, stages
 def _meta_attributes(meta: RetrievalMeta) -> dict[str, Any]:
     """The meta record's mode, status, counts and reason codes (never the query text)."""
     return {
-        "strata.retrieval.mode": meta.mode, "strata.retrieval.status": meta.status,
-        "strata.retrieval.strategy": meta.strategy, "strata.retrieval.cache": meta.cache,
-        "strata.retrieval.top_k": meta.top_k, "strata.retrieval.candidate_k": meta.candidate_k,
+        "strata.retrieval.mode": meta.mode,
+        "strata.retrieval.status": meta.status,
+        "strata.retrieval.strategy": meta.strategy,
+        "strata.retrieval.cache": meta.cache,
+        "strata.retrieval.top_k": meta.top_k,
+        "strata.retrieval.candidate_k": meta.candidate_k,
         "strata.retrieval.kb_ids": list(meta.kb_ids or ()),
         "strata.retrieval.dense_candidates": meta.dense_candidates,
         "strata.retrieval.sparse_candidates": meta.sparse_candidates,
-        "strata.retrieval.fused_candidates": meta.fused_candidates, "strata.retrieval.returned": meta.returned,
+        "strata.retrieval.fused_candidates": meta.fused_candidates,
+        "strata.retrieval.returned": meta.returned,
         "strata.retrieval.dropped_by_min_score": meta.dropped_by_min_score,
-        "strata.retrieval.merge_rounds": len(meta.merge_rounds), "strata.retrieval.rerank": meta.rerank.status,
-        "strata.retrieval.degraded": list(meta.degraded), "strata.retrieval.errors": [e.error for e in meta.errors],
-    }  # fmt: skip
+        "strata.retrieval.merge_rounds": len(meta.merge_rounds),
+        "strata.retrieval.rerank": meta.rerank.status,
+        "strata.retrieval.degraded": list(meta.degraded),
+        "strata.retrieval.errors": [e.error for e in meta.errors],
+    }

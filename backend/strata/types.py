@@ -4,15 +4,20 @@ Indexing turns files into ``SourceDocument`` and then ``Chunk`` records;
 retrieval answers with a ``RetrievalResult`` (``RetrievedDocument`` list plus
 ``RetrievalMeta``). Records are immutable; stages derive new ones with
 ``dataclasses.replace``.
+
+The result's records are also their own wire format: ``strata.wire`` reads their fields and
+attribute docstrings for their JSON (``to_dict``/``from_dict``), the service's answers, its OpenAPI
+schema and the client's parsing, so a field is added in one place.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from strata.strategy_table import DEFAULT_STRATEGY
+from strata.wire import WIRE, JsonFloat, JsonMapping, from_json, to_json
 
 LEAF_LEVEL = 3
 
@@ -158,12 +163,18 @@ class Filters:
 class RetrievedDocument:
     """One piece of evidence: its text, its final score and where it came from."""
 
+    __pydantic_config__ = WIRE
+
     content: str
-    score: float
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """the evidence text (a merged parent, a leaf or adjacent leaves joined)"""
+    score: JsonFloat
+    """final score, higher is better; null when not finite or not ranked"""
+    metadata: JsonMapping = field(default_factory=dict)
+    """chunk_id, doc_id, kb_id, version, level, heading_path, source, char_start, char_end, the document's own
+    metadata and, with explain, the score trace"""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"content": self.content, "score": _json_float(self.score), "metadata": _json_safe(self.metadata)}
+        return to_json(self)
 
 
 Status = Literal["ok", "degraded", "failed"]
@@ -176,14 +187,19 @@ CacheState = Literal["hit", "miss", "shared", "off"]
 class StageError:
     """An error a stage recovered from (or died of)."""
 
+    __pydantic_config__ = WIRE
+
     stage: str
     error: str
+    """the error's type name, e.g. DeadlineExceeded"""
     message: str
 
 
 @dataclass(frozen=True)
 class MergeRound:
     """What one auto-merge round did."""
+
+    __pydantic_config__ = WIRE
 
     round: int
     parents_merged: int = 0
@@ -195,23 +211,37 @@ class MergeRound:
 class RerankOutcome:
     """Whether rerank ran, and why not when it did not."""
 
+    __pydantic_config__ = WIRE
+
     status: RerankStatus = "skipped"
     reason: str = "not configured"
     provider: str | None = None
-    latency_ms: float | None = None
+    latency_ms: JsonFloat | None = None
 
 
 @dataclass(frozen=True)
 class RetrievalMeta:
-    """How the evidence was found: the record an engineer diagnoses with."""
+    """How the evidence was found: the record an engineer diagnoses with.
+
+    This is the record's one definition: its JSON (``to_dict``), the service's answer, the OpenAPI
+    schema and the client's parsing all come from these fields (``strata.wire``). A new field is one
+    line here, with a default and a docstring.
+    """
+
+    __pydantic_config__ = WIRE
 
     query: str
     top_k: int
     candidate_k: int
+    """fused candidates kept before merging and rerank"""
     status: Status = "ok"
+    """ok; degraded when a fallback answered (see degraded); failed"""
     mode: Mode = "hybrid"
+    """the routes that answered"""
     kb_ids: tuple[str, ...] | None = None
-    filters: Mapping[str, Any] = field(default_factory=dict)
+    """knowledge bases searched; null = all"""
+    filters: JsonMapping = field(default_factory=dict)
+    """the filters applied; {} for none"""
     dense_candidates: int = 0
     sparse_candidates: int = 0
     fused_candidates: int = 0
@@ -219,64 +249,47 @@ class RetrievalMeta:
     rerank: RerankOutcome = RerankOutcome()
     returned: int = 0
     dropped_by_min_score: int = 0
-    timings_ms: Mapping[str, float] = field(default_factory=dict)
+    timings_ms: Mapping[str, JsonFloat] = field(default_factory=dict)
+    """milliseconds per stage"""
     cache: CacheState = "off"
-    parent_cache: Mapping[str, Any] = field(default_factory=dict)
+    """query cache: hit, miss, shared (answered by a concurrent identical query), off"""
+    parent_cache: JsonMapping = field(default_factory=dict)
+    """parent and leaf reads through the cache: hits and misses"""
     errors: tuple[StageError, ...] = ()
     degraded: tuple[str, ...] = ()
+    """why the answer is degraded, one reason per fallback taken"""
     strategy: str = DEFAULT_STRATEGY
+    """the retrieval strategy that ran"""
     query_variants: tuple[str, ...] = ()
-    expansion: Mapping[str, Any] = field(default_factory=dict)  # terms synonyms added to the BM25 query
-    # what BM25 query hygiene left out: {"dropped": [...], "text": searched, "max_df": x}, {"skipped": why}, or {}
-    bm25_query: Mapping[str, Any] = field(default_factory=dict)
+    """the fusion strategy's query variants searched"""
+    expansion: JsonMapping = field(default_factory=dict)
+    """terms the synonyms added to the BM25 query; {} for none"""
+    bm25_query: JsonMapping = field(default_factory=dict)
+    """what BM25 query hygiene left out ({dropped, text, max_df}), {skipped: why}, or {}"""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict of the whole record."""
-        return _json_safe(asdict(self))
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RetrievalMeta:
-        fields = dict(data)
-        fields["kb_ids"] = tuple(fields["kb_ids"]) if fields.get("kb_ids") is not None else None
-        fields["merge_rounds"] = tuple(MergeRound(**r) for r in fields.get("merge_rounds", ()))
-        fields["rerank"] = RerankOutcome(**fields.get("rerank", {}))
-        fields["errors"] = tuple(StageError(**e) for e in fields.get("errors", ()))
-        fields["degraded"] = tuple(fields.get("degraded", ()))
-        fields["query_variants"] = tuple(fields.get("query_variants", ()))
-        return cls(**fields)
+        """The inverse of ``to_dict``: unknown fields are ignored, missing ones take their defaults."""
+        return from_json(cls, data)
 
 
 @dataclass(frozen=True)
 class RetrievalResult:
-    """What ``retrieve_documents`` returns."""
+    """What ``retrieve_documents`` returns: the evidence, best first, and how it was found."""
+
+    __pydantic_config__ = WIRE
 
     docs: tuple[RetrievedDocument, ...]
     meta: RetrievalMeta
 
     def to_dict(self) -> dict[str, Any]:
-        return {"docs": [d.to_dict() for d in self.docs], "meta": self.meta.to_dict()}
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RetrievalResult:
-        """The inverse of ``to_dict`` (used by the query cache and API clients)."""
-        docs = tuple(
-            RetrievedDocument(d["content"], float("nan") if d["score"] is None else d["score"], d["metadata"])
-            for d in data["docs"]
-        )
-        return cls(docs=docs, meta=RetrievalMeta.from_dict(data["meta"]))
-
-
-def _json_float(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float):
-        return _json_float(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_json_safe(v) for v in value]
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)
+        """The inverse of ``to_dict`` (used by the query cache and API clients); a NaN score reads back as NaN."""
+        return from_json(cls, data)

@@ -9,8 +9,9 @@ Milvus Lite lets one process hold the file, and the service holds one
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -63,7 +64,7 @@ def make_settings(root: Path, pg_url: str, redis_prefix: str, **sections: Any) -
 
 
 @pytest.fixture(scope="package")
-def stores(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Iterator[tuple[Settings, Resources]]:  # noqa: ANN001
+def stores(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Iterator[tuple[Settings, Resources]]:
     """The indexed stores and the one ``Resources`` every app of these tests shares, in a PostgreSQL
     database of their own: under pytest-xdist a worker may set this fixture up twice (once per run of
     the package's files it is given), and a second Milvus Lite file beside SQL rows of the first would

@@ -14,10 +14,11 @@ import signal
 import subprocess
 import time
 import uuid
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import httpx
 
@@ -106,18 +107,28 @@ def shared_service(
     root.mkdir(parents=True, exist_ok=True)
     suffix = uuid.uuid4().hex[:8]
     env = strata_env(
-        root / "data", STRATA_LOG_LEVEL="INFO", STRATA_MILVUS__URI=milvus_uri,
-        STRATA_MILVUS__COLLECTION=f"shared_{suffix}", STRATA_DATABASE__URL=pg_url,
-        STRATA_REDIS__URL=REDIS_URL, STRATA_REDIS__KEY_PREFIX=f"strata-shared-{suffix}",
-        STRATA_API__KEYS=json.dumps(KEYS), STRATA_API__SHUTDOWN_GRACE_S="10", **variables,
-    )  # fmt: skip
+        root / "data",
+        STRATA_LOG_LEVEL="INFO",
+        STRATA_MILVUS__URI=milvus_uri,
+        STRATA_MILVUS__COLLECTION=f"shared_{suffix}",
+        STRATA_DATABASE__URL=pg_url,
+        STRATA_REDIS__URL=REDIS_URL,
+        STRATA_REDIS__KEY_PREFIX=f"strata-shared-{suffix}",
+        STRATA_API__KEYS=json.dumps(KEYS),
+        STRATA_API__SHUTDOWN_GRACE_S="10",
+        **variables,
+    )
     port = free_port()
     log = root / f"serve-{suffix}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", str(port), "--workers", str(workers)], env=env, cwd=REPO,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [str(STRATA), "serve", "--port", str(port), "--workers", str(workers)],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     service = SharedService(process, f"http://127.0.0.1:{port}", port, env, log)
     try:
         service.wait_ready()
@@ -132,7 +143,5 @@ def shared_service(
 
 def signal_group(service: SharedService, signum: int = signal.SIGKILL) -> None:
     """Sends ``signum`` to the service and its workers (they share its process group)."""
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(service.process.pid, signum)
-    except ProcessLookupError:
-        pass

@@ -13,7 +13,7 @@ GARDEN = auth("garden-writer-key")  # kbs: garden, garden-uploads, write
 ADMIN = auth("admin-key")  # kbs: *, write
 
 
-def kbs_of(response) -> set[str]:  # noqa: ANN001
+def kbs_of(response) -> set[str]:
     assert response.status_code == 200, response.text
     return {d["metadata"]["kb_id"] for d in response.json()["docs"]}
 
@@ -48,7 +48,9 @@ def test_by_module_sees_only_the_modules_of_the_keys_kbs(client: TestClient) -> 
     assert refused.status_code == 404
     assert "garden" not in {c["module"] for c in refused.json()["closest"]}
     assert kbs_of(client.post("/retrieve/by-module", json={"module": "garden"}, headers=GARDEN)) == {"garden"}
-    assert kbs_of(client.post("/retrieve/by-module", json={"module": "garden", "query": "soil"}, headers=GARDEN)) == {"garden"}
+    assert kbs_of(client.post("/retrieve/by-module", json={"module": "garden", "query": "soil"}, headers=GARDEN)) == {
+        "garden"
+    }
     assert client.post("/retrieve/by-module", json={"module": "billing"}, headers=GARDEN).status_code == 404
 
 
@@ -70,7 +72,7 @@ def test_writes_stay_inside_the_keys_kbs(client: TestClient) -> None:
     assert "garden-uploads" not in kbs_of(client.post("/retrieve", json=query, headers=DEMO))
 
 
-def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) -> None:  # noqa: ANN001
+def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) -> None:
     import json
 
     from pydantic import SecretStr
@@ -80,8 +82,12 @@ def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) 
     client = make_client(api={"keys_file": keys_file, "api_key": SecretStr("the-admin-secret")})
     assert {k["kb_id"] for k in client.get("/kbs", headers=auth("file-key")).json()["kbs"]} == {"garden"}
     files = [("files", ("x.md", b"# X\n\nText.", "text/markdown"))]
-    assert client.post("/kbs/garden/documents", files=files, headers=auth("file-key")).status_code == 403  # write: false
-    assert {"demo", "garden"} <= {k["kb_id"] for k in client.get("/kbs", headers=auth("the-admin-secret")).json()["kbs"]}
+    assert (
+        client.post("/kbs/garden/documents", files=files, headers=auth("file-key")).status_code == 403
+    )  # write: false
+    assert {"demo", "garden"} <= {
+        k["kb_id"] for k in client.get("/kbs", headers=auth("the-admin-secret")).json()["kbs"]
+    }
     assert client.get("/kbs", headers=auth("demo-reader-key")).status_code == 401  # only the configured keys count
 
 

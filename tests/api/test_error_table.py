@@ -34,7 +34,9 @@ def strata_error_classes() -> set[type[StrataError]]:
 
 def test_every_class_of_the_tree_has_a_row_of_its_own() -> None:
     classes = strata_error_classes()
-    assert {"DeadlineExceeded", "UnsupportedAnalyzer", "ServiceError", "LeaseHeldError"} <= {c.__name__ for c in classes}
+    assert {"DeadlineExceeded", "UnsupportedAnalyzer", "ServiceError", "LeaseHeldError"} <= {
+        c.__name__ for c in classes
+    }
     rows = [cls for cls, _ in ERROR_TABLE]
     assert sorted(c.__qualname__ for c in classes - set(rows)) == []  # a new error class needs its answer here
     assert len(rows) == len(set(rows))
@@ -67,11 +69,14 @@ def build_app(error: Exception) -> TestClient:
     return TestClient(app, raise_server_exceptions=False)
 
 
-@pytest.mark.parametrize(("error", "status", "slug"), [
-    (LeaseHeldError("held by web-1:pid 7:ab", kb_id="alpha", retry_after_s=42.2), 409, "kb-being-written"),
-    (LeavesMissingError("1 of 9 leaves ... `strata reconcile --kb alpha --repair`"), 503, "leaves-missing"),
-    (StoreError("SQL store postgresql://db-host/strata failed"), 503, "store-unavailable"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "status", "slug"),
+    [
+        (LeaseHeldError("held by web-1:pid 7:ab", kb_id="alpha", retry_after_s=42.2), 409, "kb-being-written"),
+        (LeavesMissingError("1 of 9 leaves ... `strata reconcile --kb alpha --repair`"), 503, "leaves-missing"),
+        (StoreError("SQL store postgresql://db-host/strata failed"), 503, "store-unavailable"),
+    ],
+)
 def test_an_error_answers_by_its_row(error: Exception, status: int, slug: str) -> None:
     response = build_app(error).get("/fail")
     assert response.status_code == status

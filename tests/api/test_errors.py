@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,19 @@ def assert_problem(response: Any, status: int) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("headers", [{}, auth("not-a-key"), {"Authorization": "Basic YWRtaW4ta2V5"}, {"Authorization": "Bearer"}])
+@pytest.mark.parametrize(
+    "headers", [{}, auth("not-a-key"), {"Authorization": "Basic YWRtaW4ta2V5"}, {"Authorization": "Bearer"}]
+)
 def test_every_endpoint_but_health_and_ready_needs_a_valid_key(client: TestClient, headers: dict[str, str]) -> None:
-    for method, path in [("GET", "/ready/detail"), ("GET", "/metrics"), ("POST", "/retrieve"), ("GET", "/kbs"),
-                         ("GET", "/kbs/demo/documents"), ("GET", "/kbs/demo/stats"), ("POST", "/retrieve/by-module")]:  # fmt: skip
+    for method, path in [
+        ("GET", "/ready/detail"),
+        ("GET", "/metrics"),
+        ("POST", "/retrieve"),
+        ("GET", "/kbs"),
+        ("GET", "/kbs/demo/documents"),
+        ("GET", "/kbs/demo/stats"),
+        ("POST", "/retrieve/by-module"),
+    ]:
         response = client.request(method, path, headers=headers, json={"query": "x", "module": "auth"})
         body = assert_problem(response, 401)
         assert response.headers["www-authenticate"].startswith("Bearer") and "Bearer" in body["detail"]
@@ -99,7 +109,7 @@ def test_uploads_over_the_limit_are_413_also_when_chunked(make_client: AppFactor
     problem = assert_problem(small.post("/kbs/limits/documents", files=files), 413)
     assert "2048 bytes" in problem["detail"]
 
-    def chunks():  # no Content-Length: the body arrives chunked
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the body arrives chunked
         yield b'{"query": "'
         for _ in range(8):
             yield b"y" * 512
@@ -158,7 +168,9 @@ def test_a_queued_request_is_served_once_a_slot_frees(make_client: AppFactory) -
     holder = threading.Thread(target=lambda: answers.update(hold=busy.get("/test-hold")))
     holder.start()
     assert entered.wait(30)
-    waiter = threading.Thread(target=lambda: answers.update(wait=busy.post("/retrieve", json={"query": "refund", "top_k": 1})))
+    waiter = threading.Thread(
+        target=lambda: answers.update(wait=busy.post("/retrieve", json={"query": "refund", "top_k": 1}))
+    )
     waiter.start()
     queued = 'strata_http_requests_in_progress{route="/retrieve"} 1.0'
     for _ in range(3000):  # the retrieval is queued behind the held slot (it cannot run before release)
@@ -173,7 +185,7 @@ def test_a_queued_request_is_served_once_a_slot_frees(make_client: AppFactory) -
 
 
 @pytest.fixture
-def outage(tmp_path: Path, memo_encoder) -> Resources:  # noqa: ANN001
+def outage(tmp_path: Path, memo_encoder) -> Resources:
     """Stores whose Milvus Lite server is gone (SQLite still there)."""
     settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 's.sqlite3'}", "unused", redis={"url": None})
     resources = Resources(settings, encoder=memo_encoder)
@@ -185,7 +197,9 @@ def outage(tmp_path: Path, memo_encoder) -> Resources:  # noqa: ANN001
 
 
 def test_a_failed_retrieval_is_a_503_with_the_meta_record(outage: Resources) -> None:
-    with TestClient(create_app(outage.settings, resources=outage, warm_up=False), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(outage.settings, resources=outage, warm_up=False), raise_server_exceptions=False
+    ) as client:
         response = client.post("/retrieve", json={"query": "lighthouses", "kb_ids": ["outage"]})
         problem = assert_problem(response, 503)
         assert problem["meta"]["status"] == "failed" and problem["meta"]["errors"]
@@ -197,7 +211,7 @@ def test_a_failed_retrieval_is_a_503_with_the_meta_record(outage: Resources) -> 
         assert ready.json()["components"]["sql"]["status"] == "ok"
 
 
-def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], private_redis, memo_encoder) -> None:  # noqa: ANN001
+def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], private_redis, memo_encoder) -> None:
     settings, shared = stores
     with_private = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": private_redis.url})})
     resources = Resources(with_private, encoder=memo_encoder)
@@ -216,7 +230,9 @@ def test_a_reranker_that_fails_leaves_the_service_ready_but_degraded(make_client
 
     with RerankServer() as server:  # answers by word overlap until told to fail
         # each /ready checks again (the default reuses a check for 5 s)
-        client = make_client(rerank={"url": server.url, "read_timeout_s": 1.0, "max_retries": 0}, api={"ready_cache_s": 0})
+        client = make_client(
+            rerank={"url": server.url, "read_timeout_s": 1.0, "max_retries": 0}, api={"ready_cache_s": 0}
+        )
         query = {"query": "tomatoes deep watering twice a week", "top_k": 3, "kb_ids": ["garden"]}
         assert client.post("/retrieve", json=query).json()["meta"]["rerank"]["status"] == "applied"
         skipped = client.post("/retrieve", json={**query, "rerank": False}).json()["meta"]["rerank"]
@@ -230,7 +246,7 @@ def test_a_reranker_that_fails_leaves_the_service_ready_but_degraded(make_client
         assert fallback.status_code == 200 and fallback.json()["meta"]["degraded"] == ["rerank_failed"]
 
 
-def test_sql_down_keeps_the_pod_reachable_and_its_requests_get_the_503(tmp_path: Path, memo_encoder) -> None:  # noqa: ANN001
+def test_sql_down_keeps_the_pod_reachable_and_its_requests_get_the_503(tmp_path: Path, memo_encoder) -> None:
     unreachable = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/strata"
     settings = make_settings(tmp_path, unreachable, "unused", redis={"url": None}, database={"connect_timeout_s": 1.0})
     resources = Resources(settings, encoder=memo_encoder)

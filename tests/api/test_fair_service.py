@@ -13,7 +13,7 @@ import resource
 import select
 import socket
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -34,7 +34,6 @@ def retrieve_b(url: str) -> httpx.Response:
     body = {"query": "sourdough starter", "top_k": 3, "kb_ids": ["beta"]}
     with httpx.Client(base_url=url, timeout=httpx.Timeout(120.0, connect=10.0)) as client:
         return client.post("/retrieve", json=body, headers=auth(TENANT_B_READ))
-
 
 
 def closed_by_server(sock: socket.socket, wait_s: float) -> bool:
@@ -67,8 +66,10 @@ class TricklingTenant:
 
     def _connect(self) -> None:
         sock = socket.create_connection(("127.0.0.1", self.port), timeout=WAIT_S)
-        head = (f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {self.length}\r\nAuthorization: Bearer {TENANT_A_READ}\r\n\r\n{{")  # fmt: skip
+        head = (
+            f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {self.length}\r\nAuthorization: Bearer {TENANT_A_READ}\r\n\r\n{{"
+        )
         sock.sendall(head.encode("ascii"))
         self._open[sock] = 1
 
@@ -109,9 +110,12 @@ def slow_clients_service(
     tmp_path_factory: pytest.TempPathFactory, milvus_server_uri: str, module_pg_url: str
 ) -> Iterator[SharedService]:
     with shared_service(
-        tmp_path_factory.mktemp("fair"), milvus_server_uri, module_pg_url,
-        STRATA_API__BODY_TIMEOUT_S=str(BODY_TIMEOUT_S), STRATA_API__HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
-    ) as service:  # fmt: skip
+        tmp_path_factory.mktemp("fair"),
+        milvus_server_uri,
+        module_pg_url,
+        STRATA_API__BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
+        STRATA_API__HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+    ) as service:
         yield service
 
 
@@ -128,7 +132,9 @@ def test_one_key_trickling_bodies_never_starves_another_tenant(slow_clients_serv
             assert len(answers_b) < 40, f"the attack got {attack.statuses} while B asked {len(answers_b)} times"
             in_flight, seen = attack.in_flight, len(attack.statuses)
             answers_b.append((retrieve_b(service.url).status_code, in_flight))
-            assert wait_for(lambda: len(attack.statuses) > seen, within_s=WAIT_S), "the attack's requests were never answered"
+            assert wait_for(lambda seen=seen: len(attack.statuses) > seen, within_s=WAIT_S), (
+                "the attack's requests were never answered"
+            )
     finally:
         attack.stop.set()
         attack.thread.join(WAIT_S)
@@ -159,10 +165,16 @@ def test_a_connection_that_never_completes_its_headers_is_closed(slow_clients_se
 def capped_service(tmp_path_factory: pytest.TempPathFactory, milvus_server_uri: str) -> Iterator[SharedService]:
     """Idle sockets are shed by the cap alone here: the header timeout outlasts the test. (A database of its
     own: the seeded kbs of ``slow_clients_service`` live in another collection.)"""
-    with fresh_pg_database() as pg_url, shared_service(
-        tmp_path_factory.mktemp("capped"), milvus_server_uri, pg_url,
-        STRATA_API__MAX_CONNECTIONS=str(MAX_CONNECTIONS), STRATA_API__HEADER_TIMEOUT_S="600",
-    ) as service:  # fmt: skip
+    with (
+        fresh_pg_database() as pg_url,
+        shared_service(
+            tmp_path_factory.mktemp("capped"),
+            milvus_server_uri,
+            pg_url,
+            STRATA_API__MAX_CONNECTIONS=str(MAX_CONNECTIONS),
+            STRATA_API__HEADER_TIMEOUT_S="600",
+        ) as service,
+    ):
         yield service
 
 
@@ -206,7 +218,10 @@ def test_a_thousand_idle_sockets_neither_block_the_service_nor_flood_its_log(
         # each worker keeps at most MAX_CONNECTIONS open: the longest idle of the attack's went first
         assert wait_for(lambda: shed() >= IDLE_SOCKETS + HALF_HEADERS - 2 * MAX_CONNECTIONS, within_s=WAIT_S), shed()
         # counted once each: the scrape (whose own connection may shed one more) first, then what the client saw
-        assert wait_for(lambda: _closed_for_room(service) == shed(), within_s=WAIT_S), (shed(), _closed_for_room(service))
+        assert wait_for(lambda: _closed_for_room(service) == shed(), within_s=WAIT_S), (
+            shed(),
+            _closed_for_room(service),
+        )
     finally:
         for sock in socks:
             sock.close()

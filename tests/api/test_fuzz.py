@@ -11,7 +11,7 @@ to a request whose own ``deadline_ms`` ran out. Bounded to a few minutes.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import schemathesis
@@ -63,19 +63,21 @@ def fuzzed_app(stores: tuple[Settings, Resources]) -> Iterator[FastAPI]:
 
 @pytest.fixture(scope="module")
 def api_schema(fuzzed_app: FastAPI):  # noqa: ANN201 - schemathesis' schema type
-    return schemathesis.openapi.from_asgi("/openapi.json", fuzzed_app, config=SchemathesisConfig.from_str(ENGINE_CONFIG))
+    return schemathesis.openapi.from_asgi(
+        "/openapi.json", fuzzed_app, config=SchemathesisConfig.from_str(ENGINE_CONFIG)
+    )
 
 
-def content_type(response) -> str:  # noqa: ANN001 - schemathesis' Response: headers map to lists
+def content_type(response) -> str:
     values = {k.lower(): v for k, v in response.headers.items()}.get("content-type", [""])
     return values[0] if isinstance(values, list) else values
 
 
-def operations(api_schema) -> list:  # noqa: ANN001
+def operations(api_schema) -> list:
     return [result.ok() for result in api_schema.get_all_operations()]
 
 
-def deadline_ran_out(response) -> bool:  # noqa: ANN001
+def deadline_ran_out(response) -> bool:
     return response.status_code == 504 and response.json().get("type") == DEADLINE_RAN_OUT
 
 
@@ -85,7 +87,7 @@ def all_checks() -> list:
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_every_answer_is_declared_and_none_is_5xx(api_schema, mode: GenerationMode) -> None:  # noqa: ANN001
+def test_every_answer_is_declared_and_none_is_5xx(api_schema, mode: GenerationMode) -> None:
     """Valid and invalid requests to every operation, with each tenant's key, every check on every answer."""
     ops = operations(api_schema)
     assert len(ops) >= 10
@@ -94,8 +96,10 @@ def test_every_answer_is_declared_and_none_is_5xx(api_schema, mode: GenerationMo
     for operation in ops:
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        def call(case) -> None:  # noqa: ANN001
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        )
+        def call(case) -> None:
             for key in TENANTS:
                 response = case.call(headers=auth(key))
                 label = f"{case.method} {case.formatted_path}"
@@ -144,7 +148,7 @@ def test_the_phases_of_schemathesis_run_find_no_violation(fuzzed_app: FastAPI, k
     assert failures == [], "\n".join(failures)
 
 
-def test_creating_a_kb_that_exists_answers_as_declared(api_schema) -> None:  # noqa: ANN001
+def test_creating_a_kb_that_exists_answers_as_declared(api_schema) -> None:
     """A 200 the fuzzer rarely reaches (the kb must exist and the key may write it): checked by hand, every check."""
     case = api_schema["/kbs"]["POST"].Case(body={"kb_id": "garden"}, media_type="application/json")
     response = case.call(headers=auth("garden-writer-key"))

@@ -14,8 +14,9 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -68,11 +69,16 @@ def serve(stores: tuple[Settings, Resources]) -> Iterator[Callable[..., int]]:
         thread.join(30)
 
 
-def send_head(port: int, method: str, path: str, *, length: int, key: str | None = None,
-              content_type: str = "application/json") -> socket.socket:  # fmt: skip
+def send_head(
+    port: int, method: str, path: str, *, length: int, key: str | None = None, content_type: str = "application/json"
+) -> socket.socket:
     """A connection that has sent a request's headers (declaring ``length`` body bytes) and no body yet."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Type: {content_type}",
-             f"Content-Length: {length}"]  # fmt: skip
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {length}",
+    ]
     if key:
         lines.append(f"Authorization: Bearer {key}")
     sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
@@ -166,8 +172,13 @@ def test_a_body_that_arrives_too_slowly_is_a_408_and_frees_its_slot(serve: Calla
 def test_an_upload_without_a_key_is_refused_before_the_client_has_sent_it(serve: Callable[..., int]) -> None:
     port = serve()
     total = 19 * 1024 * 1024
-    sock = send_head(port, "POST", "/kbs/garden-uploads/documents", length=total,
-                     content_type="multipart/form-data; boundary=strata-boundary")  # fmt: skip
+    sock = send_head(
+        port,
+        "POST",
+        "/kbs/garden-uploads/documents",
+        length=total,
+        content_type="multipart/form-data; boundary=strata-boundary",
+    )
     first = b'--strata-boundary\r\nContent-Disposition: form-data; name="files"; filename="big.md"\r\n\r\n'
     sock.sendall(first + b"a" * 65536)
     status, headers, problem = read_answer(sock)  # 64 KiB of 19 MiB sent
@@ -267,8 +278,11 @@ def build(stores: tuple[Settings, Resources], **api: Any) -> None:
 @pytest.mark.parametrize(
     ("api", "where", "secret"),
     [
-        ({"keys": {"a-good-key-0123456789": ApiKeyGrant(kbs=["demo"]), "trailing-space-key ": ApiKeyGrant()}},
-         "STRATA_API__KEYS key #2", "trailing-space-key"),
+        (
+            {"keys": {"a-good-key-0123456789": ApiKeyGrant(kbs=["demo"]), "trailing-space-key ": ApiKeyGrant()}},
+            "STRATA_API__KEYS key #2",
+            "trailing-space-key",
+        ),
         ({"keys": {"clé-secrète-0123456789": ApiKeyGrant(kbs=["demo"])}}, "STRATA_API__KEYS key #1", "secr"),
         ({"keys": {"": ApiKeyGrant(kbs=["demo"])}}, "STRATA_API__KEYS key #1", None),
         ({"api_key": SecretStr(" padded-full-access-key")}, "STRATA_API__API_KEY", "padded-full"),
@@ -295,7 +309,7 @@ def test_a_key_defined_twice_is_refused(stores: tuple[Settings, Resources], tmp_
     with pytest.raises(ConfigError, match="STRATA_API__API_KEY is the same key as STRATA_API__KEYS key #1") as twice:
         build(stores, keys={shared: ApiKeyGrant(kbs=["demo"])}, api_key=SecretStr(shared))
     assert shared not in str(twice.value)
-    twice_in_file = '{"%s": {"kbs": ["demo"]}, "other-key-0123456789": {}, "%s": {"kbs": ["*"]}}' % (shared, shared)
+    twice_in_file = f'{{"{shared}": {{"kbs": ["demo"]}}, "other-key-0123456789": {{}}, "{shared}": {{"kbs": ["*"]}}}}'
     keys_file.write_text(twice_in_file)
     with pytest.raises(ConfigError, match="key #3 is the same key as key #1") as in_file:
         build(stores, keys_file=keys_file)

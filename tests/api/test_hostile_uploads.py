@@ -28,7 +28,9 @@ def test_a_hostile_docx_fails_with_its_reason_and_the_next_upload_indexes(client
 
     assert failed.status_code == 200, failed.text
     reasons = {f["source"]: f["reason"] for f in failed.json()["failures"]}
-    assert reasons["empty.docx"].startswith("docx has 2,000,001 paragraphs, more than STRATA_INDEXING__MAX_ELEMENTS (100,000)")
+    assert reasons["empty.docx"].startswith(
+        "docx has 2,000,001 paragraphs, more than STRATA_INDEXING__MAX_ELEMENTS (100,000)"
+    )
     assert reasons["bomb.docx"].startswith("docx decompresses to ")
     assert "more than STRATA_INDEXING__MAX_DECOMPRESSED_BYTES (268,435,456)" in reasons["bomb.docx"]
 

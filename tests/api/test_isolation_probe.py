@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.api.shared_service import READ_ALL, TENANT_A_READ, TENANT_A_WRITE, TENANT_B_READ, TENANT_B_WRITE, shared_service
+from tests.api.shared_service import (
+    READ_ALL,
+    TENANT_A_READ,
+    TENANT_A_WRITE,
+    TENANT_B_READ,
+    TENANT_B_WRITE,
+    shared_service,
+)
 from tests.conftest import fresh_pg_database
 
 pytestmark = pytest.mark.slow  # strata serve --workers N in a process of its own
@@ -41,23 +48,31 @@ def probe(service: Any) -> dict[str, Any]:
 
 @pytest.mark.milvus_server
 def test_another_tenants_words_change_nothing_a_tenant_sees(tmp_path: Path, milvus_server_uri: str) -> None:
-    with fresh_pg_database() as pg_url, shared_service(
-        tmp_path, milvus_server_uri, pg_url, workers=2, seed=False, STRATA_RETRIEVAL__CACHE_SIZE="0"
-    ) as service:
+    with (
+        fresh_pg_database() as pg_url,
+        shared_service(
+            tmp_path, milvus_server_uri, pg_url, workers=2, seed=False, STRATA_RETRIEVAL__CACHE_SIZE="0"
+        ) as service,
+    ):
         first = service.upload("alpha", {"notes.md": A_DOC}, key=TENANT_A_WRITE)
         assert first.status_code == 200 and first.json()["failed"] == 0, first.text
         before = probe(service)
         assert all(before[w] and before[w][0][1] for w in WORDS), before  # every word found by BM25 in A's document
 
         for n in range(B_UPLOADS):
-            memos = {f"memo{n}-{i}.md": f"# Memo {n}.{i}\n\nThe nightjar team met Contoso about item {n * 10 + i}.\n" for i in range(3)}
+            memos = {
+                f"memo{n}-{i}.md": f"# Memo {n}.{i}\n\nThe nightjar team met Contoso about item {n * 10 + i}.\n"
+                for i in range(3)
+            }
             answer = service.upload("beta", memos, key=TENANT_B_WRITE)
             assert answer.status_code == 200 and answer.json()["failed"] == 0, answer.text
         b_view = service.retrieve("nightjar Contoso", "beta", TENANT_B_READ)
         assert b_view.status_code == 200 and b_view.json()["docs"], b_view.text  # B's words are indexed and found
 
         assert probe(service) == before
-        again = service.upload("alpha", {"more.md": "# More\n\nnightjar sightings by the merger desk.\n"}, key=TENANT_A_WRITE)
+        again = service.upload(
+            "alpha", {"more.md": "# More\n\nnightjar sightings by the merger desk.\n"}, key=TENANT_A_WRITE
+        )
         report = again.json()
         assert (report["added"], report["failed"], report["embeddings_reused"]) == (1, 0, 0)
         assert not any("nightjar" in note or "Contoso" in note for note in report["notes"])
@@ -72,4 +87,6 @@ def test_the_query_cache_never_tells_a_key_what_another_key_asked(tmp_path: Path
         assert again.json()["meta"]["cache"] == "hit"  # the cache works, for the key that asked
         other = service.retrieve("when is the Fresnel lens polished", "alpha", READ_ALL)
         assert other.status_code == 200 and other.json()["meta"]["cache"] == "miss", other.json()["meta"]
-        assert [d["metadata"]["chunk_id"] for d in other.json()["docs"]] == [d["metadata"]["chunk_id"] for d in asked.json()["docs"]]
+        assert [d["metadata"]["chunk_id"] for d in other.json()["docs"]] == [
+            d["metadata"]["chunk_id"] for d in asked.json()["docs"]
+        ]

@@ -16,8 +16,9 @@ import signal
 import sqlite3
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -48,9 +49,13 @@ def test_every_line_of_a_serve_run_is_json_with_the_request_id(tmp_path: Path) -
     env = strata_env(data, STRATA_LOG__FORMAT="json", STRATA_LOG_LEVEL="INFO")
     port = free_port()
     process = subprocess.Popen(
-        [str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [str(STRATA), "serve", "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
     try:
         assert wait_for(lambda: _healthy(http, process), within_s=240), "strata serve did not answer /health"
@@ -81,7 +86,9 @@ def test_every_line_of_a_serve_run_is_json_with_the_request_id(tmp_path: Path) -
         answer = [line for line in mine if line["logger"] == "strata.api.problems"]
         assert [(line["level"], line["message"].split(" ")[0]) for line in answer] == [(level, str(status))], mine
     # the store failure's own lines (the engine's, under the same id) say what failed
-    engine = [line for line in _by_request(lines, failed.headers["X-Request-ID"]) if line["logger"].startswith("strata.rag")]
+    engine = [
+        line for line in _by_request(lines, failed.headers["X-Request-ID"]) if line["logger"].startswith("strata.rag")
+    ]
     assert any(line["level"] == "ERROR" and "strata_knowledge_bases" in line["message"] for line in engine), engine
 
 
@@ -104,7 +111,9 @@ def log_to(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("query_text", [True, False])
-def test_the_query_text_is_logged_only_when_the_setting_asks(open_client: TestClient, log_to: Any, query_text: bool) -> None:
+def test_the_query_text_is_logged_only_when_the_setting_asks(
+    open_client: TestClient, log_to: Any, query_text: bool
+) -> None:
     buffer = log_to(LogSetup(format="json", level="INFO", query_text=query_text))
     query = f"how deep is the well {uuid.uuid4().hex}"
     response = open_client.post("/retrieve", json={"query": query, "kb_ids": ["no-such-kb"]})

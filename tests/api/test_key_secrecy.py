@@ -8,8 +8,8 @@ printed for the key as written, upper-cased (how a variable's name is shown) and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -42,55 +42,124 @@ def strata_toml(tmp_path: Path, text: str) -> str:
 # (case, variables for the given tmp_path, what the one error line must say). Every command refuses these:
 # they are wrong in the settings themselves.
 SETTINGS_CASES: list[tuple[str, Callable[[Path], dict[str, str]], str]] = [
-    ("a typo in a grant field", lambda _: {"STRATA_API__KEYS": grants(f'"{KEY}": {{"kbz": ["alpha"]}}')},
-     "STRATA_API__KEYS: key #1: 'kbz' is not a grant field (kbs, write, metrics); did you mean 'kbs'?"),
-    ("kbs of the wrong type", lambda _: {"STRATA_API__KEYS": grants(f'"{KEY}": {{"kbs": 5}}')},
-     "STRATA_API__KEYS: key #1: 'kbs': Input should be a valid list (got 5)"),
-    ("a grant that is text", lambda _: {"STRATA_API__KEYS": grants(f'"alpha": "{KEY}"')},
-     "STRATA_API__KEYS: key #1: its grant must be an object"),
-    ("a key inside another key's grant", lambda _: {
-        "STRATA_API__KEYS": grants(f'"{OTHER}": {{"kbs": ["beta"], "{KEY}": {{"kbs": ["alpha"]}}}}')},
-     "STRATA_API__KEYS: key #1: a field (a key inside another key's grant? check the braces) is not a grant field"),
-    ("STRATA_API__KEYS that is not JSON", lambda _: {"STRATA_API__KEYS": f'{{"{KEY}": {{"kbs": ["alpha"]}}'},
-     "STRATA_API__KEYS: not valid JSON"),
-    ("a key twice in STRATA_API__KEYS", lambda _: {"STRATA_API__KEYS": grants(
-        f'"{KEY}": {{"kbs": ["alpha"]}}', f'"{OTHER}": {{"kbs": ["beta"]}}', f'"{KEY}": {{"kbs": ["*"], "write": true}}')},
-     "STRATA_API__KEYS: key #3 is the same key as key #1: define each key once"),
-    ("a key twice in STRATA_API given whole", lambda _: {"STRATA_API": '{"keys": %s}' % grants(
-        f'"{KEY}": {{"kbs": ["alpha"]}}', f'"{KEY}": {{"kbs": ["*"], "write": true}}')},
-     "STRATA_API: keys: key #2 is the same key as key #1"),
-    ("a key in a variable's name", lambda _: {f"STRATA_API__KEYS__{KEY}__KBS": '["alpha"]'},
-     "a variable STRATA_API__KEYS__… would put an API key in its name"),
-    ("a key in a misspelt variable's name", lambda _: {f"STRATA_API__KEY__{KEY}__KBS": '["alpha"]'},
-     "unknown setting STRATA_API__KEY__…"),
-    ("a key twice in strata.toml", lambda tmp: {"STRATA_CONFIG": strata_toml(
-        tmp, f'[api.keys."{KEY}"]\nkbs = ["alpha"]\n\n[api.keys."{KEY}"]\nkbs = ["*"]\nwrite = true\n')},
-     "Cannot declare … (a table or key defined twice; at line 4"),
-    ("a typo in a grant in strata.toml", lambda tmp: {"STRATA_CONFIG": strata_toml(
-        tmp, f'[api.keys."{KEY}"]\nkbz = ["alpha"]\n')},
-     "STRATA_API__KEYS: key #1: 'kbz' is not a grant field"),
-]  # fmt: skip
+    (
+        "a typo in a grant field",
+        lambda _: {"STRATA_API__KEYS": grants(f'"{KEY}": {{"kbz": ["alpha"]}}')},
+        "STRATA_API__KEYS: key #1: 'kbz' is not a grant field (kbs, write, metrics); did you mean 'kbs'?",
+    ),
+    (
+        "kbs of the wrong type",
+        lambda _: {"STRATA_API__KEYS": grants(f'"{KEY}": {{"kbs": 5}}')},
+        "STRATA_API__KEYS: key #1: 'kbs': Input should be a valid list (got 5)",
+    ),
+    (
+        "a grant that is text",
+        lambda _: {"STRATA_API__KEYS": grants(f'"alpha": "{KEY}"')},
+        "STRATA_API__KEYS: key #1: its grant must be an object",
+    ),
+    (
+        "a key inside another key's grant",
+        lambda _: {"STRATA_API__KEYS": grants(f'"{OTHER}": {{"kbs": ["beta"], "{KEY}": {{"kbs": ["alpha"]}}}}')},
+        "STRATA_API__KEYS: key #1: a field (a key inside another key's grant? check the braces) is not a grant field",
+    ),
+    (
+        "STRATA_API__KEYS that is not JSON",
+        lambda _: {"STRATA_API__KEYS": f'{{"{KEY}": {{"kbs": ["alpha"]}}'},
+        "STRATA_API__KEYS: not valid JSON",
+    ),
+    (
+        "a key twice in STRATA_API__KEYS",
+        lambda _: {
+            "STRATA_API__KEYS": grants(
+                f'"{KEY}": {{"kbs": ["alpha"]}}',
+                f'"{OTHER}": {{"kbs": ["beta"]}}',
+                f'"{KEY}": {{"kbs": ["*"], "write": true}}',
+            )
+        },
+        "STRATA_API__KEYS: key #3 is the same key as key #1: define each key once",
+    ),
+    (
+        "a key twice in STRATA_API given whole",
+        lambda _: {
+            "STRATA_API": '{{"keys": {}}}'.format(
+                grants(f'"{KEY}": {{"kbs": ["alpha"]}}', f'"{KEY}": {{"kbs": ["*"], "write": true}}')
+            )
+        },
+        "STRATA_API: keys: key #2 is the same key as key #1",
+    ),
+    (
+        "a key in a variable's name",
+        lambda _: {f"STRATA_API__KEYS__{KEY}__KBS": '["alpha"]'},
+        "a variable STRATA_API__KEYS__… would put an API key in its name",
+    ),
+    (
+        "a key in a misspelt variable's name",
+        lambda _: {f"STRATA_API__KEY__{KEY}__KBS": '["alpha"]'},
+        "unknown setting STRATA_API__KEY__…",
+    ),
+    (
+        "a key twice in strata.toml",
+        lambda tmp: {
+            "STRATA_CONFIG": strata_toml(
+                tmp, f'[api.keys."{KEY}"]\nkbs = ["alpha"]\n\n[api.keys."{KEY}"]\nkbs = ["*"]\nwrite = true\n'
+            )
+        },
+        "Cannot declare … (a table or key defined twice; at line 4",
+    ),
+    (
+        "a typo in a grant in strata.toml",
+        lambda tmp: {"STRATA_CONFIG": strata_toml(tmp, f'[api.keys."{KEY}"]\nkbz = ["alpha"]\n')},
+        "STRATA_API__KEYS: key #1: 'kbz' is not a grant field",
+    ),
+]
 
 # Wrong only once the keys of every source are put together: `strata serve` reads them all before it starts.
 SERVE_CASES: list[tuple[str, Callable[[Path], dict[str, str]], str]] = [
-    ("a keys file that is not JSON", lambda tmp: {"STRATA_API__KEYS_FILE": keys_file(tmp, f'{{"{KEY}": {{"kbs": [')},
-     "STRATA_API__KEYS_FILE ({file}): not valid JSON"),
-    ("a bad grant in the keys file", lambda tmp: {
-        "STRATA_API__KEYS_FILE": keys_file(tmp, grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": "alpha", "writ": true}}'))},
-     "STRATA_API__KEYS_FILE ({file}): key #2: 'kbs': Input should be a valid list; 'writ' is not a grant field"),
-    ("a key twice in the keys file", lambda tmp: {
-        "STRATA_API__KEYS_FILE": keys_file(tmp, grants(f'"{KEY}": {{"kbs": ["alpha"]}}', f'"{KEY}": {{"kbs": ["*"]}}'))},
-     "STRATA_API__KEYS_FILE ({file}): key #2 is the same key as key #1"),
-    ("a key in STRATA_API__KEYS and in the keys file", lambda tmp: {
-        "STRATA_API__KEYS_FILE": keys_file(tmp, grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": ["alpha"]}}')),
-        "STRATA_API__KEYS": grants(f'"{KEY}": {{"kbs": ["*"], "write": true}}')},
-     "STRATA_API__KEYS key #1 is the same key as STRATA_API__KEYS_FILE ({file}) key #2"),
-    ("STRATA_API__API_KEY given as a tenant's key too", lambda _: {
-        "STRATA_API__KEYS": grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": ["alpha"]}}'), "STRATA_API__API_KEY": KEY},
-     "STRATA_API__API_KEY is the same key as STRATA_API__KEYS key #2"),
-    ("a key a header cannot carry", lambda _: {"STRATA_API__KEYS": grants(f'"{KEY} ": {{"kbs": ["alpha"]}}')},
-     "STRATA_API__KEYS key #1 starts or ends with whitespace"),
-]  # fmt: skip
+    (
+        "a keys file that is not JSON",
+        lambda tmp: {"STRATA_API__KEYS_FILE": keys_file(tmp, f'{{"{KEY}": {{"kbs": [')},
+        "STRATA_API__KEYS_FILE ({file}): not valid JSON",
+    ),
+    (
+        "a bad grant in the keys file",
+        lambda tmp: {
+            "STRATA_API__KEYS_FILE": keys_file(
+                tmp, grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": "alpha", "writ": true}}')
+            )
+        },
+        "STRATA_API__KEYS_FILE ({file}): key #2: 'kbs': Input should be a valid list; 'writ' is not a grant field",
+    ),
+    (
+        "a key twice in the keys file",
+        lambda tmp: {
+            "STRATA_API__KEYS_FILE": keys_file(
+                tmp, grants(f'"{KEY}": {{"kbs": ["alpha"]}}', f'"{KEY}": {{"kbs": ["*"]}}')
+            )
+        },
+        "STRATA_API__KEYS_FILE ({file}): key #2 is the same key as key #1",
+    ),
+    (
+        "a key in STRATA_API__KEYS and in the keys file",
+        lambda tmp: {
+            "STRATA_API__KEYS_FILE": keys_file(tmp, grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": ["alpha"]}}')),
+            "STRATA_API__KEYS": grants(f'"{KEY}": {{"kbs": ["*"], "write": true}}'),
+        },
+        "STRATA_API__KEYS key #1 is the same key as STRATA_API__KEYS_FILE ({file}) key #2",
+    ),
+    (
+        "STRATA_API__API_KEY given as a tenant's key too",
+        lambda _: {
+            "STRATA_API__KEYS": grants(f'"{OTHER}": {{}}', f'"{KEY}": {{"kbs": ["alpha"]}}'),
+            "STRATA_API__API_KEY": KEY,
+        },
+        "STRATA_API__API_KEY is the same key as STRATA_API__KEYS key #2",
+    ),
+    (
+        "a key a header cannot carry",
+        lambda _: {"STRATA_API__KEYS": grants(f'"{KEY} ": {{"kbs": ["alpha"]}}')},
+        "STRATA_API__KEYS key #1 starts or ends with whitespace",
+    ),
+]
 
 
 def assert_silent_about_keys(printed: str) -> None:

@@ -8,11 +8,12 @@ workers counted what, so a test knows that both took part before it judges the s
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -28,8 +29,12 @@ MONOTONIC = {"counter", "histogram"}  # a histogram's buckets, count and sum onl
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, milvus_server_uri: str, module_pg_url: str) -> Iterator[SharedService]:
-    with shared_service(tmp_path_factory.mktemp("metrics-workers"), milvus_server_uri, module_pg_url, workers=2) as running:
+def service(
+    tmp_path_factory: pytest.TempPathFactory, milvus_server_uri: str, module_pg_url: str
+) -> Iterator[SharedService]:
+    with shared_service(
+        tmp_path_factory.mktemp("metrics-workers"), milvus_server_uri, module_pg_url, workers=2
+    ) as running:
         yield running
 
 
@@ -45,9 +50,11 @@ def retrieve(service: SharedService, count: int) -> int:
     for n in range(count):
         kb, key = ("alpha", TENANT_A_READ) if n % 2 else ("beta", TENANT_B_READ)
         answer = httpx.post(
-            f"{service.url}/retrieve", json={"query": f"when is it done? {n}", "top_k": 2, "kb_ids": [kb]},
-            headers=auth(key), timeout=60,
-        )  # fmt: skip
+            f"{service.url}/retrieve",
+            json={"query": f"when is it done? {n}", "top_k": 2, "kb_ids": [kb]},
+            headers=auth(key),
+            timeout=60,
+        )
         assert answer.status_code == 200, answer.text
     return count
 
@@ -79,8 +86,10 @@ def per_worker(directory: Path, name: str, **labels: str) -> dict[int, float]:
 
 
 def assert_monotonic(scrapes: list[dict[Series, float]]) -> None:
-    for before, after in zip(scrapes, scrapes[1:]):
-        went_back = {series: (before[series], after.get(series)) for series in before if after.get(series, -1) < before[series]}
+    for before, after in itertools.pairwise(scrapes):
+        went_back = {
+            series: (before[series], after.get(series)) for series in before if after.get(series, -1) < before[series]
+        }
         assert not went_back, f"series went backwards (or vanished): {went_back}"
 
 

@@ -10,15 +10,19 @@ from tests.api.conftest import AppFactory
 def test_the_document_declares_the_bearer_key_and_each_routes_problems(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": doc["components"]["securitySchemes"]["bearer"]["description"],
-    }  # fmt: skip
+        "type": "http",
+        "scheme": "bearer",
+        "description": doc["components"]["securitySchemes"]["bearer"]["description"],
+    }
     paths = doc["paths"]
     assert "security" not in paths["/health"]["get"]
     upload = paths["/kbs/{kb}/documents"]["post"]
     assert upload["security"] == [{"bearer": []}]
     assert {"400", "401", "403", "404", "408", "409", "413", "422", "503"} <= set(upload["responses"])
     problem = upload["responses"]["409"]["content"]
-    assert list(problem) == ["application/problem+json"] and problem["application/problem+json"]["schema"]["$ref"].endswith("ProblemOut")
+    assert list(problem) == ["application/problem+json"] and problem["application/problem+json"]["schema"][
+        "$ref"
+    ].endswith("ProblemOut")
     assert {"401", "404", "408", "413", "422", "503"} <= set(paths["/retrieve"]["post"]["responses"])
     assert {"401", "403"} <= set(paths["/metrics"]["get"]["responses"])
 

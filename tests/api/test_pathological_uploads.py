@@ -13,8 +13,8 @@ checked besides the answers is that no worker was killed for missing its supervi
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -28,12 +28,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SIZES = {"100KB": 100 * 1024, "1MB": 1024 * 1024}
 # What each upload must come to: indexed ("added") or failed with a reason containing these words.
 OUTCOMES = {
-    ("spaces", "100KB"): "added", ("spaces", "1MB"): "added",
-    ("dots", "100KB"): "added", ("dots", "1MB"): "added",
-    ("hashes", "100KB"): "added", ("hashes", "1MB"): "added",
-    ("heading_spaces", "100KB"): "heading_path is", ("heading_spaces", "1MB"): "heading_path is",
-    ("html_comments", "100KB"): "added", ("html_comments", "1MB"): "STRATA_INDEXING__MAX_ELEMENTS",
-}  # fmt: skip
+    ("spaces", "100KB"): "added",
+    ("spaces", "1MB"): "added",
+    ("dots", "100KB"): "added",
+    ("dots", "1MB"): "added",
+    ("hashes", "100KB"): "added",
+    ("hashes", "1MB"): "added",
+    ("heading_spaces", "100KB"): "heading_path is",
+    ("heading_spaces", "1MB"): "heading_path is",
+    ("html_comments", "100KB"): "added",
+    ("html_comments", "1MB"): "STRATA_INDEXING__MAX_ELEMENTS",
+}
 HEALTH_TIMEOUT = httpx.Timeout(1.0)
 
 

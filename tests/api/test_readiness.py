@@ -6,7 +6,8 @@ Checks are counted with wrappers on the real stores (Milvus Lite, PostgreSQL, Re
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -45,10 +46,16 @@ def test_a_probe_needs_no_key_and_learns_only_the_status_of_each_component(make_
     for headers in ({}, auth("not-a-key"), auth("demo-reader-key")):
         response = client.get("/ready", headers=headers)
         assert response.status_code == 200
-        assert response.json() == {"status": "ready", "components": {
-            "milvus": {"status": "ok"}, "sql": {"status": "ok"}, "redis": {"status": "ok"},
-            "reranker": {"status": "not_configured"}, "encoder": {"status": "ok"},
-        }}  # fmt: skip
+        assert response.json() == {
+            "status": "ready",
+            "components": {
+                "milvus": {"status": "ok"},
+                "sql": {"status": "ok"},
+                "redis": {"status": "ok"},
+                "reranker": {"status": "not_configured"},
+                "encoder": {"status": "ok"},
+            },
+        }
 
 
 def test_the_detail_needs_a_key_with_full_access_or_the_metrics_grant(make_client: AppFactory) -> None:
@@ -109,7 +116,9 @@ def test_concurrent_probes_wait_for_the_one_check_in_flight(
 def _dead_milvus(stores: tuple[Settings, Resources], encoder: Any, **api: Any) -> tuple[Settings, Resources, int]:
     settings, shared = stores
     port = free_port()
-    milvus = settings.milvus.model_copy(update={"uri": f"http://127.0.0.1:{port}", "timeout_s": 1.0, "search_timeout_s": 1.0})
+    milvus = settings.milvus.model_copy(
+        update={"uri": f"http://127.0.0.1:{port}", "timeout_s": 1.0, "search_timeout_s": 1.0}
+    )
     dead = settings.model_copy(update={"milvus": milvus, "api": settings.api.model_copy(update=api)})
     resources = Resources(dead, encoder=encoder)
     resources.__dict__.update(documents=shared.documents, parents=shared.parents)  # only Milvus differs
@@ -125,10 +134,16 @@ def test_milvus_down_keeps_the_pod_reachable_and_retrieval_answers_its_503_namin
     with TestClient(create_app(dead, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
         ready = client.get("/ready")
         assert ready.status_code == 200
-        assert ready.json() == {"status": "degraded", "components": {
-            "milvus": {"status": "down"}, "sql": {"status": "ok"}, "redis": {"status": "ok"},
-            "reranker": {"status": "not_configured"}, "encoder": {"status": "ok"},
-        }}  # fmt: skip
+        assert ready.json() == {
+            "status": "degraded",
+            "components": {
+                "milvus": {"status": "down"},
+                "sql": {"status": "ok"},
+                "redis": {"status": "ok"},
+                "reranker": {"status": "not_configured"},
+                "encoder": {"status": "ok"},
+            },
+        }
         detail = client.get("/ready/detail")  # no keys configured: every caller has full access
         assert detail.status_code == 200 and str(port) in detail.json()["components"]["milvus"]["error"]
         answer = client.post("/retrieve", json={"query": "密码重置链接多久失效？", "kb_ids": ["demo"]})
@@ -159,7 +174,9 @@ class _BrokenEncoder:
         raise RuntimeError("the model's session is gone")
 
 
-def test_the_pods_own_encoder_failing_makes_the_probe_503(stores: tuple[Settings, Resources], memo_encoder: Any) -> None:
+def test_the_pods_own_encoder_failing_makes_the_probe_503(
+    stores: tuple[Settings, Resources], memo_encoder: Any
+) -> None:
     settings, shared = stores
     resources = Resources(settings, encoder=_BrokenEncoder(memo_encoder))
     resources.__dict__.update(documents=shared.documents, parents=shared.parents, leaf_index=shared.leaf_index)

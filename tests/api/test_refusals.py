@@ -12,8 +12,9 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -84,19 +85,26 @@ def test_an_unexpected_error_is_a_500_with_the_request_id_in_the_header_too(clie
 
 def test_a_file_name_over_1024_characters_is_named_shortened(client: TestClient) -> None:
     name = "minutes-of-the-harbour-board-" * 40 + ".md"  # 1,163 characters
-    body = assert_refused(client.post("/kbs/garden/documents", files=one_file(name), headers=ADMIN), 422, "invalid-input")
+    body = assert_refused(
+        client.post("/kbs/garden/documents", files=one_file(name), headers=ADMIN), 422, "invalid-input"
+    )
     assert repr(name[:80] + "…") in body["detail"] and f"{len(name)} characters" in body["detail"]
     assert len(body["detail"]) < 300  # never the whole name back
     megabyte = client.post("/kbs/garden/documents", files=one_file("x" * 2**20 + ".md"), headers=ADMIN)
     assert megabyte.status_code in (400, 413, 422) and len(megabyte.content) < 2000  # the parser may refuse it first
 
 
-@pytest.mark.parametrize(("path", "methods"), [
-    ("/kbs", {"GET", "POST", "OPTIONS"}),
-    ("/kbs/demo/documents", {"GET", "POST", "OPTIONS"}),
-    ("/kbs/demo/documents/auth.md", {"DELETE", "OPTIONS"}),
-])  # fmt: skip
-def test_options_and_an_unknown_method_list_every_method_of_the_path(client: TestClient, path: str, methods: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/kbs", {"GET", "POST", "OPTIONS"}),
+        ("/kbs/demo/documents", {"GET", "POST", "OPTIONS"}),
+        ("/kbs/demo/documents/auth.md", {"DELETE", "OPTIONS"}),
+    ],
+)
+def test_options_and_an_unknown_method_list_every_method_of_the_path(
+    client: TestClient, path: str, methods: set[str]
+) -> None:
     options = client.options(path)
     assert options.status_code == 204 and set(options.headers["allow"].split(", ")) == methods
     refused = client.put(path, headers=ADMIN)
@@ -109,7 +117,10 @@ def test_creating_a_kb_that_exists_is_a_declared_200(client: TestClient) -> None
     assert again.status_code == 200 and again.json() == {"kb_id": "demo", "created": False}
     declared = client.get("/openapi.json").json()["paths"]["/kbs"]["post"]["responses"]
     assert {"200", "201"} <= set(declared)
-    assert declared["200"]["content"]["application/json"]["schema"] == declared["201"]["content"]["application/json"]["schema"]
+    assert (
+        declared["200"]["content"]["application/json"]["schema"]
+        == declared["201"]["content"]["application/json"]["schema"]
+    )
 
 
 # -- strata serve --workers 2 --------------------------------------------------------------------------------------
@@ -119,7 +130,9 @@ def test_creating_a_kb_that_exists_is_a_declared_200(client: TestClient) -> None
 def served(tmp_path: Path, milvus_server_uri: str, module_pg_url: str) -> Iterator[SharedService]:
     temporary = tmp_path / "tmp"  # the service's TMPDIR: where its upload folders are
     temporary.mkdir()
-    with shared_service(tmp_path, milvus_server_uri, module_pg_url, workers=2, seed=False, TMPDIR=str(temporary)) as service:
+    with shared_service(
+        tmp_path, milvus_server_uri, module_pg_url, workers=2, seed=False, TMPDIR=str(temporary)
+    ) as service:
         service.temporary = temporary  # type: ignore[attr-defined]
         yield service
 

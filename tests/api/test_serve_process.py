@@ -13,8 +13,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +23,7 @@ import pytest
 from strata.client import StrataClient
 from strata.indexing.report import IndexReport
 from tests.conftest import MilvusTarget, free_port
-from tests.strata_support import STRATA, REPO, run_strata, strata_env, write_files
+from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
 
 NOTES = {
     "lighthouse.md": "---\nmodule: coast\nskill_points: [lamp]\n---\n# Lighthouse\n\n"
@@ -36,8 +37,13 @@ def slow_document(paragraphs: int = 80) -> str:
     """A document with many distinct leaves: indexing it keeps the encoder busy for seconds."""
     lines = ["# Logbook", ""]
     for n in range(paragraphs):
-        lines += [f"## Entry {n}", "", f"Day {n}: the tide rose {n % 7} metres, wind from bearing {n * 13 % 360}, "
-                  f"{n * 3 % 11} ships passed and the lamp used {n * 17 % 50} litres of oil.", ""]  # fmt: skip
+        lines += [
+            f"## Entry {n}",
+            "",
+            f"Day {n}: the tide rose {n % 7} metres, wind from bearing {n * 13 % 360}, "
+            f"{n * 3 % 11} ships passed and the lamp used {n * 17 % 50} litres of oil.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -68,12 +74,18 @@ class Service:
 @pytest.fixture
 def service(tmp_path: Path, milvus_target: MilvusTarget) -> Iterator[Service]:
     # a grace long enough that the drain below is what ends the slow upload (test_serve_shutdown: a short one)
-    env = strata_env(tmp_path / "data", STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="600", **milvus_target.env())
+    env = strata_env(
+        tmp_path / "data", STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="600", **milvus_target.env()
+    )
     port = free_port()
     process = subprocess.Popen(
-        [str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [str(STRATA), "serve", "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     served = Service(process, f"http://127.0.0.1:{port}")
     served.env = env  # type: ignore[attr-defined]
     yield served
@@ -95,14 +107,18 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     report = json.loads(done.stdout)
     assert set(report) == set(IndexReport(kb="notes").to_dict()) and (report["added"], report["failed"]) == (2, 0)
 
-    answer = service.http.post("/retrieve", json={"query": "When is the Fresnel lens polished?", "top_k": 2, "kb_ids": ["notes"]})
+    answer = service.http.post(
+        "/retrieve", json={"query": "When is the Fresnel lens polished?", "top_k": 2, "kb_ids": ["notes"]}
+    )
     assert answer.status_code == 200 and answer.json()["docs"][0]["metadata"]["source"] == "lighthouse.md"
 
     # a file added while the service runs is found by the next retrieval (STRATA_SERVER__URL instead of --server)
     late = write_files(tmp_path / "late", {"orchard.md": LATE_DOC})
     done = run_strata(["index", str(late / "orchard.md"), "--kb", "notes"], {**env, "STRATA_SERVER__URL": service.url})
     assert done.returncode == 0 and "1 added" in done.stdout, done.stderr
-    found = service.http.post("/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["notes"]})
+    found = service.http.post(
+        "/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["notes"]}
+    )
     assert found.json()["docs"][0]["metadata"]["doc_id"] == "orchard.md"
 
     # a file that fails and a path that does not exist: reported, exit status 1, as a local run
@@ -134,7 +150,9 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     else:
         # on a Milvus server it indexes beside the service, which serves the new kb at once
         assert local.returncode == 0 and "1 added" in local.stdout, local.stderr
-        there = service.http.post("/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["local"]})
+        there = service.http.post(
+            "/retrieve", json={"query": "when are the pear trees pruned", "top_k": 1, "kb_ids": ["local"]}
+        )
         assert there.status_code == 200 and there.json()["docs"][0]["metadata"]["doc_id"] == "orchard.md"
 
     # SIGTERM while a slow upload is being indexed: it finishes, then the process exits 0
@@ -155,7 +173,9 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     assert "without authentication" in stderr  # no keys: said at start-up
     access = [json.loads(line.split(": ", 1)[1]) for line in stderr.splitlines() if "strata.api.access" in line]
     retrievals = [entry for entry in access if entry["route"] == "/retrieve"]
-    assert retrievals and all(entry["status"] == 200 and entry["ms"] > 0 and entry["request_id"] for entry in retrievals)
+    assert retrievals and all(
+        entry["status"] == 200 and entry["ms"] > 0 and entry["request_id"] for entry in retrievals
+    )
 
 
 def test_serve_refuses_what_cannot_work(tmp_path: Path) -> None:

@@ -31,9 +31,13 @@ def test_sigterm_ends_an_upload_stuck_in_a_parse_after_the_grace_period(tmp_path
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = strata_env(
-        tmp_path / "data", TMPDIR=str(temp), STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="1",
-        STRATA_INDEXING__MAX_ELEMENTS="100000000", STRATA_INDEXING__PARSE_TIMEOUT_S="3600",
-    )  # fmt: skip
+        tmp_path / "data",
+        TMPDIR=str(temp),
+        STRATA_LOG_LEVEL="INFO",
+        STRATA_API__SHUTDOWN_GRACE_S="1",
+        STRATA_INDEXING__MAX_ELEMENTS="100000000",
+        STRATA_INDEXING__PARSE_TIMEOUT_S="3600",
+    )
     port = free_port()
     with open(tmp_path / "serve.log", "w") as log:
         process = subprocess.Popen(
@@ -69,7 +73,7 @@ def test_sigterm_ends_an_upload_stuck_in_a_parse_after_the_grace_period(tmp_path
 def _leases(data_dir: Path) -> list[str]:
     """The kbs whose indexing lease is held, read from the service's SQLite file."""
     with closing(sqlite3.connect(data_dir / "strata.sqlite3")) as db:
-        return [kb for (kb,) in db.execute(f"SELECT kb_id FROM {kb_leases.name}")]  # noqa: S608 - a table name of ours
+        return [kb for (kb,) in db.execute(f"SELECT kb_id FROM {kb_leases.name}")]
 
 
 def _post(http: httpx.Client, url: str, files: list, outcome: list) -> None:
@@ -102,7 +106,7 @@ def _parse_processes(pid: int) -> list[psutil.Process]:
     return found
 
 
-def _poll(check, failure: str, alive: threading.Thread | None = None, deadline_s: float = 120):  # noqa: ANN001, ANN202
+def _poll(check, failure: str, alive: threading.Thread | None = None, deadline_s: float = 120):  # noqa: ANN202
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         found = check()

@@ -12,8 +12,9 @@ import os
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -28,7 +29,6 @@ from strata.cli import main
 from strata.config import Settings
 from strata.errors import ConfigError
 from strata.resources import Resources
-from tests.api.conftest import AppFactory
 
 GARDEN_QUERY = "how often do tomatoes need deep watering"
 
@@ -59,10 +59,14 @@ def test_a_retrieve_request_gives_request_retrieval_and_stage_spans(
     [retrieval] = [s for s in finished if s.name == "retrieval"]
     assert retrieval.parent is not None and retrieval.parent.span_id == request.context.span_id
     attributes = retrieval.attributes
-    assert (attributes["strata.retrieval.mode"], attributes["strata.retrieval.status"]) == (meta["mode"], meta["status"])
+    assert (attributes["strata.retrieval.mode"], attributes["strata.retrieval.status"]) == (
+        meta["mode"],
+        meta["status"],
+    )
     assert (attributes["strata.retrieval.returned"], attributes["strata.retrieval.fused_candidates"]) == (
-        len(response.json()["docs"]), meta["fused_candidates"],
-    )  # fmt: skip
+        len(response.json()["docs"]),
+        meta["fused_candidates"],
+    )
     assert list(attributes["strata.retrieval.degraded"]) == meta["degraded"]
     assert meta["returned"] > 0 and meta["cache"] != "hit"
 
@@ -82,7 +86,10 @@ def test_a_failed_retrieval_span_carries_the_reasons(open_client: TestClient, sp
     assert response.status_code == 404
     finished = {s.name: s for s in spans.get_finished_spans()}
     retrieval = finished["retrieval"]
-    assert (retrieval.attributes["strata.retrieval.status"], retrieval.attributes["strata.retrieval.mode"]) == ("failed", "failed")
+    assert (retrieval.attributes["strata.retrieval.status"], retrieval.attributes["strata.retrieval.mode"]) == (
+        "failed",
+        "failed",
+    )
     assert list(retrieval.attributes["strata.retrieval.degraded"]) == ["unknown_kb"]
     assert list(finished["retrieval.kb"].attributes["strata.stage.errors"]) == ["NotFoundError"]
     assert finished["POST /retrieve"].attributes["http.response.status_code"] == 404
@@ -97,11 +104,13 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = ExportTraceServiceRequest.FromString(body)
                 collector.paths.append(self.path)
-                collector.span_names += [s.name for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+                collector.span_names += [
+                    s.name for r in request.resource_spans for ss in r.scope_spans for s in ss.spans
+                ]
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")

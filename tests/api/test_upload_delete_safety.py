@@ -15,9 +15,15 @@ from tests.api.conftest import auth
 from tests.api.test_client import served_url  # noqa: F401 - the fixture: a real local HTTP server
 
 ADMIN = auth("admin-key")
-PAGES = {f"{name}.md": f"# {name.title()}\n\nThe {name} quay takes ferries at dawn.\n".encode() for name in (
-    "alpha", "beta", "gamma", "delta",
-)}  # fmt: skip
+PAGES = {
+    f"{name}.md": f"# {name.title()}\n\nThe {name} quay takes ferries at dawn.\n".encode()
+    for name in (
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+    )
+}
 ROOT = "host:/srv/notes"
 
 

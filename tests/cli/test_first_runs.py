@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 from strata.stores.sql import DocumentStore
-from tests.strata_support import STRATA, REPO, settings_for, strata_env
+from tests.strata_support import REPO, STRATA, settings_for, strata_env
 
 
 def test_two_first_runs_at_once_both_open_the_new_database(tmp_path: Path) -> None:
@@ -14,7 +14,10 @@ def test_two_first_runs_at_once_both_open_the_new_database(tmp_path: Path) -> No
     file lock (Alembic), so neither meets "table strata_knowledge_bases already exists"; each answers in one line."""
     env = strata_env(tmp_path / "data")
     command = [str(STRATA), "reconcile", "--kb", "new"]
-    runs = [subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outcomes = [(run.wait(120), run.stderr.read() if run.stderr else "") for run in runs]
     for code, err in outcomes:
         assert (code, err.strip().splitlines()) == (1, ["strata: NotFoundError: no knowledge base 'new'; known: none"])
@@ -29,7 +32,9 @@ def test_reconcile_of_an_unknown_kb_is_an_error_naming_the_known_ones(tmp_path: 
     finally:
         store.dispose()
 
-    typo = subprocess.run([str(STRATA), "reconcile", "--kb", "handbok"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    typo = subprocess.run(
+        [str(STRATA), "reconcile", "--kb", "handbok"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
     assert typo.returncode == 1 and typo.stdout == ""
     assert typo.stderr.strip().splitlines() == [

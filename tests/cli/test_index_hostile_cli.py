@@ -15,8 +15,18 @@ from typing import Any
 
 from pymilvus import MilvusClient
 
-from tests.strata_support import alias_bomb
-from tests.strata_support import REPO, STRATA, opened, run_strata, settings_for, store_state, strata_env, write_files
+from strata.stores.leaf_index import kb_collection_name
+from tests.strata_support import (
+    REPO,
+    STRATA,
+    alias_bomb,
+    opened,
+    run_strata,
+    settings_for,
+    store_state,
+    strata_env,
+    write_files,
+)
 
 # The CLI runs under this address-space limit, so an expanding bomb is stopped by the kernel instead of taking the
 # machine's memory; the bound that is asserted is its peak RSS. The limit is twice the run's own need: unlimited, it
@@ -95,7 +105,9 @@ def test_a_large_front_matter_field_is_stored_once_not_in_every_chunk(tmp_path: 
     env = strata_env(tmp_path / "data")
     description = "A long description of the tides. " * 600  # 20 KB
     body = "\n\n".join(f"## Part {n}\n\n" + f"Sentence {n} about tides and harbours. " * 30 for n in range(4))
-    docs = write_files(tmp_path / "docs", {"tides.md": f"---\nmodule: ocean\ndescription: {description}\n---\n{body}\n"})
+    docs = write_files(
+        tmp_path / "docs", {"tides.md": f"---\nmodule: ocean\ndescription: {description}\n---\n{body}\n"}
+    )
 
     assert json.loads(run_strata(["index", str(docs), "--kb", "t", "--json"], env).stdout)["added"] == 1
 

@@ -15,9 +15,17 @@ from pathlib import Path
 import pytest
 
 from strata.cli.milvus_user import (
-    DATABASE, GRANTS, GROUPS, PRIVILEGE_OF_CALL, PRIVILEGES, ROLE, cmd_milvus_user_create, ensure_user,
-    granted_privileges, strata_credentials,
-)  # fmt: skip
+    DATABASE,
+    GRANTS,
+    GROUPS,
+    PRIVILEGE_OF_CALL,
+    PRIVILEGES,
+    ROLE,
+    cmd_milvus_user_create,
+    ensure_user,
+    granted_privileges,
+    strata_credentials,
+)
 from strata.config import load_settings
 from strata.errors import ConfigError
 
@@ -40,8 +48,9 @@ class RecordingMilvus:
         assert role_name not in self.roles, "role exists"
         self.roles[role_name] = set()
 
-    def grant_privilege_v2(self, role_name: str, privilege: str, collection_name: str, db_name: str | None = None,
-                           **kwargs: object) -> None:  # fmt: skip
+    def grant_privilege_v2(
+        self, role_name: str, privilege: str, collection_name: str, db_name: str | None = None, **kwargs: object
+    ) -> None:
         self.roles[role_name].add((privilege, collection_name, db_name or "default"))
 
     def list_users(self, **kwargs: object) -> list[str]:
@@ -104,9 +113,13 @@ def test_the_groups_granted_are_milvus_built_in_groups_and_nothing_admin() -> No
 
 @pytest.mark.parametrize(
     ("token", "message"),
-    [("root:Milvus", "names root"), ("strata", "must be <user>:<password>"), (":pw", "must be <user>:<password>"),
-     ("strata:", "must be <user>:<password>")],
-)  # fmt: skip
+    [
+        ("root:Milvus", "names root"),
+        ("strata", "must be <user>:<password>"),
+        (":pw", "must be <user>:<password>"),
+        ("strata:", "must be <user>:<password>"),
+    ],
+)
 def test_the_token_must_name_a_user_of_its_own(token: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         strata_credentials(token)

@@ -36,7 +36,9 @@ def test_explain_shows_stages_merges_and_traces(env: dict[str, str]) -> None:
     done = run_strata(["query", QUERY, "--kb", "demo", "--explain"], env)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "status ok, strategy auto_merge, mode hybrid" in out and "stage" in out and "encode" in out and "total" in out
+    assert (
+        "status ok, strategy auto_merge, mode hybrid" in out and "stage" in out and "encode" in out and "total" in out
+    )
     assert "merge round 1:" in out and "merge round 2:" in out and "rerank: skipped (not configured)" in out
     assert "merged from" in out and "auth.md — 用户认证 > 功能规范 > 2. 密码重置" in out
 

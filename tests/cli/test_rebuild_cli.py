@@ -63,7 +63,9 @@ def _top10(settings: Settings, encoder: Any, queries: list[str]) -> list[list[st
     return [[d.metadata["chunk_id"] for d in r.docs] for r in results]
 
 
-@pytest.mark.parametrize("level", [None, "collection", "partition_key"], ids=["same-level", "to-collection", "to-partition-key"])
+@pytest.mark.parametrize(
+    "level", [None, "collection", "partition_key"], ids=["same-level", "to-collection", "to-partition-key"]
+)
 def test_copy_to_a_second_file_answers_the_same_top10(
     demo: dict[str, str], tmp_path: Path, memo_encoder: Any, level: str | None
 ) -> None:
@@ -77,12 +79,15 @@ def test_copy_to_a_second_file_answers_the_same_top10(
     assert report["isolation"] == (level or "partition")  # a Lite file's default level is a partition per kb
     assert report["target_uri"] == str(copy) and report["leaves_written"] == report["sql_leaves"] > 0
     assert (report["encoded"], report["reused"]) == (0, report["leaves_written"])  # the cache is warm
-    assert report["next_step"] == f"export STRATA_MILVUS__URI={copy}" + (f" && export STRATA_MILVUS__ISOLATION={level}" if level else "")
+    assert report["next_step"] == f"export STRATA_MILVUS__URI={copy}" + (
+        f" && export STRATA_MILVUS__ISOLATION={level}" if level else ""
+    )
 
     queries = _queries(source, memo_encoder)
     original = _top10(source, memo_encoder, queries)
-    copied = _top10(source.model_copy(update={"milvus": source.milvus.model_copy(update={"uri": str(copy)})}),
-                    memo_encoder, queries)  # fmt: skip
+    copied = _top10(
+        source.model_copy(update={"milvus": source.milvus.model_copy(update={"uri": str(copy)})}), memo_encoder, queries
+    )
     assert sum(len(ids) for ids in original) >= 5 * QUERIES  # real answers, not two empty lists
     assert copied == original
 
@@ -100,8 +105,11 @@ def test_text_output_prints_the_next_step(demo: dict[str, str], tmp_path: Path) 
 def test_in_place_rebuild_restores_leaves_deleted_from_milvus(demo: dict[str, str], memo_encoder: Any) -> None:
     settings = settings_for(demo)
     with opened(settings, memo_encoder) as resources:
-        expected = {leaf.chunk_id for v in resources.documents.versions("demo")
-                    for leaf in resources.documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))}  # fmt: skip
+        expected = {
+            leaf.chunk_id
+            for v in resources.documents.versions("demo")
+            for leaf in resources.documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))
+        }
         resources.leaf_index.delete_leaves("demo", sorted(expected)[::3])
         resources.leaf_index.flush()
         assert resources.leaf_index.count("demo") < len(expected)

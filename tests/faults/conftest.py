@@ -9,6 +9,7 @@ pause and restart it without disturbing the shared server on 5432. The
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -16,8 +17,9 @@ import signal
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -53,7 +55,9 @@ class PrivatePostgres:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=60"
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start"
+        )
 
     def stop(self) -> None:
         self.resume()
@@ -62,7 +66,9 @@ class PrivatePostgres:
     def restart(self) -> None:
         """A fast restart: every open connection is closed by the server."""
         # -l: the new postmaster must not inherit our pipes (pg_ctl would then never seem to finish)
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-l", str(self.root / "log"), "-w", "-t", "60", "restart")
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-m", "fast", "-l", str(self.root / "log"), "-w", "-t", "60", "restart"
+        )
 
     def running(self) -> bool:
         status = subprocess.run(self._command("pg_ctl", "-D", str(self.data), "status"), capture_output=True)
@@ -75,10 +81,8 @@ class PrivatePostgres:
     def resume(self) -> None:
         pid_file = self.data / "postmaster.pid"
         if pid_file.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self._postmaster_pid(), signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
     def create_database(self) -> str:
         """A new database at strata's schema (``strata db upgrade``); its SQLAlchemy URL."""
@@ -145,4 +149,6 @@ def demo_kb(tmp_path_factory: pytest.TempPathFactory, postgres_cluster: PrivateP
 
 def with_sections(settings: Settings, **sections: dict[str, Any]) -> Settings:
     """``settings`` with some fields of some sections replaced."""
-    return settings.model_copy(update={name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()})
+    return settings.model_copy(
+        update={name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()}
+    )

@@ -18,18 +18,32 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from tests.conftest import MilvusTarget
-from tests.strata_support import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_UPDATE, CRASH_V1, crash_copy
-from tests.strata_support import StoreState, assert_equal_but_renumbered, opened, run_strata, run_strata_killed_at
-from tests.strata_support import settings_for, store_state
-from tests.strata_support import strata_env, write_files
+from tests.strata_support import (
+    BEFORE_ACTIVATION,
+    CRASH_KB,
+    CRASH_QUERY,
+    CRASH_UPDATE,
+    CRASH_V1,
+    StoreState,
+    assert_equal_but_renumbered,
+    crash_copy,
+    opened,
+    run_strata,
+    run_strata_killed_at,
+    settings_for,
+    store_state,
+    strata_env,
+    write_files,
+)
 
 
 def index_in_process(docs: Path, env: dict[str, str], encoder: Any) -> StoreState:
@@ -60,9 +74,13 @@ def clean(baseline: tuple[Path, StoreState], tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.parametrize("step", WRITE_STEPS)
 def test_sigkill_at_each_write_step_then_reconcile_repair_and_rerun_equal_a_clean_run(
-    step: str, baseline: tuple[Path, StoreState], clean: StoreState, tmp_path: Path, memo_encoder: Any,
+    step: str,
+    baseline: tuple[Path, StoreState],
+    clean: StoreState,
+    tmp_path: Path,
+    memo_encoder: Any,
     module_milvus_target: MilvusTarget,
-) -> None:  # fmt: skip
+) -> None:
     """On a Lite file and on a Milvus server; the clean run it is compared with ran on a Lite file."""
     docs, env = crash_copy(baseline[0], tmp_path, module_milvus_target, memo_encoder)
     killed = run_strata_killed_at(step, ["index", str(docs), "--kb", CRASH_KB], env)
@@ -87,7 +105,9 @@ def test_sigkill_at_each_write_step_then_reconcile_repair_and_rerun_equal_a_clea
     repaired_state.assert_consistent()
     assert repaired_state == (clean if activated else baseline[1]), "repair finishes or undoes the interrupted write"
     assert (served.meta.status, served.meta.degraded) == ("ok", ())
-    assert {d.metadata["version"] for d in served.docs if d.metadata["doc_id"] == "retention.md"} == {2 if activated else 1}
+    assert {d.metadata["version"] for d in served.docs if d.metadata["doc_id"] == "retention.md"} == {
+        2 if activated else 1
+    }
 
     assert (rerun.updated, rerun.unchanged, rerun.failed) == ((0, 3, 0) if activated else (1, 2, 0))
     assert final_check.differences == 0
@@ -111,7 +131,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs mounted for the test (unmounted afterwards)."""
     mount = tmp_path / "small"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a size-limited tmpfs here ({done.stderr.strip()}); disk full is not simulated")
     try:

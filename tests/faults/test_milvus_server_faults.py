@@ -22,8 +22,9 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import httpx
@@ -40,8 +41,7 @@ from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests import conftest
 from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port
-from tests.strata_support import RESET_QUERY, make_settings
-from tests.strata_support import REPO, STRATA, opened, settings_for, strata_env
+from tests.strata_support import REPO, RESET_QUERY, STRATA, make_settings, opened, settings_for, strata_env
 
 pytestmark = pytest.mark.milvus_server
 logger = logging.getLogger(__name__)
@@ -130,13 +130,20 @@ def assert_failed_on_milvus(result: RetrievalResult, milvus: RestartableMilvus) 
 
 
 def in_process_settings(
-    root: Path, database: DatabaseSettings, milvus: RestartableMilvus, *, deadline_ms: int = DEADLINE_MS, **milvus_fields: Any
-) -> Settings:  # fmt: skip
+    root: Path,
+    database: DatabaseSettings,
+    milvus: RestartableMilvus,
+    *,
+    deadline_ms: int = DEADLINE_MS,
+    **milvus_fields: Any,
+) -> Settings:
     return make_settings(
-        root, str(database.url), redis_url=None,
+        root,
+        str(database.url),
+        redis_url=None,
         milvus={"uri": milvus.uri, "collection": f"faults_{uuid.uuid4().hex[:8]}", **milvus_fields},
         retrieval={"cache_size": 0, "deadline_ms": deadline_ms},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -157,7 +164,9 @@ def test_retriever_fails_visibly_while_the_server_is_down_and_recovers_after_its
     milvus.start_again()
     restarted = time.monotonic()
     answers = poll(ask, lambda r: r.meta.status == "ok", within_s=RECOVERY_WITHIN_S)
-    logger.info("retrieval ok %.2f s after the server answered again (%d tries)", time.monotonic() - restarted, len(answers))
+    logger.info(
+        "retrieval ok %.2f s after the server answered again (%d tries)", time.monotonic() - restarted, len(answers)
+    )
     for waiting in answers[:-1]:  # while the channel reconnects: failed with the reason, never ok and empty
         assert waiting.meta.status == "failed" and waiting.meta.errors and waiting.docs == ()
     after = answers[-1]
@@ -208,7 +217,9 @@ def test_the_first_or_second_retrieval_after_the_server_answers_again_succeeds(
     resources.close()
 
 
-def test_a_hung_server_costs_each_search_its_search_timeout(tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any) -> None:
+def test_a_hung_server_costs_each_search_its_search_timeout(
+    tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any
+) -> None:
     """SIGSTOP: connections are accepted and never answered. Each search gives up at STRATA_MILVUS__SEARCH_TIMEOUT_S
     (not the 30 s of Milvus's other calls) with a ``StoreError`` naming the gRPC deadline; SIGCONT and it answers."""
     database = DatabaseSettings(url=f"sqlite:///{tmp_path / 'strata.sqlite3'}")
@@ -245,9 +256,13 @@ def test_a_hung_server_costs_each_search_its_search_timeout(tmp_path: Path, milv
 def serve_env(tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any) -> dict[str, str]:
     """examples/kb indexed as kb 'demo' (SQLite under the data dir, the leaves on the private server)."""
     env = strata_env(
-        tmp_path / "data", STRATA_MILVUS__URI=milvus.uri, STRATA_MILVUS__COLLECTION="faults_serve",
-        STRATA_RETRIEVAL__CACHE_SIZE="0", STRATA_RETRIEVAL__DEADLINE_MS=str(DEADLINE_MS), STRATA_LOG_LEVEL="INFO",
-    )  # fmt: skip
+        tmp_path / "data",
+        STRATA_MILVUS__URI=milvus.uri,
+        STRATA_MILVUS__COLLECTION="faults_serve",
+        STRATA_RETRIEVAL__CACHE_SIZE="0",
+        STRATA_RETRIEVAL__DEADLINE_MS=str(DEADLINE_MS),
+        STRATA_LOG_LEVEL="INFO",
+    )
     with opened(settings_for(env), memo_encoder) as resources:
         assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     return env
@@ -257,7 +272,9 @@ def serve_env(tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any) -> d
 def served(tmp_path: Path, serve_env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:  # a file: a pipe nobody reads would fill and block the service
-        process = subprocess.Popen([str(STRATA), "serve", "--port", str(port)], env=serve_env, cwd=REPO, stdout=log, stderr=log)
+        process = subprocess.Popen(
+            [str(STRATA), "serve", "--port", str(port)], env=serve_env, cwd=REPO, stdout=log, stderr=log
+        )
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(60.0, connect=5.0))
     try:
         yield process, http
@@ -298,7 +315,10 @@ def test_serve_answers_503_while_the_server_is_down_and_recovers_without_a_resta
     down = poll(lambda: http.get("/ready"), milvus_down, within_s=RECOVERY_WITHIN_S)[-1]
     assert (down.status_code, down.json()["status"]) == (200, "degraded")
     detail = http.get("/ready/detail")  # no keys configured: open; it checks afresh and names the error
-    assert detail.status_code == 200 and milvus.uri.removeprefix("http://") in detail.json()["components"]["milvus"]["error"]
+    assert (
+        detail.status_code == 200
+        and milvus.uri.removeprefix("http://") in detail.json()["components"]["milvus"]["error"]
+    )
     refused = ask()
     assert refused.status_code == 503 and refused.headers["content-type"].startswith("application/problem+json")
     problem = refused.json()
@@ -308,19 +328,25 @@ def test_serve_answers_503_while_the_server_is_down_and_recovers_without_a_resta
     milvus.start_again()
     restarted = time.monotonic()
     waits = poll(lambda: http.get("/ready"), lambda r: r.json()["status"] == "ready", within_s=RECOVERY_WITHIN_S)
-    logger.info("/ready ready %.2f s after the server answered again (%d tries)", time.monotonic() - restarted, len(waits))
+    logger.info(
+        "/ready ready %.2f s after the server answered again (%d tries)", time.monotonic() - restarted, len(waits)
+    )
     assert all(r.status_code == 200 and milvus_down(r) for r in waits[:-1])
     assert waits[-1].json()["components"]["milvus"]["status"] == "ok"
     after = ask()
     assert after.status_code == 200 and after.json()["meta"]["status"] == "ok" and after.json()["meta"]["errors"] == []
-    assert [d["metadata"]["chunk_id"] for d in after.json()["docs"]] == [d["metadata"]["chunk_id"] for d in before.json()["docs"]]
+    assert [d["metadata"]["chunk_id"] for d in after.json()["docs"]] == [
+        d["metadata"]["chunk_id"] for d in before.json()["docs"]
+    ]
     assert process.poll() is None  # the same strata process throughout
 
 
 # -- readiness ------------------------------------------------------------------------------------
 
 
-def test_ready_asks_the_server_even_before_any_kb_exists(tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any) -> None:
+def test_ready_asks_the_server_even_before_any_kb_exists(
+    tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any
+) -> None:
     """An index opened before the outage says nothing of the server now: ``/ready`` makes a real call every time."""
     settings = in_process_settings(tmp_path, DatabaseSettings(url=f"sqlite:///{tmp_path / 'strata.sqlite3'}"), milvus)
     service = Service(settings, Resources(settings, encoder=memo_encoder), owns_resources=True)
@@ -330,10 +356,15 @@ def test_ready_asks_the_server_even_before_any_kb_exists(tmp_path: Path, milvus:
     down = check_components(service)
     assert down["milvus"]["status"] == "down" and milvus.uri.removeprefix("http://") in down["milvus"]["error"]
     assert overall(down, frozenset({"encoder"})) == ("degraded", 200)  # shared: the pod stays reachable
-    assert overall(down, frozenset({"encoder", "milvus"})) == ("unavailable", 503)  # STRATA_API__READY_REQUIRES=["milvus"]
+    assert overall(down, frozenset({"encoder", "milvus"})) == (
+        "unavailable",
+        503,
+    )  # STRATA_API__READY_REQUIRES=["milvus"]
 
     milvus.start_again()
-    checks = poll(lambda: check_components(service), lambda c: c["milvus"]["status"] == "ok", within_s=RECOVERY_WITHIN_S)
+    checks = poll(
+        lambda: check_components(service), lambda c: c["milvus"]["status"] == "ok", within_s=RECOVERY_WITHIN_S
+    )
     assert overall(checks[-1], frozenset({"encoder", "milvus"})) == ("ready", 200)
     service.retriever.close()
     service.resources.close()

@@ -86,11 +86,16 @@ def test_paused_with_a_cold_cache_fails_after_the_connect_timeout(
         result = Retriever(resources).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     finally:
         private_postgres.resume()
-    assert result.docs == () and (result.meta.status, result.meta.degraded) == ("failed", ("serving_state_unavailable",))
+    assert result.docs == () and (result.meta.status, result.meta.degraded) == (
+        "failed",
+        ("serving_state_unavailable",),
+    )
     assert "timeout" in result.meta.errors[0].message.lower(), result.meta.errors
 
 
-def test_restarted_between_requests_fails_no_request(demo_kb: Settings, memo_encoder: Any, private_postgres: PrivatePostgres) -> None:
+def test_restarted_between_requests_fails_no_request(
+    demo_kb: Settings, memo_encoder: Any, private_postgres: PrivatePostgres
+) -> None:
     settings = with_sections(demo_kb, redis={"url": None})  # every parent read goes to SQL
     resources = Resources(settings, encoder=memo_encoder)
     service = Retriever(resources)

@@ -55,10 +55,17 @@ def test_redis_killed_then_restarted(demo_kb: Settings, memo_encoder: Any, priva
     private_redis.stop()
     down = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert texts(down) == texts(warm), "parents from SQL give the same answer"
-    assert (down.meta.status, down.meta.mode, down.meta.degraded) == ("degraded", "hybrid", ("parent_cache_unavailable",))
+    assert (down.meta.status, down.meta.mode, down.meta.degraded) == (
+        "degraded",
+        "hybrid",
+        ("parent_cache_unavailable",),
+    )
     assert down.meta.parent_cache == {
-        "hits": 0, "misses": warm.meta.parent_cache["hits"], "leaf_hits": 0, "leaf_misses": warm.meta.parent_cache["leaf_hits"],
-    }  # fmt: skip
+        "hits": 0,
+        "misses": warm.meta.parent_cache["hits"],
+        "leaf_hits": 0,
+        "leaf_misses": warm.meta.parent_cache["leaf_hits"],
+    }
     assert any("Connection refused" in m or "Error 111" in m for m in cache_errors(down, "parent_cache"))
     assert parents.cache_errors == 1
 
@@ -70,12 +77,17 @@ def test_redis_killed_then_restarted(demo_kb: Settings, memo_encoder: Any, priva
     cached = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(cached)
     assert cached.meta.parent_cache == {
-        "hits": warm.meta.parent_cache["hits"], "misses": 0, "leaf_hits": warm.meta.parent_cache["leaf_hits"], "leaf_misses": 0,
-    }  # fmt: skip
+        "hits": warm.meta.parent_cache["hits"],
+        "misses": 0,
+        "leaf_hits": warm.meta.parent_cache["leaf_hits"],
+        "leaf_misses": 0,
+    }
     assert texts(cached) == texts(warm) and parents.cache_errors == 1
 
 
-def test_redis_paused_costs_one_socket_timeout_then_is_bypassed(demo_kb: Settings, memo_encoder: Any, private_redis: Any) -> None:
+def test_redis_paused_costs_one_socket_timeout_then_is_bypassed(
+    demo_kb: Settings, memo_encoder: Any, private_redis: Any
+) -> None:
     settings = with_sections(demo_kb, redis={"url": private_redis.url, "socket_timeout_s": 0.3})
     service, parents = service_on(settings, memo_encoder)
     assert_clean(service.retrieve(RESET_QUERY, 5, kb_ids=["demo"]))
@@ -103,9 +115,7 @@ def test_redis_paused_costs_one_socket_timeout_then_is_bypassed(demo_kb: Setting
 
 
 def test_query_cache_unavailable_only_while_redis_is(demo_kb: Settings, memo_encoder: Any, private_redis: Any) -> None:
-    settings = with_sections(
-        demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64}
-    )
+    settings = with_sections(demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64})
     service, _ = service_on(settings, memo_encoder)
     first = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     again = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
@@ -131,7 +141,9 @@ def test_query_cache_unavailable_only_while_redis_is(demo_kb: Settings, memo_enc
     assert texts(shared) == texts(computed) and shared.docs
 
 
-def test_a_redis_outage_opens_the_one_breaker_for_both_users(demo_kb: Settings, memo_encoder: Any, private_redis: Any) -> None:
+def test_a_redis_outage_opens_the_one_breaker_for_both_users(
+    demo_kb: Settings, memo_encoder: Any, private_redis: Any
+) -> None:
     settings = with_sections(demo_kb, redis={"url": private_redis.url}, retrieval={"cache_size": 64})
     service, parents = service_on(settings, memo_encoder, retry_after_s=60)
     assert_clean(service.retrieve(RESET_QUERY, 5, kb_ids=["demo"]))

@@ -29,8 +29,15 @@ from strata.resources import Resources
 from strata.types import RetrievalResult
 from tests.faults.conftest import with_sections
 from tests.rag.rerank_server import RerankServer, hang, raw, status, unused_port
-from tests.strata_support import HangingQueryEncoder
-from tests.strata_support import RESET_QUERY, RefusedQueryEncoder, RejectingSparseIndex, make_settings, retriever, texts
+from tests.strata_support import (
+    RESET_QUERY,
+    HangingQueryEncoder,
+    RefusedQueryEncoder,
+    RejectingSparseIndex,
+    make_settings,
+    retriever,
+    texts,
+)
 
 
 def assert_clean(result: RetrievalResult) -> None:
@@ -45,7 +52,9 @@ def test_hybrid_search_raising_falls_back_to_dense(demo_kb: Settings, memo_encod
     clean = retriever(demo_kb, memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(clean)
     real = Resources(demo_kb, encoder=memo_encoder).leaf_index
-    result = retriever(demo_kb, memo_encoder, leaf_index=RejectingSparseIndex(real)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = retriever(demo_kb, memo_encoder, leaf_index=RejectingSparseIndex(real)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     meta = result.meta
     assert (meta.status, meta.mode, meta.degraded) == ("degraded", "dense_fallback", ("hybrid_search_failed",))
     assert [(e.stage, e.error) for e in meta.errors] == [("search", "StoreError")]
@@ -83,7 +92,9 @@ RERANK_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", [*RERANK_FAULTS, "refused"])
-def test_rerank_failure_keeps_the_fused_order_and_records_the_reason(demo_kb: Settings, memo_encoder: Any, fault: str) -> None:
+def test_rerank_failure_keeps_the_fused_order_and_records_the_reason(
+    demo_kb: Settings, memo_encoder: Any, fault: str
+) -> None:
     fused = retriever(demo_kb, memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_clean(fused)
     with RerankServer() as server:
@@ -131,7 +142,9 @@ class HttpQueryEncoder:
 
     def __init__(self, inner: Any, base_url: str, query_timeout_s: float) -> None:
         self.name, self.dim, self._inner = inner.name, inner.dim, inner
-        self._http = OpenAIEmbeddingEncoder(base_url, "e5", max_retries=3, query_timeout_s=query_timeout_s, query_max_retries=2)
+        self._http = OpenAIEmbeddingEncoder(
+            base_url, "e5", max_retries=3, query_timeout_s=query_timeout_s, query_max_retries=2
+        )
         self._http._dim = inner.dim
 
     def encode_passages(self, texts: Any) -> np.ndarray:
@@ -143,7 +156,10 @@ class HttpQueryEncoder:
 
 def assert_bm25_only(result: RetrievalResult, *reasons: str) -> None:
     meta = result.meta
-    assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and set(meta.degraded) == {"query_encoder_failed", *reasons}
+    assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and set(meta.degraded) == {
+        "query_encoder_failed",
+        *reasons,
+    }
     assert meta.dense_candidates == 0 and meta.sparse_candidates > 0 and meta.errors[0].stage == "encode"
     assert result.docs and all(d.metadata["trace"]["dense_rank"] is None for d in result.docs)
     assert "密码重置" in result.docs[0].metadata["heading_path"]

@@ -10,14 +10,16 @@ it fails the test as a hang.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import event, text
@@ -57,10 +59,8 @@ class Frozen:
 
     def resume(self) -> None:
         while self._stopped:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self._stopped.pop(), signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
     def _stop(self, pid: int) -> None:
         os.kill(pid, signal.SIGSTOP)
@@ -90,7 +90,7 @@ def bounded(call: Callable[[], Any]) -> Outcome:
         started = time.monotonic()
         try:
             value, error = call(), None
-        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+        except BaseException as exc:  # the test asserts on it
             value, error = None, exc
         done.append(Outcome(value, error, time.monotonic() - started))
 
@@ -132,9 +132,7 @@ def test_calls_to_a_frozen_server_fail_naming_the_timeout_and_the_same_stores_wo
     store.dispose()
 
 
-def test_a_statement_or_commit_in_flight_when_the_server_freezes_is_cut(
-    demo_kb: Settings, frozen: Frozen
-) -> None:
+def test_a_statement_or_commit_in_flight_when_the_server_freezes_is_cut(demo_kb: Settings, frozen: Frozen) -> None:
     db = SqlDatabase(timed(demo_kb, 2.0).database)
     invalidated: list[object] = []
     event.listen(db.engine, "invalidate", lambda *args: invalidated.append(args))

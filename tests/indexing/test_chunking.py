@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from strata.config import ChunkingSettings
 from strata.indexing.chunking import chunk_document, chunk_id
@@ -24,7 +27,7 @@ def _markdown_doc(text: str, metadata: dict | None = None) -> SourceDocument:
         stack = [(lv, t) for lv, t in stack if lv < level] + [(level, title)]
         starts.append(match.start())
         paths.append(tuple(t for _, t in stack))
-    ends = starts[1:] + [len(text)]
+    ends = [*starts[1:], len(text)]
     sections = tuple(Section(p, s, e) for p, s, e in zip(paths, starts, ends) if s < e)
     return SourceDocument("doc-1", "docs/doc.md", text, sections, metadata or {"module": "auth"})
 
@@ -64,7 +67,9 @@ def test_cmrc_shape_joins_the_title_to_the_first_paragraph() -> None:
 
 
 def test_heading_only_sections_join_the_following_section() -> None:
-    doc = _markdown_doc("# 用户认证\n\n## 功能规范\n\n### 1. 登录流程\n\n用户输入邮箱和密码。\n\n### 2. 注销\n\n点击退出。")
+    doc = _markdown_doc(
+        "# 用户认证\n\n## 功能规范\n\n### 1. 登录流程\n\n用户输入邮箱和密码。\n\n### 2. 注销\n\n点击退出。"
+    )
     l1s = _levels(_chunk(doc))[1]
     assert [(c.heading_path, c.text) for c in l1s] == [
         ("用户认证 > 功能规范 > 1. 登录流程", "# 用户认证\n\n## 功能规范\n\n### 1. 登录流程\n\n用户输入邮箱和密码。"),
@@ -220,8 +225,12 @@ def _chunking(draw: st.DrawFn, overlap: bool) -> ChunkingSettings:
     l1 = draw(st.integers(l2, 500))
     overlaps = [draw(st.integers(0, size // 2 - 1)) if overlap else 0 for size in (l1, l2, l3)]
     return ChunkingSettings(
-        l1_max_chars=l1, l2_max_chars=l2, l3_max_chars=l3,
-        l1_overlap=overlaps[0], l2_overlap=overlaps[1], l3_overlap=overlaps[2],
+        l1_max_chars=l1,
+        l2_max_chars=l2,
+        l3_max_chars=l3,
+        l1_overlap=overlaps[0],
+        l2_overlap=overlaps[1],
+        l3_overlap=overlaps[2],
     )
 
 
@@ -260,14 +269,14 @@ def _check_family(doc: SourceDocument, chunks: Sequence[Chunk], chunking: Chunki
             continue
         assert (kids[0].char_start, kids[-1].char_end) == (parent.char_start, parent.char_end)
         overlap = getattr(chunking, f"l{kids[0].level}_overlap")
-        for before, after in zip(kids, kids[1:]):
+        for before, after in itertools.pairwise(kids):
             assert after.char_start > before.char_start and after.char_end > before.char_end
             if after.char_start >= before.char_end:
                 assert doc.text[before.char_end : after.char_start].strip() == "", "gaps are whitespace"
             else:
                 assert before.char_end - after.char_start <= overlap
         if overlap == 0:
-            rebuilt = "".join(k.text + doc.text[k.char_end : n.char_start] for k, n in zip(kids, kids[1:]))
+            rebuilt = "".join(k.text + doc.text[k.char_end : n.char_start] for k, n in itertools.pairwise(kids))
             assert rebuilt + kids[-1].text == parent.text
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from strata.indexing.chunking import chunk_id
 from strata.indexing.consistency import check_leaves, probe_ids
@@ -10,7 +10,9 @@ from strata.types import DocumentVersion
 
 
 def served(doc: str, version: int, leaves: int, status: str = "active") -> DocumentVersion:
-    return DocumentVersion(kb_id="kb", doc_id=doc, version=version, source=doc, content_hash="h", status=status, leaf_count=leaves)
+    return DocumentVersion(
+        kb_id="kb", doc_id=doc, version=version, source=doc, content_hash="h", status=status, leaf_count=leaves
+    )
 
 
 class Leaves:
@@ -42,7 +44,10 @@ def test_a_collection_of_older_versions_with_as_many_leaves_is_named() -> None:
 
 def test_an_empty_collection_is_a_count_and_no_talk_of_backups() -> None:
     check = check_leaves(Leaves(set()), "kb", [served("a.md", 1, 3)])
-    assert check.difference() == "Milvus holds 0 leaves where SQL serves 3; 1 of 1 served versions have no leaves in Milvus (a.md v1)"
+    assert (
+        check.difference()
+        == "Milvus holds 0 leaves where SQL serves 3; 1 of 1 served versions have no leaves in Milvus (a.md v1)"
+    )
 
 
 def test_at_most_the_given_number_of_versions_is_probed_spread_over_the_kb() -> None:

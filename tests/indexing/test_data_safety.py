@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,9 @@ def test_a_file_that_fails_to_load_keeps_its_indexed_version(tmp_path: Path, mem
         assert set(active(resources, "kb")) == {"alpha.md", "beta.md", "gamma.md"}
 
 
-def test_delete_missing_touches_only_the_roots_it_read(tmp_path: Path, memo_encoder, level_target: MilvusTarget) -> None:
+def test_delete_missing_touches_only_the_roots_it_read(
+    tmp_path: Path, memo_encoder, level_target: MilvusTarget
+) -> None:
     first = write_files(tmp_path / "first", {"alpha.md": PAGES["alpha.md"], "beta.md": PAGES["beta.md"]})
     second = write_files(tmp_path / "second", {"gamma.md": PAGES["gamma.md"]})
     with opened(settings(tmp_path / "data", **level_target.overrides()), memo_encoder) as resources:
@@ -111,11 +113,16 @@ def test_a_failed_recreate_leaves_the_old_kb_serving(tmp_path: Path, memo_encode
 
 def test_a_value_over_a_schema_limit_fails_that_document_only(tmp_path: Path, memo_encoder) -> None:
     too_long = "m" * 600
-    docs = write_files(tmp_path / "docs", {
-        **PAGES,
-        "big-module.md": f"---\nmodule: {too_long}\n---\n# Big\n\nA page with a very long module name.\n",
-        "many-skills.md": "---\nskill_points: [" + ", ".join(f"s{i}" for i in range(300)) + "]\n---\n# Many\n\nSkills.\n",
-    })  # fmt: skip
+    docs = write_files(
+        tmp_path / "docs",
+        {
+            **PAGES,
+            "big-module.md": f"---\nmodule: {too_long}\n---\n# Big\n\nA page with a very long module name.\n",
+            "many-skills.md": "---\nskill_points: ["
+            + ", ".join(f"s{i}" for i in range(300))
+            + "]\n---\n# Many\n\nSkills.\n",
+        },
+    )
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         indexer = Indexer(resources)
         for _ in range(2):  # and again on the rerun: the good documents are not held back
@@ -188,18 +195,23 @@ def test_an_expired_lease_is_taken_over(tmp_path: Path, memo_encoder) -> None:
         with pytest.raises(LeaseHeldError, match="gone-host"):
             Indexer(resources).index_paths([EXAMPLES_KB], kb_id="kb")
         with resources.documents.engine.begin() as conn:  # a minute later: the lease ran out
-            conn.execute(update(kb_leases).values(expires_at=datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=1)))
+            conn.execute(
+                update(kb_leases).values(expires_at=datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=1))
+            )
         assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="kb").failed == 0
 
 
 # -- item 13: the command line's errors and reconcile ---------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "said"), [
-    (["query", ""], "query must be a non-empty string"),
-    (["query", "x", "--top-k", "0"], "top_k must be an integer from 1 to 50"),
-    (["query", "x", "--top-k", "51"], "STRATA_RETRIEVAL__MAX_TOP_K"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["query", ""], "query must be a non-empty string"),
+        (["query", "x", "--top-k", "0"], "top_k must be an integer from 1 to 50"),
+        (["query", "x", "--top-k", "51"], "STRATA_RETRIEVAL__MAX_TOP_K"),
+    ],
+)
 @pytest.mark.slow
 def test_bad_query_arguments_are_one_line_and_exit_2(tmp_path: Path, args: list[str], said: str) -> None:
     done = run_strata(args, strata_env(tmp_path / "data"))
@@ -258,23 +270,41 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
     assert (elsewhere.milvus.uri, elsewhere.milvus.collection) != (first.milvus.uri, first.milvus.collection)
     with opened(elsewhere, memo_encoder) as resources:
         for strategy in ("hybrid", "auto_merge", "basic"):  # the query says so too, not an ok with no evidence
-            missing = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy=strategy)
-            assert (list(missing.docs), missing.meta.status, list(missing.meta.degraded)) == ([], "degraded", ["leaves_missing"]), missing.meta
+            missing = Retriever(resources).retrieve(
+                "Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy=strategy
+            )
+            assert (list(missing.docs), missing.meta.status, list(missing.meta.degraded)) == (
+                [],
+                "degraded",
+                ["leaves_missing"],
+            ), missing.meta
             (error,) = [e for e in missing.meta.errors if e.error == "LeavesMissing"]
-            assert f"{elsewhere.milvus.collection!r} returned no leaf of knowledge base(s) kb, which serve {leaves}" in error.message
+            assert (
+                f"{elsewhere.milvus.collection!r} returned no leaf of knowledge base(s) kb, which serve {leaves}"
+                in error.message
+            )
         indexer = Indexer(resources)
         # with a filter, or beside a kb whose leaves are there, the missing kb is named all the same
-        other = write_files(tmp_path / "other", {"delta.md": "---\nmodule: ops\n---\n# Delta\n\nThe alpha launch drill is on Fridays.\n"})
+        other = write_files(
+            tmp_path / "other",
+            {"delta.md": "---\nmodule: ops\n---\n# Delta\n\nThe alpha launch drill is on Fridays.\n"},
+        )
         assert indexer.index_paths([other], kb_id="b2").added == 1
         both = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb", "b2"])
-        filtered = Retriever(resources).retrieve("alpha launch code", 3, kb_ids=["kb"], filters=Filters(modules=("ops",)))
+        filtered = Retriever(resources).retrieve(
+            "alpha launch code", 3, kb_ids=["kb"], filters=Filters(modules=("ops",))
+        )
         for result in (both, filtered):
             assert (result.meta.status, list(result.meta.degraded)) == ("degraded", ["leaves_missing"]), result.meta
             (error,) = [e for e in result.meta.errors if e.error == "LeavesMissing"]
             assert f"no leaf of knowledge base(s) kb, which serve {leaves}" in error.message, error.message
         assert both.docs and {d.metadata["kb_id"] for d in both.docs} == {"b2"}
-        served_b2 = Retriever(resources).retrieve("alpha launch drill", 3, kb_ids=["b2"], filters=Filters(modules=("nothing",)))
-        assert (served_b2.meta.status, list(served_b2.meta.degraded)) == ("ok", []), "no hit under a filter is not a loss"
+        served_b2 = Retriever(resources).retrieve(
+            "alpha launch drill", 3, kb_ids=["b2"], filters=Filters(modules=("nothing",))
+        )
+        assert (served_b2.meta.status, list(served_b2.meta.degraded)) == ("ok", []), (
+            "no hit under a filter is not a loss"
+        )
         with pytest.raises(LeavesMissingError) as refused:
             indexer.index_paths([docs], kb_id="kb")
         message = str(refused.value)
@@ -285,7 +315,9 @@ def test_a_kb_whose_leaves_are_not_in_the_configured_collection_is_refused_until
         repaired = indexer.reconcile("kb", repair=True)
         assert repaired.missing_in_milvus == leaves, repaired
         again = indexer.index_paths([docs], kb_id="kb")
-        answer = Retriever(resources).retrieve("Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy="hybrid")
+        answer = Retriever(resources).retrieve(
+            "Where is the alpha launch code kept?", 3, kb_ids=["kb"], strategy="hybrid"
+        )
     assert (again.unchanged, again.failed) == (3, 0)
     assert any("RED-17" in d.content for d in answer.docs), answer.meta
     assert (answer.meta.status, list(answer.meta.degraded)) == ("ok", [])

@@ -17,9 +17,17 @@ from strata.indexing.plan import DeleteLimit, Scan, refuse_deletions
 from strata.types import ACTIVE, DocumentVersion
 from tests.strata_support import opened, run_strata, store_state, strata_env, write_files
 
-PAGES = {f"{name}.md": f"# {name.title()}\n\nThe {name} page tells how the {name} harbour works.\n" for name in (
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta",
-)}  # fmt: skip
+PAGES = {
+    f"{name}.md": f"# {name.title()}\n\nThe {name} page tells how the {name} harbour works.\n"
+    for name in (
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "epsilon",
+        "zeta",
+    )
+}
 
 
 def settings(data_dir: Path, **overrides: Any) -> Settings:
@@ -44,14 +52,16 @@ def stored(*doc_ids: str, root: str = ROOT) -> list[DocumentVersion]:
 
 
 def scan_of(*doc_ids: str, roots: frozenset[str] = frozenset({ROOT})) -> Scan:
-    return Scan(roots={d: ROOT for d in doc_ids}, complete_roots=roots)
+    return Scan(roots=dict.fromkeys(doc_ids, ROOT), complete_roots=roots)
 
 
 @pytest.mark.unit
 def test_an_empty_root_refuses_even_with_force_and_names_the_count() -> None:
     versions = stored("a.md", "b.md")
     refusal = refuse_deletions(scan_of(), versions, versions, DeleteLimit(100, force=True))
-    assert refusal is not None and refusal.count == 2 and ROOT in refusal.reason and "even with --force" in refusal.remedy
+    assert (
+        refusal is not None and refusal.count == 2 and ROOT in refusal.reason and "even with --force" in refusal.remedy
+    )
 
 
 @pytest.mark.unit
@@ -124,13 +134,15 @@ def test_deleting_over_half_is_refused_before_any_write_and_force_deletes(tmp_pa
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
-        write_files(docs, {**removed("alpha.md", "beta.md", "gamma.md", "delta.md"), "new.md": "# New\n\nA new pier.\n"})
+        write_files(
+            docs, {**removed("alpha.md", "beta.md", "gamma.md", "delta.md"), "new.md": "# New\n\nA new pier.\n"}
+        )
 
         planned = indexer.index_paths([docs], kb_id="kb", delete_missing=True, dry_run=True)
         assert (planned.added, planned.deleted) == (1, 0)
         assert any("would delete 4 document(s)" in note and "would be refused" in note for note in planned.notes)
 
-        with pytest.raises(DeleteRefusedError, match="refused to delete 4 document.*4 of the 6 documents.*--force"):
+        with pytest.raises(DeleteRefusedError, match=r"refused to delete 4 document.*4 of the 6 documents.*--force"):
             indexer.index_paths([docs], kb_id="kb", delete_missing=True)
         assert active(resources, "kb") == set(PAGES)  # nothing deleted, and new.md not written either
 
@@ -147,7 +159,7 @@ def test_max_delete_lowers_and_raises_the_count_cap(tmp_path: Path, memo_encoder
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
         write_files(docs, removed("alpha.md", "beta.md"))
-        with pytest.raises(DeleteRefusedError, match="2 document.*limit of 1 deletions.*--max-delete 2"):
+        with pytest.raises(DeleteRefusedError, match=r"2 document.*limit of 1 deletions.*--max-delete 2"):
             indexer.index_paths([docs], kb_id="kb", delete_missing=True)  # the setting: 1
         with pytest.raises(DeleteRefusedError, match="limit of 0 deletions"):
             indexer.index_paths([docs], kb_id="kb", delete_missing=True, max_delete=0)
@@ -185,7 +197,9 @@ def test_strata_index_max_delete_and_force(tmp_path: Path) -> None:
     write_files(docs, removed("alpha.md", "beta.md"))
 
     capped = run_strata(["index", str(docs), "--kb", "k", "--delete-missing", "--max-delete", "1"], env)
-    assert capped.returncode == 1 and "refused to delete 2 document" in capped.stderr and "--max-delete 2" in capped.stderr
+    assert (
+        capped.returncode == 1 and "refused to delete 2 document" in capped.stderr and "--max-delete 2" in capped.stderr
+    )
     allowed = run_strata(["index", str(docs), "--kb", "k", "--delete-missing", "--max-delete", "2", "--json"], env)
     assert allowed.returncode == 0 and json.loads(allowed.stdout)["deleted"] == 2, allowed.stderr
 
@@ -207,5 +221,7 @@ def test_a_recreate_from_an_emptied_folder_keeps_the_kb_serving(tmp_path: Path, 
             indexer.index_paths([docs], kb_id="k", recreate=True)
         assert refused.value.count == 3
         assert sorted(v.doc_id for v in resources.documents.versions("k") if v.status == "active") == [
-            "page0.md", "page1.md", "page2.md"
+            "page0.md",
+            "page1.md",
+            "page2.md",
         ]

@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -30,16 +30,21 @@ DOCS = 4
 
 
 def notes(era: str) -> dict[str, str]:
-    return {f"note{n}.md": f"# Note {n}\n\nIn the {era} era the lamp of tower {n} burned {era} oil.\n" for n in range(DOCS)}
+    return {
+        f"note{n}.md": f"# Note {n}\n\nIn the {era} era the lamp of tower {n} burned {era} oil.\n" for n in range(DOCS)
+    }
 
 
 @pytest.fixture
 def env(tmp_path: Path, milvus_server_uri: str) -> Iterator[dict[str, str]]:
     with fresh_pg_database() as pg:
         yield strata_env(
-            tmp_path / "data", STRATA_DATABASE__URL=pg, STRATA_MILVUS__URI=milvus_server_uri,
-            STRATA_MILVUS__COLLECTION=f"fenced_{uuid.uuid4().hex[:8]}", STRATA_INDEXING__LEASE_TTL_S="2",
-        )  # fmt: skip
+            tmp_path / "data",
+            STRATA_DATABASE__URL=pg,
+            STRATA_MILVUS__URI=milvus_server_uri,
+            STRATA_MILVUS__COLLECTION=f"fenced_{uuid.uuid4().hex[:8]}",
+            STRATA_INDEXING__LEASE_TTL_S="2",
+        )
 
 
 def stopped(process: subprocess.Popen) -> bool:
@@ -54,14 +59,16 @@ def stopped(process: subprocess.Popen) -> bool:
 def lease_expired(pg_url: str, kb: str) -> bool:
     url = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        row = conn.execute("SELECT expires_at < CURRENT_TIMESTAMP AT TIME ZONE 'UTC' FROM strata_kb_leases WHERE kb_id = %s", (kb,)).fetchone()
+        row = conn.execute(
+            "SELECT expires_at < CURRENT_TIMESTAMP AT TIME ZONE 'UTC' FROM strata_kb_leases WHERE kb_id = %s", (kb,)
+        ).fetchone()
     return row is None or bool(row[0])
 
 
 @pytest.mark.parametrize("step", ["sql_pending:1", "milvus_upsert:1", "activate:1"])
 def test_an_indexer_paused_past_its_lease_stops_at_its_next_write_and_the_newer_run_serves(
     env: dict[str, str], tmp_path: Path, step: str, memo_encoder
-) -> None:  # noqa: ANN001
+) -> None:
     docs = write_files(tmp_path / "docs", notes("first"))
     first = run_strata(["index", str(docs), "--kb", "towers"], env)
     assert first.returncode == 0, first.stderr
@@ -69,8 +76,12 @@ def test_an_indexer_paused_past_its_lease_stops_at_its_next_write_and_the_newer_
     write_files(docs, notes("older"))  # what A reads
     paused = subprocess.Popen(
         [sys.executable, "-m", "tests.kill_at_launcher", step, "index", str(docs), "--kb", "towers"],
-        env={**env, "STRATA_TEST_STEP_SIGNAL": "SIGSTOP"}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env={**env, "STRATA_TEST_STEP_SIGNAL": "SIGSTOP"},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert wait_for(lambda: stopped(paused), within_s=180), "run A never reached its step"
         assert paused.poll() is None, paused.communicate()[1][-2000:]

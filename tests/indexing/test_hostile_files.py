@@ -23,8 +23,7 @@ from strata.indexing.loaders._markdown import FRONT_MATTER_MAX_BYTES
 from strata.indexing.report import IndexReport
 from strata.indexing.scan import scan_paths
 from tests.hostile_documents import empty_paragraphs_docx, zip_bomb_docx
-from tests.strata_support import alias_bomb, pdf_bytes
-from tests.strata_support import run_strata, strata_env, write_files
+from tests.strata_support import alias_bomb, pdf_bytes, run_strata, strata_env, write_files
 
 # The default bounds (STRATA_INDEXING__*), as the messages print them
 MAX_ELEMENTS = r"STRATA_INDEXING__MAX_ELEMENTS \(100,000\)"
@@ -73,8 +72,11 @@ def test_a_large_front_matter_field_stays_on_the_document_not_on_every_chunk(tmp
     for chunk in chunks:
         assert "description" not in chunk.metadata
         assert {k: chunk.metadata[k] for k in ("title", "module", "skill_points", "source")} == {
-            "title": "Tides", "module": "ocean", "skill_points": ["tides"], "source": "tides.md",
-        }  # fmt: skip
+            "title": "Tides",
+            "module": "ocean",
+            "skill_points": ["tides"],
+            "source": "tides.md",
+        }
 
 
 @pytest.mark.parametrize(
@@ -153,8 +155,9 @@ def test_load_document_never_blocks_on_a_fifo(tmp_path: Path) -> None:
     )
 
     # A process of its own, with a hang guard: a blocked open() cannot be interrupted in this one.
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "pipe.md")], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "pipe.md")], capture_output=True, text=True, timeout=60
+    )
 
     assert done.stdout.strip() == "not a regular file (a FIFO)", done.stderr
 
@@ -173,7 +176,9 @@ def test_a_docx_zip_bomb_fails_before_it_is_inflated(tmp_path: Path) -> None:
     path = _write(tmp_path / "bomb.docx", zip_bomb_docx(300))
     assert path.stat().st_size < 1024 * 1024
 
-    with pytest.raises(LoaderError, match=f"^docx decompresses to ([0-9,]+) bytes, more than {MAX_DECOMPRESSED}$") as failed:
+    with pytest.raises(
+        LoaderError, match=f"^docx decompresses to ([0-9,]+) bytes, more than {MAX_DECOMPRESSED}$"
+    ) as failed:
         load_document(path)
     inflated = re.search(r"to ([0-9,]+) bytes", str(failed.value)).group(1)  # type: ignore[union-attr]
     assert int(inflated.replace(",", "")) > 300 * 1024 * 1024
@@ -199,7 +204,9 @@ def test_every_format_counts_its_elements(tmp_path: Path, name: str, content: st
 def test_a_file_larger_than_the_bound_is_not_read(tmp_path: Path) -> None:
     path = _write(tmp_path / "big.txt", "word " * 1000)
 
-    with pytest.raises(LoaderError, match=r"^the file is 5,000 bytes, more than STRATA_INDEXING__MAX_DECOMPRESSED_BYTES \(4,096\)$"):
+    with pytest.raises(
+        LoaderError, match=r"^the file is 5,000 bytes, more than STRATA_INDEXING__MAX_DECOMPRESSED_BYTES \(4,096\)$"
+    ):
         load_document(path, limits=LoaderLimits(max_decompressed_bytes=4096))
 
 
@@ -208,7 +215,9 @@ def test_a_parse_running_past_its_time_is_killed(tmp_path: Path) -> None:
     path = _write(tmp_path / "long.docx", empty_paragraphs_docx(2_000_000))
     limits = LoaderLimits(max_elements=10_000_000, parse_timeout_s=1)
 
-    with pytest.raises(LoaderError, match=r"^parsing took longer than STRATA_INDEXING__PARSE_TIMEOUT_S \(1 s\) and was stopped$"):
+    with pytest.raises(
+        LoaderError, match=r"^parsing took longer than STRATA_INDEXING__PARSE_TIMEOUT_S \(1 s\) and was stopped$"
+    ):
         load_document(path, limits=limits)
 
 
@@ -216,7 +225,10 @@ def test_a_parse_growing_past_its_memory_fails_the_file(tmp_path: Path) -> None:
     path = _write(tmp_path / "large.docx", empty_paragraphs_docx(2_000_000))  # an XML tree of hundreds of MB
     limits = LoaderLimits(max_elements=10_000_000, parse_max_memory_bytes=64 * 1024 * 1024)
 
-    with pytest.raises(LoaderError, match=r"^parsing needed more memory than STRATA_INDEXING__PARSE_MAX_MEMORY_BYTES \(67,108,864 bytes\)$"):
+    with pytest.raises(
+        LoaderError,
+        match=r"^parsing needed more memory than STRATA_INDEXING__PARSE_MAX_MEMORY_BYTES \(67,108,864 bytes\)$",
+    ):
         load_document(path, limits=limits)
 
 
@@ -229,13 +241,23 @@ def test_a_stopped_run_reads_no_more_files(tmp_path: Path) -> None:
 
 
 def test_strata_index_fails_the_hostile_files_with_their_reasons_and_indexes_the_rest(tmp_path: Path) -> None:
-    docs = write_files(tmp_path / "docs", {
-        "harbour.md": "# Harbour\n\nThe harbour gates open at dawn and close at dusk.\n",
-        "empty.docx": empty_paragraphs_docx(2_000_000), "bomb.docx": zip_bomb_docx(300),
-    })  # fmt: skip
+    docs = write_files(
+        tmp_path / "docs",
+        {
+            "harbour.md": "# Harbour\n\nThe harbour gates open at dawn and close at dusk.\n",
+            "empty.docx": empty_paragraphs_docx(2_000_000),
+            "bomb.docx": zip_bomb_docx(300),
+        },
+    )
 
     done = run_strata(["index", str(docs), "--kb", "hostile"], strata_env(tmp_path / "data"), timeout=600)
 
     assert done.returncode == 1 and "1 added" in done.stdout and "2 failed" in done.stdout, done.stdout + done.stderr
-    assert f"FAILED {docs / 'empty.docx'}: docx has 2,000,001 paragraphs, more than STRATA_INDEXING__MAX_ELEMENTS (100,000)" in done.stdout
-    assert re.search(f"FAILED {re.escape(str(docs / 'bomb.docx'))}: docx decompresses to [0-9,]+ bytes, more than {MAX_DECOMPRESSED}", done.stdout)
+    assert (
+        f"FAILED {docs / 'empty.docx'}: docx has 2,000,001 paragraphs, more than STRATA_INDEXING__MAX_ELEMENTS (100,000)"
+        in done.stdout
+    )
+    assert re.search(
+        f"FAILED {re.escape(str(docs / 'bomb.docx'))}: docx decompresses to [0-9,]+ bytes, more than {MAX_DECOMPRESSED}",
+        done.stdout,
+    )

@@ -16,8 +16,9 @@ import math
 import re
 import signal
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -45,7 +46,10 @@ class HashEncoder:
     name, dim = "test-hash", 16
 
     def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8).astype(np.float32) + 1 for t in texts]
+        rows = [
+            np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8).astype(np.float32) + 1
+            for t in texts
+        ]
         vectors = np.vstack(rows) if rows else np.zeros((0, self.dim), np.float32)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
@@ -80,7 +84,9 @@ class RecordingLeafIndex:
 
 def many_leaves(parts: int, topic: str = "retention") -> str:
     """A Markdown document of ``parts`` sections, one leaf each."""
-    body = "\n\n".join(f"## Part {i}\n\nPart {i} of the {topic} guide keeps item {i * 7} for {i % 30 + 1} days." for i in range(parts))
+    body = "\n\n".join(
+        f"## Part {i}\n\nPart {i} of the {topic} guide keeps item {i * 7} for {i % 30 + 1} days." for i in range(parts)
+    )
     return f"# Guide\n\n{body}\n"
 
 
@@ -97,7 +103,10 @@ def test_a_document_over_the_size_cap_fails_with_the_reason_and_the_others_are_i
     assert (report.added, report.failed) == (1, 1)
     failure = report.failures[0]
     assert failure["source"] == str(docs / "big.md")  # refused as it was loaded, named as the other load failures are
-    assert re.match(r"the document is 2,8\d\d bytes, over the limit of 2,000 \(STRATA_INDEXING__MAX_DOCUMENT_BYTES\)", failure["reason"])
+    assert re.match(
+        r"the document is 2,8\d\d bytes, over the limit of 2,000 \(STRATA_INDEXING__MAX_DOCUMENT_BYTES\)",
+        failure["reason"],
+    )
     state.assert_consistent()
     assert state.active == {"small.md": 1}
 
@@ -118,7 +127,9 @@ def test_a_document_of_many_leaves_is_written_in_batches_with_progress_inside_it
     assert len(written) == math.ceil(leaves / 50)
     assert [e[2] for e in written] == [min(50 * (i + 1), leaves) for i in range(len(written))]
     assert all(e[1:4:2] == ("big.md", leaves) for e in written)
-    assert progress.events.index(("done", "big.md")) > progress.events.index(written[-2])  # progress before the document is done
+    assert progress.events.index(("done", "big.md")) > progress.events.index(
+        written[-2]
+    )  # progress before the document is done
     state.assert_consistent()
 
 
@@ -183,7 +194,9 @@ def test_an_update_of_a_large_document_that_dies_mid_write_keeps_the_old_version
         Indexer(resources, group_leaves=40).index_paths([docs], kb_id="kb")
         write_files(docs, {"big.md": many_leaves(200, "deletion")})
         with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):
-            Indexer(resources, group_leaves=40, after_write_step=CrashAt("sql_pending", 3)).index_paths([docs], kb_id="kb")
+            Indexer(resources, group_leaves=40, after_write_step=CrashAt("sql_pending", 3)).index_paths(
+                [docs], kb_id="kb"
+            )
         died = store_state(resources, "kb")
         assert died.active == {"big.md": 1} and died.versions[("big.md", 2)] == "pending"
         v2_parents = {c.chunk_id for c in resources.documents.version_chunks("kb", "big.md", 2, levels=(1, 2))}
@@ -206,8 +219,16 @@ def test_a_versions_chunk_ids_come_a_page_at_a_time_and_all_of_them(database_set
         doc = SourceDocument("big.md", "big.md", many_leaves(120), ())
         chunks = chunk_document(doc, kb_id="kb", version=3, settings=load_settings().chunking)
         store.ensure_kb("kb", encoder="test-hash", dim=16, chunking="c")
-        row = DocumentVersion(kb_id="kb", doc_id="big.md", version=3, source="big.md", content_hash="h",
-                              leaf_count=sum(c.is_leaf for c in chunks), metadata={}, root="")  # fmt: skip
+        row = DocumentVersion(
+            kb_id="kb",
+            doc_id="big.md",
+            version=3,
+            source="big.md",
+            content_hash="h",
+            leaf_count=sum(c.is_leaf for c in chunks),
+            metadata={},
+            root="",
+        )
         store.write_pending(row, chunks[:100], chunk_count=len(chunks))
         store.add_chunks(chunks[100:])
         pages = list(store.version_chunk_ids("kb", "big.md", 3, page=50))
@@ -244,7 +265,9 @@ def test_stats_of_a_kb_counts_without_loading_rows(
     import milvus_lite.search.assembler as assembler
 
     real_materialize = assembler.materialize_record
-    monkeypatch.setattr(assembler, "materialize_record", lambda *a, **k: materialized.append(1) or real_materialize(*a, **k))
+    monkeypatch.setattr(
+        assembler, "materialize_record", lambda *a, **k: materialized.append(1) or real_materialize(*a, **k)
+    )
     record = lambda conn, cursor, statement, *rest: statements.append(statement)  # noqa: E731
     event.listen(Engine, "before_cursor_execute", record)
     try:
@@ -289,7 +312,11 @@ class LiveTexts(LiveChunks):
         if step not in ("sql_pending", "activate"):
             return
         super().__call__(step)
-        alive = {id(o) for o in gc.get_objects() if isinstance(o, SourceDocument) and o.text and o.doc_id.startswith(self.doc_prefix)}
+        alive = {
+            id(o)
+            for o in gc.get_objects()
+            if isinstance(o, SourceDocument) and o.text and o.doc_id.startswith(self.doc_prefix)
+        }
         self.texts[step] = max(len(alive), self.texts.get(step, 0))
 
 
@@ -313,7 +340,11 @@ def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a
         parents = state.sql_chunks[1] | state.sql_chunks[2]
         cached = resources.parents.cache.get_many([(kb, cid) for cid in parents])
         in_sql = resources.documents.get_chunks(cached)
-    per_doc = len(chunk_document(load_document(docs / f"{prefix}-00.md", root=docs), kb_id=kb, version=1, settings=settings.chunking))
+    per_doc = len(
+        chunk_document(
+            load_document(docs / f"{prefix}-00.md", root=docs), kb_id=kb, version=1, settings=settings.chunking
+        )
+    )
     assert (report.added + report.updated, report.failed) == (10, 0)
     state.assert_consistent()
     assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 10
@@ -339,7 +370,9 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
     with opened(settings, HashEncoder()) as resources:
         Indexer(resources).index_paths([docs], kb_id="kb")
         write_files(docs, {name: many_leaves(3, f"{name} second") for name in ("c.md", "d.md", "e.md")})
-        report = Indexer(resources, group_leaves=3, hold_chars=0, after_write_step=meanwhile).index_paths([docs], kb_id="kb")
+        report = Indexer(resources, group_leaves=3, hold_chars=0, after_write_step=meanwhile).index_paths(
+            [docs], kb_id="kb"
+        )
         after = store_state(resources, "kb")
         texts = _l1_texts(resources, after.active)
         again = Indexer(resources).index_paths([docs], kb_id="kb", delete_missing=True)
@@ -361,7 +394,10 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
 
 
 def _l1_texts(resources: Any, active: dict[str, int]) -> dict[str, str]:
-    return {d: " ".join(c.text for c in resources.documents.version_chunks("kb", d, v, levels=(1,))) for d, v in active.items()}
+    return {
+        d: " ".join(c.text for c in resources.documents.version_chunks("kb", d, v, levels=(1,)))
+        for d, v in active.items()
+    }
 
 
 class LiveAtUpsert(RecordingLeafIndex):
@@ -455,7 +491,9 @@ def test_a_streamed_write_stopped_mid_way_is_continued_and_writes_only_the_batch
         first = RecordingLeafIndex(resources.leaf_index)
         resources.__dict__["leaf_index"] = first
         with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):  # after two of five batches
-            Indexer(resources, group_leaves=50, after_write_step=CrashAt("sql_pending", 3)).index_paths([docs], kb_id="kb")
+            Indexer(resources, group_leaves=50, after_write_step=CrashAt("sql_pending", 3)).index_paths(
+                [docs], kb_id="kb"
+            )
         rerun = RecordingLeafIndex(first._inner)
         resources.__dict__["leaf_index"] = rerun
         report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
@@ -501,6 +539,8 @@ def test_a_pending_version_whose_leaves_carry_other_vectors_is_written_again_who
         stored = resources.leaf_index.dense_vectors("kb", [c.chunk_id for c in leaves])
     assert any("continue the pending version" in note for note in report.notes)
     assert report.added == 1 and report.leaves_kept == 0 and sum(rerun.upserts) == report.leaves_written == len(leaves)
-    expected = HashEncoder().encode_passages([f"{c.heading_path}\n{c.text}" if c.heading_path else c.text for c in leaves])
+    expected = HashEncoder().encode_passages(
+        [f"{c.heading_path}\n{c.text}" if c.heading_path else c.text for c in leaves]
+    )
     assert all(np.allclose(stored[c.chunk_id], vector) for c, vector in zip(leaves, expected))
     state.assert_consistent()

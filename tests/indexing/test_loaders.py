@@ -221,7 +221,10 @@ def test_docx_headings_tables_and_properties(tmp_path: Path) -> None:
 
     doc = load_document(tmp_path / "ops.docx")
     assert doc.metadata == {"title": "运维手册", "author": "Ops Team"}
-    assert doc.text == "Strata Ops\n前言。\n\n备份\n每天备份一次。\n\n恢复\nRPO\n24h\n\n事故响应\nPage the on-call engineer."
+    assert (
+        doc.text
+        == "Strata Ops\n前言。\n\n备份\n每天备份一次。\n\n恢复\nRPO\n24h\n\n事故响应\nPage the on-call engineer."
+    )
     assert [s.heading_path for s in doc.sections] == [
         ("Strata Ops",),
         ("Strata Ops", "备份"),
@@ -284,7 +287,7 @@ def test_iter_source_files_rejects_missing_paths(tmp_path: Path) -> None:
 
 
 def test_supported_suffixes() -> None:
-    assert SUPPORTED_SUFFIXES == {".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx"}
+    assert {".md", ".markdown", ".rst", ".txt", ".html", ".htm", ".pdf", ".docx"} == SUPPORTED_SUFFIXES
     assert is_supported(Path("READ.ME.MD"))
 
 
@@ -296,9 +299,12 @@ def test_files_parse_under_a_temporary_folder_too_long_for_a_unix_socket(tmp_pat
     (tmp_path / "doc.md").write_text("# Title\n\nA paragraph under a long temporary folder.\n", encoding="utf-8")
     script = "import sys\nfrom pathlib import Path\nfrom strata.indexing.loaders import load_document\nprint(load_document(Path(sys.argv[1])).text)\n"
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "doc.md")], env={**os.environ, "TMPDIR": str(deep)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", script, str(tmp_path / "doc.md")],
+        env={**os.environ, "TMPDIR": str(deep)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert len(str(deep)) >= 120
     assert done.returncode == 0, done.stderr[-2000:]
     assert "A paragraph under a long temporary folder." in done.stdout

@@ -14,8 +14,7 @@ from typing import Any
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.strata_support import make_settings, texts
-from tests.strata_support import opened, redis_chunk_ids, write_files
+from tests.strata_support import make_settings, opened, redis_chunk_ids, texts, write_files
 
 QUESTION = "How long are records kept?"
 

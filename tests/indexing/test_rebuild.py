@@ -21,8 +21,8 @@ from strata.indexing.embedding import search_text, text_hash
 from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
-from strata.stores.lease import KbLease
 from strata.stores.leaf_index import LeafIndex
+from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_embeddings
 from tests.strata_support import REPO, CountingEncoder
 
@@ -117,9 +117,9 @@ def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources
     assert report.encoded == len(evicted) and report.reused == len(leaves) - len(evicted)
     with engine.connect() as conn:
         cached = conn.execute(
-            select(func.count()).select_from(kb_embeddings).where(
-                kb_embeddings.c.text_hash.in_([text_hash(t) for t in evicted])
-            )
+            select(func.count())
+            .select_from(kb_embeddings)
+            .where(kb_embeddings.c.text_hash.in_([text_hash(t) for t in evicted]))
         ).scalar_one()
     assert cached == len(evicted)
 
@@ -159,7 +159,9 @@ def test_a_kb_that_does_not_exist_is_not_found(indexed: Resources, tmp_path: Pat
 
 
 def test_a_kb_another_process_is_indexing_is_not_rebuilt(indexed: Resources, tmp_path: Path) -> None:
-    with KbLease(indexed.documents, "demo", owner="indexer-elsewhere:pid 1"):
-        with pytest.raises(LeaseHeldError, match="indexer-elsewhere:pid 1"):
-            Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
+    with (
+        KbLease(indexed.documents, "demo", owner="indexer-elsewhere:pid 1"),
+        pytest.raises(LeaseHeldError, match="indexer-elsewhere:pid 1"),
+    ):
+        Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
     assert not (tmp_path / "copy").exists()

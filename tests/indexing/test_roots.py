@@ -9,8 +9,7 @@ from typing import Any
 from strata.config import Settings, load_settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.strata_support import texts
-from tests.strata_support import opened, write_files
+from tests.strata_support import opened, texts, write_files
 
 
 def settings(data_dir: Path) -> Settings:
@@ -56,10 +55,15 @@ def test_delete_missing_keeps_what_lies_under_a_folder_symlink_or_an_unmounted_s
 ) -> None:
     """A folder replaced by a symlink to another folder, and one replaced by a symlink to a share that is not
     mounted: neither was read, so their documents stay; a file really removed is deleted."""
-    notes = write_files(tmp_path / "notes", {
-        "top.md": "# Top\n\nThe ferry leaves at nine.\n", "gone.md": "# Gone\n\nThe old pier closed in May.\n",
-        "linked/a.md": "# A\n\nThe lamp is lit at dusk.\n", "share/b.md": "# B\n\nBees are checked in June.\n",
-    })  # fmt: skip
+    notes = write_files(
+        tmp_path / "notes",
+        {
+            "top.md": "# Top\n\nThe ferry leaves at nine.\n",
+            "gone.md": "# Gone\n\nThe old pier closed in May.\n",
+            "linked/a.md": "# A\n\nThe lamp is lit at dusk.\n",
+            "share/b.md": "# B\n\nBees are checked in June.\n",
+        },
+    )
     elsewhere = write_files(tmp_path / "elsewhere", {"c.md": "# C\n\nThe gate closes at ten.\n"})
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         indexer = Indexer(resources)

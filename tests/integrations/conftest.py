@@ -9,5 +9,5 @@ from tests.integrations.kb import index_demo_and_garden
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:  # noqa: ANN001
+def indexed(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
     return index_demo_and_garden(tmp_path_factory.mktemp("integrations"), memo_encoder)

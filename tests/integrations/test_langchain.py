@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from pydantic import ValidationError
 
 import strata.rag.retrieve as rag_retrieve
 from strata.config import Settings, get_settings
@@ -21,7 +21,7 @@ from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocum
 from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
 
 
-def test_documents_carry_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_documents_carry_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:
     retriever = StrataRetriever(kb_ids=["demo"], top_k=3, engine=engine(indexed, memo_encoder))
 
     docs = retriever.invoke(RESET_QUERY)
@@ -38,7 +38,7 @@ def test_documents_carry_strata_metadata_and_the_meta_record(indexed: Settings, 
     assert all(d.metadata[META_KEY] == meta for d in docs)
 
 
-def test_kb_ids_and_filters_restrict_the_documents(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_kb_ids_and_filters_restrict_the_documents(indexed: Settings, memo_encoder) -> None:
     search = engine(indexed, memo_encoder)
     query = "how often should tomatoes be watered"
 
@@ -54,15 +54,17 @@ def test_kb_ids_and_filters_restrict_the_documents(indexed: Settings, memo_encod
 
 
 def test_a_misspelt_filter_is_refused_instead_of_widening_the_search() -> None:
-    with pytest.raises(ValidationError, match="unknown filter.*modulez"):
+    with pytest.raises(ValidationError, match=r"unknown filter.*modulez"):
         StrataRetriever(filters={"modulez": ["billing"]})
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         StrataRetriever(top_k=0)
 
 
-def test_a_broken_query_encoder_gives_bm25_documents_marked_degraded(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_a_broken_query_encoder_gives_bm25_documents_marked_degraded(indexed: Settings, memo_encoder) -> None:
     seen: list[RetrievalResult] = []
-    retriever = StrataRetriever(kb_ids=["demo"], engine=engine(indexed, BrokenQueryEncoder(memo_encoder)), on_result=seen.append)
+    retriever = StrataRetriever(
+        kb_ids=["demo"], engine=engine(indexed, BrokenQueryEncoder(memo_encoder)), on_result=seen.append
+    )
 
     docs = retriever.invoke(RESET_QUERY)
 
@@ -73,23 +75,27 @@ def test_a_broken_query_encoder_gives_bm25_documents_marked_degraded(indexed: Se
     assert [r.meta.mode for r in seen] == ["sparse_fallback"]
 
 
-def test_an_empty_failed_result_still_reaches_the_callback(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_an_empty_failed_result_still_reaches_the_callback(indexed: Settings, memo_encoder) -> None:
     seen: list[RetrievalResult] = []
 
-    docs = StrataRetriever(kb_ids=["no-such-kb"], engine=engine(indexed, memo_encoder), on_result=seen.append).invoke("refund")
+    docs = StrataRetriever(kb_ids=["no-such-kb"], engine=engine(indexed, memo_encoder), on_result=seen.append).invoke(
+        "refund"
+    )
 
     assert docs == []
     assert seen[0].meta.status == "failed" and "unknown_kb" in seen[0].meta.degraded
 
 
-def test_a_chain_runs_the_retriever_and_feeds_its_context_to_the_model(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_a_chain_runs_the_retriever_and_feeds_its_context_to_the_model(indexed: Settings, memo_encoder) -> None:
     retriever = StrataRetriever(kb_ids=["demo"], top_k=3, engine=engine(indexed, memo_encoder))
     prompts: list[str] = []
 
     def context(docs: list[Document]) -> str:
         return "\n\n".join(f"[{d.metadata['heading_path']}]\n{d.page_content}" for d in docs)
 
-    def model(inputs: dict[str, Any]) -> str:  # stands in for an LLM: answers from the first context line that has a duration
+    def model(
+        inputs: dict[str, Any],
+    ) -> str:  # stands in for an LLM: answers from the first context line that has a duration
         prompt = f"Context:\n{inputs['context']}\n\nQuestion: {inputs['question']}"
         prompts.append(prompt)
         return next(line for line in inputs["context"].splitlines() if "有效期" in line)
@@ -102,7 +108,7 @@ def test_a_chain_runs_the_retriever_and_feeds_its_context_to_the_model(indexed: 
     assert "[用户认证 > 功能规范 > 2. 密码重置]" in prompts[0] and RESET_QUERY in prompts[0]
 
 
-def test_async_invoke_returns_the_same_documents(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_async_invoke_returns_the_same_documents(indexed: Settings, memo_encoder) -> None:
     retriever = StrataRetriever(kb_ids=["garden"], top_k=2, engine=engine(indexed, memo_encoder))
 
     sync_docs = retriever.invoke("tomato soil pH")
@@ -112,18 +118,22 @@ def test_async_invoke_returns_the_same_documents(indexed: Settings, memo_encoder
 
 
 def test_without_an_engine_the_default_engine_answers(indexed: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rag_retrieve, "get_settings", lambda: indexed)  # the environment's settings, as default_engine() reads them
+    monkeypatch.setattr(
+        rag_retrieve, "get_settings", lambda: indexed
+    )  # the environment's settings, as default_engine() reads them
     docs = StrataRetriever(kb_ids=["garden"], top_k=2).invoke("tomato soil pH")
 
     assert docs and docs[0].metadata["kb_id"] == "garden" and "pH" in docs[0].page_content
 
 
-def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:
     adjacent = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "adjacent"})})
 
     default = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(indexed, memo_encoder)).invoke(RESET_QUERY)
     by_engine = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
-    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="hybrid", engine=engine(adjacent, memo_encoder)).invoke(RESET_QUERY)
+    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="hybrid", engine=engine(adjacent, memo_encoder)).invoke(
+        RESET_QUERY
+    )
 
     assert default[0].metadata[META_KEY]["strategy"] == "auto_merge"
     assert by_engine[0].metadata[META_KEY]["strategy"] == "adjacent"

@@ -16,7 +16,7 @@ from strata.types import Filters, RetrievalResult
 from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
 
 
-def test_nodes_carry_scores_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_nodes_carry_scores_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:
     retriever = StrataRetriever(kb_ids=["demo"], top_k=3, engine=engine(indexed, memo_encoder))
 
     nodes = retriever.retrieve(RESET_QUERY)
@@ -33,8 +33,10 @@ def test_nodes_carry_scores_strata_metadata_and_the_meta_record(indexed: Setting
     assert {"merged_from", "level", "trace"} <= set(top.node.metadata)
 
 
-def test_only_source_and_heading_path_reach_the_llm_prompt(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
-    (node,) = StrataRetriever(kb_ids=["garden"], top_k=1, engine=engine(indexed, memo_encoder)).retrieve("tomato soil pH")
+def test_only_source_and_heading_path_reach_the_llm_prompt(indexed: Settings, memo_encoder) -> None:
+    (node,) = StrataRetriever(kb_ids=["garden"], top_k=1, engine=engine(indexed, memo_encoder)).retrieve(
+        "tomato soil pH"
+    )
 
     prompt = node.node.get_content(metadata_mode=MetadataMode.LLM)
     embed = node.node.get_content(metadata_mode=MetadataMode.EMBED)
@@ -44,11 +46,13 @@ def test_only_source_and_heading_path_reach_the_llm_prompt(indexed: Settings, me
     assert META_KEY not in embed
 
 
-def test_kb_ids_and_filters_restrict_the_nodes(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_kb_ids_and_filters_restrict_the_nodes(indexed: Settings, memo_encoder) -> None:
     search = engine(indexed, memo_encoder)
 
     garden = StrataRetriever(kb_ids=["garden"], engine=search).retrieve("how often should tomatoes be watered")
-    skill = StrataRetriever(kb_ids=["demo"], filters=Filters(skill_points=("两步验证",)), engine=search).retrieve("密码")
+    skill = StrataRetriever(kb_ids=["demo"], filters=Filters(skill_points=("两步验证",)), engine=search).retrieve(
+        "密码"
+    )
     billing = StrataRetriever(kb_ids=["demo"], filters={"modules": "billing"}, engine=search).retrieve("refund")
 
     assert garden and {n.node.metadata["kb_id"] for n in garden} == {"garden"}
@@ -56,36 +60,42 @@ def test_kb_ids_and_filters_restrict_the_nodes(indexed: Settings, memo_encoder) 
     assert billing and {n.node.metadata["module"] for n in billing} == {"billing"}
 
 
-def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_without_a_strategy_the_configured_one_runs(indexed: Settings, memo_encoder) -> None:
     hybrid = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"strategy": "hybrid"})})
 
     configured = StrataRetriever(kb_ids=["demo"], top_k=2, engine=engine(hybrid, memo_encoder)).retrieve(RESET_QUERY)
-    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="basic", engine=engine(hybrid, memo_encoder)).retrieve(RESET_QUERY)
+    named = StrataRetriever(kb_ids=["demo"], top_k=2, strategy="basic", engine=engine(hybrid, memo_encoder)).retrieve(
+        RESET_QUERY
+    )
 
     assert configured[0].node.metadata[META_KEY]["strategy"] == "hybrid"
     assert named[0].node.metadata[META_KEY]["strategy"] == "basic"
 
 
 def test_a_misspelt_filter_or_a_bad_top_k_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown filter.*modulez"):
+    with pytest.raises(ValueError, match=r"unknown filter.*modulez"):
         StrataRetriever(filters={"modulez": ["billing"]})
     with pytest.raises(ValueError, match="top_k"):
         StrataRetriever(top_k=0)
 
 
-def test_a_broken_query_encoder_gives_bm25_nodes_marked_degraded(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_a_broken_query_encoder_gives_bm25_nodes_marked_degraded(indexed: Settings, memo_encoder) -> None:
     seen: list[RetrievalResult] = []
-    retriever = StrataRetriever(kb_ids=["demo"], engine=engine(indexed, BrokenQueryEncoder(memo_encoder)), on_result=seen.append)
+    retriever = StrataRetriever(
+        kb_ids=["demo"], engine=engine(indexed, BrokenQueryEncoder(memo_encoder)), on_result=seen.append
+    )
 
     nodes = retriever.retrieve(QueryBundle(RESET_QUERY))
 
     assert nodes and "密码重置" in nodes[0].node.metadata["heading_path"]
     meta = nodes[0].node.metadata[META_KEY]
-    assert (meta["status"], meta["mode"]) == ("degraded", "sparse_fallback") and "query_encoder_failed" in meta["degraded"]
+    assert (meta["status"], meta["mode"]) == ("degraded", "sparse_fallback") and "query_encoder_failed" in meta[
+        "degraded"
+    ]
     assert seen[0].meta.status == "degraded"
 
 
-def test_async_retrieve_returns_the_same_nodes(indexed: Settings, memo_encoder) -> None:  # noqa: ANN001
+def test_async_retrieve_returns_the_same_nodes(indexed: Settings, memo_encoder) -> None:
     retriever = StrataRetriever(kb_ids=["demo"], top_k=3, engine=engine(indexed, memo_encoder))
 
     sync_nodes = retriever.retrieve("refund policy")

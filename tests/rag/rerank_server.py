@@ -20,9 +20,10 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

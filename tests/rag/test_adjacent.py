@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from hypothesis import given, settings
@@ -16,8 +17,12 @@ from strata.types import Chunk, SourceDocument
 TEXT = "Alpha one. Beta two. Gamma three. Delta four. Epsilon five."
 
 
-def leaf(ordinal: int, start: int, end: int, *, doc: str = "d.md", version: int = 1, kb: str = "kb", parent: str = "p0") -> Chunk:
-    return Chunk(f"{kb}/{doc}/{version}/{ordinal}", kb, doc, version, 3, parent, "r0", ordinal, TEXT[start:end], "H", start, end)
+def leaf(
+    ordinal: int, start: int, end: int, *, doc: str = "d.md", version: int = 1, kb: str = "kb", parent: str = "p0"
+) -> Chunk:
+    return Chunk(
+        f"{kb}/{doc}/{version}/{ordinal}", kb, doc, version, 3, parent, "r0", ordinal, TEXT[start:end], "H", start, end
+    )
 
 
 def cand(chunk: Chunk, score: float) -> Candidate:
@@ -94,7 +99,7 @@ texts = st.lists(st.tuples(words, separators), min_size=1, max_size=80).map(lamb
 @settings(max_examples=60, deadline=None)
 @given(texts, st.integers(0, 5), st.integers(0, 7), st.data())
 def test_real_leaves_join_to_the_documents_text_without_repeating_overlaps(
-    text: str, l3_overlap: int, l2_overlap: int, data  # noqa: ANN001
+    text: str, l3_overlap: int, l2_overlap: int, data
 ) -> None:
     sizes = ChunkingSettings(
         l1_max_chars=60, l2_max_chars=30, l3_max_chars=12, l2_overlap=l2_overlap, l3_overlap=l3_overlap
@@ -129,13 +134,15 @@ hit = st.tuples(st.sampled_from(["d1", "d2"]), st.sampled_from([1, 2]), st.integ
 
 def as_candidate(doc: str, version: int, ordinal: int, score: float) -> Candidate:
     start = ordinal * 10
-    chunk = Chunk(f"{doc}/{version}/{ordinal}", "kb", doc, version, 3, None, "r", ordinal, "x" * 8, "H", start, start + 8)
+    chunk = Chunk(
+        f"{doc}/{version}/{ordinal}", "kb", doc, version, 3, None, "r", ordinal, "x" * 8, "H", start, start + 8
+    )
     return cand(chunk, score)
 
 
 @settings(deadline=None)
 @given(st.lists(hit, max_size=20))
-def test_every_hit_leaf_is_in_exactly_one_passage_of_its_own_document_version(hits: list) -> None:  # noqa: ANN001
+def test_every_hit_leaf_is_in_exactly_one_passage_of_its_own_document_version(hits: list) -> None:
     candidates = [as_candidate(*h) for h in hits]
 
     out = merge_adjacent_chunks(candidates)
@@ -149,7 +156,7 @@ def test_every_hit_leaf_is_in_exactly_one_passage_of_its_own_document_version(hi
 
 @settings(deadline=None)
 @given(st.lists(hit, max_size=20))
-def test_runs_are_maximal_and_a_sorted_list_stays_sorted(hits: list) -> None:  # noqa: ANN001
+def test_runs_are_maximal_and_a_sorted_list_stays_sorted(hits: list) -> None:
     candidates = sorted((as_candidate(*h) for h in hits), key=lambda c: -c.score)
 
     out = merge_adjacent_chunks(candidates)
@@ -162,5 +169,5 @@ def test_runs_are_maximal_and_a_sorted_list_stays_sorted(hits: list) -> None:  #
         ordinals.setdefault((c.chunk.doc_id, c.chunk.version), []).append((numbers[0], numbers[-1]))
     for spans in ordinals.values():
         spans.sort()
-        assert all(later[0] > earlier[1] + 1 for earlier, later in zip(spans, spans[1:]))  # no two runs touch
+        assert all(later[0] > earlier[1] + 1 for earlier, later in itertools.pairwise(spans))  # no two runs touch
     assert [c.score for c in out] == sorted((c.score for c in out), reverse=True)

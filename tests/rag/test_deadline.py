@@ -10,14 +10,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
 from strata.config import Settings
 from strata.errors import StoreError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
 from tests.strata_support import HANG_S, RESET_QUERY, HangingQueryEncoder
-
 
 
 def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:
@@ -92,5 +90,7 @@ def test_a_hanging_reranker_keeps_the_fused_order_within_the_deadline(demo: Sett
 
 
 def test_a_clean_query_within_the_deadline_carries_no_reason(demo: Settings, memo_encoder) -> None:
-    result = Retriever(Resources(with_deadline(demo, 20_000), encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = Retriever(Resources(with_deadline(demo, 20_000), encoder=memo_encoder)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     assert result.meta.status == "ok" and result.meta.degraded == () and result.meta.errors == ()

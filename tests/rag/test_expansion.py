@@ -60,7 +60,11 @@ def test_no_file_means_no_expansion() -> None:
 
 @pytest.mark.parametrize(
     ("content", "suffix", "message"),
-    [("- a\n- b\n", ".yaml", "must map terms"), ("a: [1, 2]\n", ".yaml", "list of strings"), ("a = [", ".toml", "not valid")],
+    [
+        ("- a\n- b\n", ".yaml", "must map terms"),
+        ("a: [1, 2]\n", ".yaml", "list of strings"),
+        ("a = [", ".toml", "not valid"),
+    ],
 )
 def test_bad_files_name_the_setting(tmp_path: Path, content: str, suffix: str, message: str) -> None:
     path = tmp_path / f"synonyms{suffix}"

@@ -37,7 +37,12 @@ def changed(base: Settings, dotted: str, value: Any) -> Settings:
 
 @pytest.mark.parametrize(
     ("dotted", "value"),
-    [("milvus.search_ef", 128), ("milvus.isolation", "partition_key"), ("embedding.max_length", 256), ("retrieval.rrf_k", 60)],
+    [
+        ("milvus.search_ef", 128),
+        ("milvus.isolation", "partition_key"),
+        ("embedding.max_length", 256),
+        ("retrieval.rrf_k", 60),
+    ],
 )
 def test_a_setting_that_changes_results_changes_the_key(dotted: str, value: Any) -> None:
     base = Settings(_env_file=None)

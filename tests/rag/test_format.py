@@ -88,11 +88,7 @@ def test_tool_output_shows_max_chunks_and_says_how_many_more_there_are() -> None
 
     out = format_for_tool_output(docs, max_chunks=2)
 
-    assert out == (
-        "1. [score 1.0000, L3] s0.md\n   text 0\n"
-        "2. [score 0.9000, L3] s1.md\n   text 1\n"
-        "(3 more not shown)"
-    )
+    assert out == ("1. [score 1.0000, L3] s0.md\n   text 0\n2. [score 0.9000, L3] s1.md\n   text 1\n(3 more not shown)")
 
 
 def test_tool_output_of_exactly_max_chunks_has_no_more_line() -> None:

@@ -40,11 +40,13 @@ def test_score_is_the_sum_of_reciprocal_ranks_over_the_routes_that_found_the_lea
 
     assert ids(fused) == ["b", "a", "c"]
     best = 2 / 61  # ranked first by both routes
-    assert scores(fused) == pytest.approx({
-        "b": (1 / 62 + 1 / 61) / best,  # dense rank 2, sparse rank 1
-        "a": (1 / 61) / best,  # dense rank 1 only
-        "c": (1 / 62) / best,  # sparse rank 2 only
-    })  # fmt: skip
+    assert scores(fused) == pytest.approx(
+        {
+            "b": (1 / 62 + 1 / 61) / best,  # dense rank 2, sparse rank 1
+            "a": (1 / 61) / best,  # dense rank 1 only
+            "c": (1 / 62) / best,  # sparse rank 2 only
+        }
+    )
     assert scores(fused)["b"] == pytest.approx(0.0325224749 / best)
 
 

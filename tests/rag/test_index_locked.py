@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,8 +59,9 @@ def test_a_query_while_the_lite_file_is_held_names_the_lock(tmp_path: Path, memo
         assert Indexer(resources).index_paths([docs], kb_id="demo").failed == 0
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(tmp_path), memo_encoder.name, str(memo_encoder.dim)],
-        stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
         encoder = StarvedEncoder(memo_encoder, delay_s=1.0)

@@ -11,7 +11,7 @@ The document tree used throughout::
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import pytest
 
@@ -60,9 +60,14 @@ def merge_round(
     refs = parents_to_fetch(candidates, level=level, min_children=min_children)
     fetched = {parent_id: CHUNKS[parent_id] for _, parent_id in refs if parent_id not in missing}
     return apply_merge(
-        candidates, fetched, round_no=round_no, level=level, min_children=min_children, min_ratio=min_ratio,
+        candidates,
+        fetched,
+        round_no=round_no,
+        level=level,
+        min_children=min_children,
+        min_ratio=min_ratio,
         score_mode=score_mode,
-    )  # fmt: skip
+    )
 
 
 def view(candidates: list[Candidate]) -> list[tuple[str, float]]:
@@ -118,7 +123,9 @@ def test_the_parent_takes_the_position_and_score_of_its_best_child() -> None:
 
 
 def test_the_merged_parent_keeps_the_best_child_trace_marked_as_merge() -> None:
-    best = Candidate(CHUNKS["p2"], 0.8, Trace(dense_rank=3, dense_score=0.77, sparse_rank=1, sparse_score=9.5, fused_score=0.8))
+    best = Candidate(
+        CHUNKS["p2"], 0.8, Trace(dense_rank=3, dense_score=0.77, sparse_rank=1, sparse_score=9.5, fused_score=0.8)
+    )
 
     merged, _ = merge_round([best, cand("p1", 0.6)])
 
@@ -129,7 +136,9 @@ def test_the_merged_parent_keeps_the_best_child_trace_marked_as_merge() -> None:
     ("score_mode", "expected"),
     [("max", 0.9), ("mean", (0.9 + 0.6 + 0.3) / 3)],
 )
-def test_score_mode_max_takes_the_best_child_and_mean_averages_the_children(score_mode: ScoreMode, expected: float) -> None:
+def test_score_mode_max_takes_the_best_child_and_mean_averages_the_children(
+    score_mode: ScoreMode, expected: float
+) -> None:
     candidates = cands(("p1", 0.9), ("t1", 0.7), ("p2", 0.6), ("p3", 0.3))
 
     merged, _ = merge_round(candidates, score_mode=score_mode)
@@ -188,7 +197,9 @@ def test_leaves_of_a_parent_already_in_the_list_disappear_into_it() -> None:
 
 
 def test_collapse_drops_repeats_and_anything_inside_another_candidate() -> None:
-    candidates = cands(("t1", 0.9), ("p1", 0.85), ("S", 0.8), ("t1", 0.9), ("W", 0.7), ("w3", 0.6), ("q2", 0.5), ("q2", 0.4))
+    candidates = cands(
+        ("t1", 0.9), ("p1", 0.85), ("S", 0.8), ("t1", 0.9), ("W", 0.7), ("w3", 0.6), ("q2", 0.5), ("q2", 0.4)
+    )
 
     assert view(collapse(candidates)) == [("p1", 0.85), ("S", 0.8), ("q2", 0.5)]
 

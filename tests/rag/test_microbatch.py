@@ -99,7 +99,7 @@ def test_one_bad_query_fails_alone_not_the_queries_batched_with_it() -> None:
 def test_many_threads_get_their_own_vectors() -> None:
     encoder = RecordingEncoder()
     batcher = MicroBatcher(encoder, window_s=0.002)
-    texts = [f"{chr(0x4e00 + i)} query {i}" for i in range(200)]
+    texts = [f"{chr(0x4E00 + i)} query {i}" for i in range(200)]
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda t: batcher.submit(None, [t]).result(timeout=30)[0].tolist(), texts))
     assert results == [vector(t) for t in texts]

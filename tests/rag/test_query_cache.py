@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -218,7 +219,10 @@ def keys_under(client: redis.Redis, settings: RedisSettings) -> list[bytes]:
 
 
 def test_a_fresh_cache_gets_the_result_from_redis(redis_settings: RedisSettings) -> None:
-    value = {"docs": [{"content": "向量检索 — hybrid", "score": 0.25, "metadata": {"level": 2}}], "meta": {"status": "ok"}}
+    value = {
+        "docs": [{"content": "向量检索 — hybrid", "score": 0.25, "metadata": {"level": 2}}],
+        "meta": {"status": "ok"},
+    }
     QueryCache(size=8, ttl_s=60, redis_settings=redis_settings).get_or_compute("k", Compute(value))
 
     fresh = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings)
@@ -233,7 +237,9 @@ def test_redis_entries_expire_with_the_ttl(redis_settings: RedisSettings, redis_
     assert 0 < redis_client.ttl(key) <= 60
 
 
-def test_a_non_cacheable_result_is_not_written_to_redis(redis_settings: RedisSettings, redis_client: redis.Redis) -> None:
+def test_a_non_cacheable_result_is_not_written_to_redis(
+    redis_settings: RedisSettings, redis_client: redis.Redis
+) -> None:
     degraded = Compute({"meta": {"status": "degraded"}}, cacheable=False)
     QueryCache(size=8, ttl_s=60, redis_settings=redis_settings).get_or_compute("k", degraded)
 
@@ -241,7 +247,9 @@ def test_a_non_cacheable_result_is_not_written_to_redis(redis_settings: RedisSet
     assert ask(QueryCache(size=8, ttl_s=60, redis_settings=redis_settings), "k") is False
 
 
-def test_results_read_from_redis_respect_the_local_size(redis_settings: RedisSettings, redis_client: redis.Redis) -> None:
+def test_results_read_from_redis_respect_the_local_size(
+    redis_settings: RedisSettings, redis_client: redis.Redis
+) -> None:
     writer = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings)
     ask(writer, "a")
     ask(writer, "b")
@@ -284,8 +292,10 @@ class CountingStore:
         self.inner.close()
 
 
-def test_a_paused_redis_costs_one_timeout_then_is_bypassed(private_redis) -> None:  # noqa: ANN001
-    settings = RedisSettings(url=private_redis.url, key_prefix="strata-test-paused", socket_timeout_s=0.3, retry_after_s=60)
+def test_a_paused_redis_costs_one_timeout_then_is_bypassed(private_redis) -> None:
+    settings = RedisSettings(
+        url=private_redis.url, key_prefix="strata-test-paused", socket_timeout_s=0.3, retry_after_s=60
+    )
     cache = QueryCache(size=8, ttl_s=60, redis_settings=settings)
     store = cache._redis = CountingStore(cache._redis)
     private_redis.pause()
@@ -308,7 +318,9 @@ def test_an_entry_that_does_not_decode_is_a_miss(redis_settings: RedisSettings, 
     garbled, wrong_shape = sorted(keys_under(redis_client, redis_settings))
     redis_client.set(garbled, b"\xff{not json")
     redis_client.set(wrong_shape, b'{"docs": 3}')
-    reader = QueryCache(size=8, ttl_s=60, redis_settings=redis_settings, decodes=lambda v: isinstance(v.get("docs"), list))
+    reader = QueryCache(
+        size=8, ttl_s=60, redis_settings=redis_settings, decodes=lambda v: isinstance(v.get("docs"), list)
+    )
 
     assert reader.get_or_compute("garbled", Compute(result("garbled"))).source == "miss"
     assert reader.get_or_compute("wrong-shape", Compute(result("wrong-shape"))).source == "miss"

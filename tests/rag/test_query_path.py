@@ -4,9 +4,9 @@ no SQL beyond the generation probe while nothing changes. Real Milvus Lite and S
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 from sqlalchemy import event
@@ -26,7 +26,7 @@ class Statements:
         self.seen: list[str] = []
         event.listen(resources.documents.engine, "before_cursor_execute", self._record)
 
-    def _record(self, conn, cursor, statement: str, *args) -> None:  # noqa: ANN001
+    def _record(self, conn, cursor, statement: str, *args) -> None:
         self.seen.append(" ".join(statement.split()))
 
     def touching(self, table: str) -> list[str]:
@@ -134,7 +134,7 @@ def test_a_leaf_sql_no_longer_holds_is_left_out_and_reported(serving) -> None:
 class SlowFirstSearch:
     """The real leaf index; its first dense search waits until other queries' dense searches queue behind it."""
 
-    def __init__(self, real) -> None:  # noqa: ANN001
+    def __init__(self, real) -> None:
         self._real = real
         self.batch_sizes: list[int] = []
         self.queued_dense: Callable[[], int] = lambda: 0
@@ -142,7 +142,7 @@ class SlowFirstSearch:
     def __getattr__(self, name: str):  # noqa: ANN204
         return getattr(self._real, name)
 
-    def search_dense_many(self, vectors, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    def search_dense_many(self, vectors, **kwargs):  # noqa: ANN201
         if not self.batch_sizes:
             wait_for(lambda: self.queued_dense() >= 2, within_s=30)  # the assertion below says if they never came
         self.batch_sizes.append(len(vectors))
@@ -151,7 +151,16 @@ class SlowFirstSearch:
 
 def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving) -> None:
     resources, retriever = serving
-    questions = [RESET_QUERY, "如何重置密码", "审计日志保留多久", "双因素认证怎么开启", "会话超时", "API 限流", "登录失败锁定", "邮件发送地址"]
+    questions = [
+        RESET_QUERY,
+        "如何重置密码",
+        "审计日志保留多久",
+        "双因素认证怎么开启",
+        "会话超时",
+        "API 限流",
+        "登录失败锁定",
+        "邮件发送地址",
+    ]
     alone = {q: [d.metadata["chunk_id"] for d in retriever.retrieve(q, 3, kb_ids=["demo"]).docs] for q in questions}
     slow = SlowFirstSearch(resources.leaf_index)
     resources.__dict__["leaf_index"] = slow

@@ -7,10 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.rag.candidates import Candidate, Trace
-from strata.rag.route_fusion import FusionWeights, rrf_fuse
 from strata.rag.rank_fusion import Fused, fuse_candidates, fuse_documents, reciprocal_rank_fusion
-from strata.types import LeafHit
-from strata.types import Chunk, RetrievedDocument
+from strata.rag.route_fusion import FusionWeights, rrf_fuse
+from strata.types import Chunk, LeafHit, RetrievedDocument
 
 ranked_ids = st.lists(st.sampled_from("abcdefghij"), max_size=8)
 
@@ -88,7 +87,7 @@ def test_every_distinct_item_appears_once_sorted_by_score(lists: list[list[str]]
 
 @settings(deadline=None)
 @given(st.lists(ranked_ids, min_size=1, max_size=5), st.randoms())
-def test_the_order_does_not_depend_on_the_order_of_the_lists(lists: list[list[str]], rnd) -> None:  # noqa: ANN001
+def test_the_order_does_not_depend_on_the_order_of_the_lists(lists: list[list[str]], rnd) -> None:
     shuffled = list(lists)
     rnd.shuffle(shuffled)
 

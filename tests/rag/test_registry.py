@@ -44,7 +44,7 @@ def wiki(retriever_registry: None) -> str:
 
 
 @pytest.fixture(scope="module")
-def indexed(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:  # noqa: ANN001
+def indexed(tmp_path_factory: pytest.TempPathFactory, memo_encoder) -> Settings:
     return index_demo_and_garden(tmp_path_factory.mktemp("registry"), memo_encoder)
 
 
@@ -109,13 +109,13 @@ def test_the_strategy_kbs_and_filters_reach_the_engine() -> None:
     ]
 
 
-def test_a_custom_retrievers_results_fuse_with_strata_by_rrf(indexed: Settings, memo_encoder, wiki: str) -> None:  # noqa: ANN001
+def test_a_custom_retrievers_results_fuse_with_strata_by_rrf(indexed: Settings, memo_encoder, wiki: str) -> None:
     ours = get_retriever("auto_merge", kb_ids=["demo"], engine=engine(indexed, memo_encoder))
     theirs = get_retriever(wiki, pages=(HANDBOOK, "Gardening tips."))
 
     fused = retrieve_fused([ours, theirs], RESET_QUERY, top_k=4)
 
-    strata_result, wiki_result = fused.results
+    strata_result, _wiki_result = fused.results
     assert strata_result.meta.status == "ok" and strata_result.docs
     assert len(fused.docs) == 4
     top_two = {d.content for d in fused.docs[:2]}

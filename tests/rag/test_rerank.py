@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from strata.config import RerankSettings
-from strata.config import ConfigError
+from strata.config import ConfigError, RerankSettings
 from strata.errors import RerankError
 from strata.rag.rerank import HttpReranker, Reranker, RerankScore, build_reranker
 from tests.rag.rerank_server import (
@@ -71,7 +71,9 @@ def indices(scores: list[RerankScore]) -> list[int]:
 
 
 @pytest.mark.parametrize("provider", ["jina", "cohere"])
-def test_jina_format_body_headers_and_best_first_order(rerank_server: RerankServer, make_reranker: MakeReranker, provider: str) -> None:
+def test_jina_format_body_headers_and_best_first_order(
+    rerank_server: RerankServer, make_reranker: MakeReranker, provider: str
+) -> None:
     rerank_server.behaviour = answer(provider)
     reranker = make_reranker(provider=provider, model="jina-reranker-v2-base-multilingual", api_key="sk-test")
 
@@ -118,7 +120,9 @@ def test_dashscope_format(rerank_server: RerankServer, make_reranker: MakeRerank
     }
 
 
-def test_results_are_sorted_best_first_whatever_order_the_service_uses(rerank_server: RerankServer, make_reranker: MakeReranker) -> None:
+def test_results_are_sorted_best_first_whatever_order_the_service_uses(
+    rerank_server: RerankServer, make_reranker: MakeReranker
+) -> None:
     rerank_server.behaviour = results([(0, 0.1), (2, 0.9), (1, 0.5)])
 
     scores = make_reranker().rerank(QUERY, DOCUMENTS)
@@ -127,7 +131,9 @@ def test_results_are_sorted_best_first_whatever_order_the_service_uses(rerank_se
     assert all(isinstance(score.score, float) for score in scores)
 
 
-def test_top_n_defaults_to_settings_then_all_and_is_capped_at_the_documents(rerank_server: RerankServer, make_reranker: MakeReranker) -> None:
+def test_top_n_defaults_to_settings_then_all_and_is_capped_at_the_documents(
+    rerank_server: RerankServer, make_reranker: MakeReranker
+) -> None:
     configured = make_reranker(top_n=1)
     unconfigured = make_reranker()
 
@@ -144,7 +150,9 @@ def test_model_is_left_out_when_not_configured(rerank_server: RerankServer, make
     assert "model" not in rerank_server.requests[0].json()
 
 
-def test_empty_documents_return_nothing_without_a_call(rerank_server: RerankServer, make_reranker: MakeReranker) -> None:
+def test_empty_documents_return_nothing_without_a_call(
+    rerank_server: RerankServer, make_reranker: MakeReranker
+) -> None:
     assert make_reranker().rerank(QUERY, []) == []
     assert rerank_server.requests == []
 
@@ -166,7 +174,9 @@ def test_build_reranker_is_none_when_rerank_is_off() -> None:
 
 
 @pytest.mark.parametrize("code", [500, 503, 429])
-def test_transient_failure_then_success_is_retried(rerank_server: RerankServer, make_reranker: MakeReranker, code: int) -> None:
+def test_transient_failure_then_success_is_retried(
+    rerank_server: RerankServer, make_reranker: MakeReranker, code: int
+) -> None:
     rerank_server.behaviour = in_turn(status(code), answer())
 
     scores = make_reranker().rerank(QUERY, DOCUMENTS)
@@ -176,7 +186,9 @@ def test_transient_failure_then_success_is_retried(rerank_server: RerankServer, 
 
 
 @pytest.mark.parametrize("max_retries", [0, 1, 2])
-def test_persistent_500_fails_after_one_plus_max_retries(rerank_server: RerankServer, make_reranker: MakeReranker, max_retries: int) -> None:
+def test_persistent_500_fails_after_one_plus_max_retries(
+    rerank_server: RerankServer, make_reranker: MakeReranker, max_retries: int
+) -> None:
     rerank_server.behaviour = status(500, "CUDA out of memory")
 
     with pytest.raises(RerankError, match=r"HTTP 500: 'CUDA out of memory'"):
@@ -260,10 +272,23 @@ NAN = math.nan
         (results([(0, 0.1), (1, 0.2), (1, 0.3)]), "duplicate index"),
     ],
     ids=[
-        "malformed-json", "html", "no-results", "results-not-list", "no-score",
-        "too-few", "more-than-documents", "index-out-of-range", "negative-index",
-        "index-string", "index-float", "index-bool", "nan-score", "inf-score",
-        "null-score", "string-score", "duplicate-index",
+        "malformed-json",
+        "html",
+        "no-results",
+        "results-not-list",
+        "no-score",
+        "too-few",
+        "more-than-documents",
+        "index-out-of-range",
+        "negative-index",
+        "index-string",
+        "index-float",
+        "index-bool",
+        "nan-score",
+        "inf-score",
+        "null-score",
+        "string-score",
+        "duplicate-index",
     ],
 )
 def test_unusable_answers_raise_without_retry(
@@ -284,8 +309,10 @@ def test_tei_answer_must_cover_every_text(rerank_server: RerankServer, make_rera
         make_reranker(provider="tei").rerank(QUERY, DOCUMENTS, top_n=2)
 
 
-def test_dashscope_answer_without_output_is_the_wrong_shape(rerank_server: RerankServer, make_reranker: MakeReranker) -> None:
+def test_dashscope_answer_without_output_is_the_wrong_shape(
+    rerank_server: RerankServer, make_reranker: MakeReranker
+) -> None:
     rerank_server.behaviour = lambda request: json_reply({"code": "InvalidParameter", "message": "bad"})
 
-    with pytest.raises(RerankError, match="wrong shape.*'output'"):
+    with pytest.raises(RerankError, match=r"wrong shape.*'output'"):
         make_reranker(provider="dashscope").rerank(QUERY, DOCUMENTS)

@@ -9,13 +9,15 @@ a Redis server that is stopped, and a parent row deleted from SQL.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from milvus_lite.server_manager import server_manager_instance
 
 from strata.config import Settings
+from strata.errors import NotFoundError
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
@@ -24,8 +26,14 @@ from strata.types import Filters
 from tests.conftest import EXAMPLES_KB, MilvusTarget, fresh_pg_database
 from tests.rag.rerank_server import RerankServer, hang, raw, results, status
 from tests.strata_support import (
-    OTHER_KB_DOC, RESET_QUERY, RefusedQueryEncoder, RejectingSparseIndex, make_settings, retriever, texts,
-)  # fmt: skip
+    OTHER_KB_DOC,
+    RESET_QUERY,
+    RefusedQueryEncoder,
+    RejectingSparseIndex,
+    make_settings,
+    retriever,
+    texts,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +65,25 @@ def test_hybrid_results_carry_metadata_and_trace(indexed: Settings, memo_encoder
     result = retriever(indexed, memo_encoder).retrieve("How do I filter search results by tag?", 5, kb_ids=["demo"])
     meta = result.meta
     assert (meta.status, meta.mode, meta.candidate_k) == ("ok", "hybrid", 15)
-    assert meta.dense_candidates == 15 and meta.sparse_candidates > 0 and meta.fused_candidates == 15  # 1 x candidate_k per route
+    assert (
+        meta.dense_candidates == 15 and meta.sparse_candidates > 0 and meta.fused_candidates == 15
+    )  # 1 x candidate_k per route
     assert 0 < len(result.docs) <= 5 and meta.returned == len(result.docs)
     top = result.docs[0]
     assert top.metadata["source"] == "search-guide.md" and "Filters" in top.metadata["heading_path"]
     for doc in result.docs:
-        for key in ("chunk_id", "doc_id", "kb_id", "level", "heading_path", "source", "char_start", "char_end", "merged_from", "module"):
+        for key in (
+            "chunk_id",
+            "doc_id",
+            "kb_id",
+            "level",
+            "heading_path",
+            "source",
+            "char_start",
+            "char_end",
+            "merged_from",
+            "module",
+        ):
             assert key in doc.metadata
         trace = doc.metadata["trace"]
         assert trace["fused_score"] > 0 and (trace["dense_rank"] or trace["sparse_rank"])
@@ -80,7 +101,10 @@ def test_leaves_merge_to_l2_and_then_to_l1(indexed: Settings, memo_encoder) -> N
     assert "30 分钟" in top.content and "no-reply@strata-notes.example" in top.content
     ids = [d.metadata["chunk_id"] for d in result.docs]
     assert len(ids) == len(set(ids))
-    unmerged = retriever(indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"merge_enabled": False})}), memo_encoder)
+    unmerged = retriever(
+        indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"merge_enabled": False})}),
+        memo_encoder,
+    )
     plain = unmerged.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert {d.metadata["level"] for d in plain.docs} == {3} and plain.meta.merge_rounds == ()
 
@@ -114,6 +138,14 @@ def test_unknown_kb_is_an_error_not_an_empty_kb(indexed: Settings, memo_encoder)
     assert "no-such-kb" in result.meta.errors[0].message
 
 
+def test_a_retriever_that_refuses_unknown_kbs_raises_not_found_naming_them(indexed: Settings, memo_encoder) -> None:
+    refusing = Retriever(Resources(indexed, encoder=memo_encoder), refuse_unknown_kbs=True)
+    with pytest.raises(NotFoundError, match="no-such-kb") as refused:
+        refusing.retrieve("how often should tomatoes be watered", 5, kb_ids=["garden", "no-such-kb"])
+    assert "garden" not in str(refused.value)  # only the unknown one is named
+    assert refusing.retrieve("how often should tomatoes be watered", 5, kb_ids=["garden"]).docs
+
+
 def test_query_cache_hits_and_is_invalidated_by_indexing(indexed: Settings, memo_encoder, tmp_path: Path) -> None:
     settings = indexed.model_copy(update={"retrieval": indexed.retrieval.model_copy(update={"cache_size": 64})})
     resources = Resources(settings, encoder=memo_encoder)
@@ -134,7 +166,9 @@ def test_query_cache_hits_and_is_invalidated_by_indexing(indexed: Settings, memo
 
 def test_hybrid_failure_retries_dense_only(indexed: Settings, memo_encoder) -> None:
     real = Resources(indexed, encoder=memo_encoder).leaf_index
-    result = retriever(indexed, memo_encoder, leaf_index=RejectingSparseIndex(real)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = retriever(indexed, memo_encoder, leaf_index=RejectingSparseIndex(real)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     meta = result.meta
     assert (meta.status, meta.mode) == ("degraded", "dense_fallback") and "hybrid_search_failed" in meta.degraded
     assert meta.errors[0].stage == "search" and meta.errors[0].error == "StoreError"
@@ -143,7 +177,9 @@ def test_hybrid_failure_retries_dense_only(indexed: Settings, memo_encoder) -> N
 
 
 def test_encoder_failure_falls_back_to_bm25(indexed: Settings, memo_encoder) -> None:
-    result = retriever(indexed, memo_encoder, encoder=RefusedQueryEncoder(memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = retriever(indexed, memo_encoder, encoder=RefusedQueryEncoder(memo_encoder)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     meta = result.meta
     assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and "query_encoder_failed" in meta.degraded
     assert meta.errors[0].stage == "encode" and meta.errors[0].error == "EncoderError"
@@ -175,7 +211,9 @@ def test_rerank_failures_fall_back_to_fused_order(indexed: Settings, memo_encode
     with RerankServer() as server:
         server.behaviour = behaviour
         settings = indexed.model_copy(
-            update={"rerank": indexed.rerank.model_copy(update={"url": server.url, "read_timeout_s": 0.5, "max_retries": 0})}
+            update={
+                "rerank": indexed.rerank.model_copy(update={"url": server.url, "read_timeout_s": 0.5, "max_retries": 0})
+            }
         )
         result = retriever(settings, memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     meta = result.meta
@@ -191,9 +229,11 @@ def test_rerank_success_reorders_and_applies_min_score(indexed: Settings, memo_e
     with RerankServer() as server:  # scores the fused candidates in reverse; the first falls below min_score
         server.behaviour = results([(2, 0.9), (1, 0.5), (0, 0.1)])
         settings = indexed.model_copy(
-            update={"rerank": indexed.rerank.model_copy(update={"url": server.url}),
-                    "retrieval": indexed.retrieval.model_copy(update={"min_score": 0.2})}
-        )  # fmt: skip
+            update={
+                "rerank": indexed.rerank.model_copy(update={"url": server.url}),
+                "retrieval": indexed.retrieval.model_copy(update={"min_score": 0.2}),
+            }
+        )
         result = retriever(settings, memo_encoder).retrieve(query, 5, kb_ids=["garden"])
         sent = server.requests[-1].json()
     assert result.meta.rerank.status == "applied" and result.meta.status == "ok"

@@ -25,19 +25,32 @@ from strata.resources import Resources
 from strata.stores.sql import DocumentVersion
 from tests.conftest import EXAMPLES_KB, REDIS_URL
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.strata_support import GARDEN, RESET_QUERY, RejectingSparseIndex, cut_sql, make_settings, own_db, retriever, write
+from tests.strata_support import (
+    GARDEN,
+    RESET_QUERY,
+    RejectingSparseIndex,
+    cut_sql,
+    make_settings,
+    own_db,
+    retriever,
+    write,
+)
 
 # -- item 6: a kb created after the process opened the index -------------------------
 
 
-def test_a_kb_indexed_by_another_resources_after_the_first_query_is_found(tmp_path: Path, pg_url: str, memo_encoder) -> None:
+def test_a_kb_indexed_by_another_resources_after_the_first_query_is_found(
+    tmp_path: Path, pg_url: str, memo_encoder
+) -> None:
     settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None)
     serving = Resources(settings, encoder=memo_encoder)
     Indexer(serving).index_paths([EXAMPLES_KB], kb_id="demo")
     service = Retriever(serving)
     assert service.retrieve(RESET_QUERY, 3, kb_ids=["demo"]).docs  # the index lists its partitions now
 
-    Indexer(Resources(settings, encoder=memo_encoder)).index_paths([write(tmp_path / "g", "garden.md", GARDEN)], kb_id="other")
+    Indexer(Resources(settings, encoder=memo_encoder)).index_paths(
+        [write(tmp_path / "g", "garden.md", GARDEN)], kb_id="other"
+    )
     result = service.retrieve("tomatoes watering", 3, kb_ids=["other"])
 
     assert result.meta.status == "ok" and result.docs
@@ -57,7 +70,9 @@ def half_written(tmp_path: Path, pg_url: str, memo_encoder) -> Settings:
     """kb 'half': doc a.md v1 active, and a v2 written to SQL and Milvus as pending (a crash before activation)."""
     settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None)
     resources = Resources(settings, encoder=memo_encoder)
-    Indexer(resources).index_paths([write(tmp_path / "half", "a.md", "# Old\n\nThe old launch code is ALPHA-1.\n")], kb_id="half")
+    Indexer(resources).index_paths(
+        [write(tmp_path / "half", "a.md", "# Old\n\nThe old launch code is ALPHA-1.\n")], kb_id="half"
+    )
     pending = "# New\n\nThe pending launch code is OMEGA-9, not yet released.\n"
     from strata.indexing.chunking import chunk_document
     from strata.indexing.loaders import load_document
@@ -101,20 +116,25 @@ def test_sql_down_without_a_state_seen_fails_with_the_reason(half_written: Setti
 
 def cached_settings(root: Path, pg_url: str, **redis: Any) -> Settings:
     settings = make_settings(root, own_db(root), redis_url=REDIS_URL)
-    return settings.model_copy(update={
-        "retrieval": settings.retrieval.model_copy(update={"cache_size": 64}),
-        "redis": settings.redis.model_copy(update=redis),
-    })  # fmt: skip
+    return settings.model_copy(
+        update={
+            "retrieval": settings.retrieval.model_copy(update={"cache_size": 64}),
+            "redis": settings.redis.model_copy(update=redis),
+        }
+    )
 
 
-def test_two_deployments_sharing_one_redis_prefix_never_share_entries(tmp_path: Path, pg_url: str, memo_encoder) -> None:
+def test_two_deployments_sharing_one_redis_prefix_never_share_entries(
+    tmp_path: Path, pg_url: str, memo_encoder
+) -> None:
     prefix = f"strata-test-{uuid.uuid4().hex[:8]}"  # the same prefix for both, as with the default
     one = cached_settings(tmp_path / "one", pg_url, key_prefix=prefix)
     two = cached_settings(tmp_path / "two", pg_url, key_prefix=prefix)
     two = two.model_copy(update={"milvus": two.milvus.model_copy(update={"collection": "other_leaves"})})
     Indexer(Resources(one, encoder=memo_encoder)).index_paths([write(tmp_path / "a", "x.md", GARDEN)], kb_id="kb")
     Indexer(Resources(two, encoder=memo_encoder)).index_paths(
-        [write(tmp_path / "b", "x.md", "# Roses\n\nRoses want watering at the roots, twice a week.\n")], kb_id="kb")  # fmt: skip
+        [write(tmp_path / "b", "x.md", "# Roses\n\nRoses want watering at the roots, twice a week.\n")], kb_id="kb"
+    )
     try:
         first = Retriever(Resources(one, encoder=memo_encoder)).retrieve("watering twice a week", 3, kb_ids=["kb"])
         second = Retriever(Resources(two, encoder=memo_encoder)).retrieve("watering twice a week", 3, kb_ids=["kb"])
@@ -141,7 +161,9 @@ def test_the_cache_key_covers_chunking_rerank_and_store_identity() -> None:
     assert "secret" not in str(config_fingerprint(base.model_copy(update={"database": changed["database"]})))
 
 
-def test_a_paused_redis_shows_in_the_meta_record_and_costs_one_timeout(tmp_path: Path, pg_url: str, memo_encoder, private_redis) -> None:
+def test_a_paused_redis_shows_in_the_meta_record_and_costs_one_timeout(
+    tmp_path: Path, pg_url: str, memo_encoder, private_redis
+) -> None:
     settings = cached_settings(tmp_path, pg_url, url=private_redis.url, socket_timeout_s=0.3)
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([write(tmp_path / "g", "garden.md", GARDEN)], kb_id="g")
@@ -179,8 +201,10 @@ def test_default_engines_are_bounded_and_closed(tmp_path: Path, monkeypatch: pyt
     close_default_engines()
     closed.clear()
     base = Settings(_env_file=None, data_dir=tmp_path)
-    configs = [base.model_copy(update={"rerank": base.rerank.model_copy(update={"api_key": SecretStr(f"t{i}")})})
-               for i in range(DEFAULT_ENGINES + 1)]  # fmt: skip
+    configs = [
+        base.model_copy(update={"rerank": base.rerank.model_copy(update={"api_key": SecretStr(f"t{i}")})})
+        for i in range(DEFAULT_ENGINES + 1)
+    ]
     engines = [default_engine(c) for c in configs[:DEFAULT_ENGINES]]
     assert default_engine(configs[0]) is engines[0] and not closed  # now the most recently used
     newest = default_engine(configs[-1])
@@ -199,7 +223,12 @@ def test_close_releases_the_redis_and_http_clients(tmp_path: Path, pg_url: str, 
         assert report.failed == 0, report.failures
         service = Retriever(resources)
         answered = service.retrieve("deep watering", 3, kb_ids=["g"])
-        assert answered.meta.rerank.status == "applied", (answered.meta.rerank, answered.meta.dense_candidates, answered.meta.sparse_candidates, answered.meta.fused_candidates)
+        assert answered.meta.rerank.status == "applied", (
+            answered.meta.rerank,
+            answered.meta.dense_candidates,
+            answered.meta.sparse_candidates,
+            answered.meta.fused_candidates,
+        )
         observer = redis.Redis(port=private_redis.port)
         assert len(observer.client_list()) > 1
         service.close()
@@ -212,20 +241,30 @@ def test_close_releases_the_redis_and_http_clients(tmp_path: Path, pg_url: str, 
 
 
 def test_fallbacks_switched_off_mean_a_failed_answer_not_bm25(tmp_path: Path, pg_url: str, memo_encoder) -> None:
-    settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None, retrieval={"dense_fallback": False, "sparse_fallback": False})
+    settings = make_settings(
+        tmp_path, own_db(tmp_path), redis_url=None, retrieval={"dense_fallback": False, "sparse_fallback": False}
+    )
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
-    result = retriever(settings, memo_encoder, leaf_index=RejectingSparseIndex(resources.leaf_index)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = retriever(settings, memo_encoder, leaf_index=RejectingSparseIndex(resources.leaf_index)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")
     assert result.meta.sparse_candidates == 0 and "hybrid_search_failed" in result.meta.degraded
 
 
-def test_min_fused_score_means_the_same_on_hybrid_and_on_the_fallback(tmp_path: Path, pg_url: str, memo_encoder) -> None:
-    settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None, retrieval={"min_fused_score": 0.75, "merge_enabled": False})
+def test_min_fused_score_means_the_same_on_hybrid_and_on_the_fallback(
+    tmp_path: Path, pg_url: str, memo_encoder
+) -> None:
+    settings = make_settings(
+        tmp_path, own_db(tmp_path), redis_url=None, retrieval={"min_fused_score": 0.75, "merge_enabled": False}
+    )
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
     hybrid = retriever(settings, memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
-    fallback = retriever(settings, memo_encoder, leaf_index=RejectingSparseIndex(resources.leaf_index)).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    fallback = retriever(settings, memo_encoder, leaf_index=RejectingSparseIndex(resources.leaf_index)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"]
+    )
     assert fallback.meta.mode == "dense_fallback"
     for result in (hybrid, fallback):
         assert result.docs and all(0.75 <= d.score <= 1.0 for d in result.docs)
@@ -239,17 +278,25 @@ def test_min_fused_score_means_the_same_on_hybrid_and_on_the_fallback(tmp_path: 
 def test_a_hanging_embeddings_server_costs_a_query_one_short_timeout() -> None:
     with RerankServer(path="/v1/embeddings") as server:
         server.behaviour = hang(5.0, then=raw("{}"))
-        encoder = OpenAIEmbeddingEncoder(server.base_url + "/v1", "e5", timeout_s=30, max_retries=3, query_timeout_s=0.3)
+        encoder = OpenAIEmbeddingEncoder(
+            server.base_url + "/v1", "e5", timeout_s=30, max_retries=3, query_timeout_s=0.3
+        )
         encoder._dim = 384
         with pytest.raises(EncoderError, match="Timeout"):
             encoder.encode_queries(["a query"])
         assert len(server.requests) == 1  # the read timeout is not retried on the query path
 
 
-@pytest.mark.parametrize(("query", "top_k", "named"), [
-    ("x" * 2001, 5, "STRATA_RETRIEVAL__MAX_QUERY_CHARS"), ("ok", 51, "STRATA_RETRIEVAL__MAX_TOP_K"),
-    ("ok", 0, "MAX_TOP_K"), ("  ", 5, "non-empty"), ("ok", "5", "integer"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("query", "top_k", "named"),
+    [
+        ("x" * 2001, 5, "STRATA_RETRIEVAL__MAX_QUERY_CHARS"),
+        ("ok", 51, "STRATA_RETRIEVAL__MAX_TOP_K"),
+        ("ok", 0, "MAX_TOP_K"),
+        ("  ", 5, "non-empty"),
+        ("ok", "5", "integer"),
+    ],
+)
 def test_bad_arguments_are_value_errors_naming_the_limit(tmp_path: Path, query: str, top_k: Any, named: str) -> None:
     service = Retriever(Resources(Settings(_env_file=None, data_dir=tmp_path)))
     with pytest.raises(ValueError, match=named):

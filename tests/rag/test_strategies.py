@@ -56,7 +56,9 @@ def test_adjacent_joins_consecutive_leaves_instead_of_whole_parents(engine: Retr
     assert joined, "the reset section's hits are neighbours"
     for doc in joined:
         assert len(doc.metadata["merged_from"]) >= 2 and doc.metadata["trace"]["score_stage"] == "adjacent"
-        assert doc.metadata["char_end"] - doc.metadata["char_start"] >= len(doc.content) - len(doc.metadata["merged_from"])
+        assert doc.metadata["char_end"] - doc.metadata["char_start"] >= len(doc.content) - len(
+            doc.metadata["merged_from"]
+        )
     merged = ask(engine, "auto_merge")
     assert sum(len(d.content) for d in adjacent.docs) < sum(len(d.content) for d in merged.docs)
     assert adjacent.docs[0].metadata["doc_id"] == hybrid.docs[0].metadata["doc_id"] == "auth.md"
@@ -74,7 +76,9 @@ def test_fusion_makes_variants_from_the_synonym_dictionary(tmp_path: Path, demo:
     synonyms = tmp_path / "synonyms.yaml"
     synonyms.write_text("密码重置: [找回密码, 重设密码]\n", encoding="utf-8")
     settings = demo.model_copy(update={"retrieval": demo.retrieval.model_copy(update={"synonyms": synonyms})})
-    result = Retriever(Resources(settings, encoder=memo_encoder)).retrieve(RESET_QUERY, 5, kb_ids=["demo"], strategy="fusion")
+    result = Retriever(Resources(settings, encoder=memo_encoder)).retrieve(
+        RESET_QUERY, 5, kb_ids=["demo"], strategy="fusion"
+    )
     assert result.meta.query_variants[0] == RESET_QUERY
     assert any("找回密码" in v for v in result.meta.query_variants[1:])
 
@@ -105,7 +109,9 @@ class FailingVariantIndex:
 def test_a_failed_fusion_variant_degrades_the_query_in_either_order(demo: Settings, memo_encoder) -> None:
     """Every route fails for the tag variant: the other variant's evidence is the answer, degraded with
     the reason, whichever variant comes first (status and mode come from all variants' outcomes)."""
-    settings = demo.model_copy(update={"retrieval": demo.retrieval.model_copy(update={"bm25_max_df": 1.0})})  # BM25 text = variant
+    settings = demo.model_copy(
+        update={"retrieval": demo.retrieval.model_copy(update={"bm25_max_df": 1.0})}
+    )  # BM25 text = variant
     vector = memo_encoder.encode_queries([TAG_QUERY])[0]
     failing = FailingVariantIndex(Resources(settings, encoder=memo_encoder).leaf_index, TAG_QUERY, vector)
     engine_ = retriever(settings, memo_encoder, leaf_index=failing)
@@ -146,5 +152,9 @@ def test_plans_name_routes_and_merging() -> None:
 def test_query_variants_are_unique_bounded_and_start_with_the_query() -> None:
     assert query_variants("q", given=["a", "q", " a ", "b", "c", "d"], limit=3) == ("q", "a", "b")
     dictionary = SynonymDictionary.from_mapping({"Token管理": ["JWT", "AccessToken"]})
-    assert query_variants("token管理怎么配置", synonyms=dictionary) == ("token管理怎么配置", "JWT怎么配置", "AccessToken怎么配置")
+    assert query_variants("token管理怎么配置", synonyms=dictionary) == (
+        "token管理怎么配置",
+        "JWT怎么配置",
+        "AccessToken怎么配置",
+    )
     assert query_variants("nothing here", synonyms=dictionary) == ("nothing here",)

@@ -7,8 +7,9 @@ a Milvus standalone container where Docker runs, or a ``milvus-lite server`` the
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import pytest
 

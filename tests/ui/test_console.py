@@ -13,8 +13,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -25,9 +26,13 @@ from tests.strata_support import REPO, STRATA, strata_env, write_files
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-    pytest.skip(f"the console test needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
-                allow_module_level=True)  # fmt: skip
-webdriver = pytest.importorskip("selenium.webdriver", reason="the console test needs selenium (pip install -e '.[dev]')")
+    pytest.skip(
+        f"the console test needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="the console test needs selenium (pip install -e '.[dev]')"
+)
 from selenium.webdriver.chrome.service import Service as ChromeService  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -57,9 +62,13 @@ class Served:
         self.url = f"http://127.0.0.1:{free_port()}"
         port = self.url.rsplit(":", 1)[1]
         self.process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", port], env=self.env, cwd=REPO,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [str(STRATA), "serve", "--port", port],
+            env=self.env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(120.0, connect=5.0))
 
     def wait_ready(self, key: str | None = None) -> None:
@@ -114,10 +123,17 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in (
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}", "--window-size=1280,1500",
-    ):  # fmt: skip
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+        "--window-size=1280,1500",
+    ):
         options.add_argument(argument)
     driver = webdriver.Chrome(options=options, service=ChromeService(executable_path=str(CHROMEDRIVER)))
     try:
@@ -204,7 +220,9 @@ def demo_console(services: tuple[Served, Served], browser: WebDriver) -> WebDriv
 # -- keys -------------------------------------------------------------------------------
 
 
-def test_a_wrong_key_is_refused_and_a_good_one_kept_for_the_tab(services: tuple[Served, Served], browser: WebDriver) -> None:
+def test_a_wrong_key_is_refused_and_a_good_one_kept_for_the_tab(
+    services: tuple[Served, Served], browser: WebDriver
+) -> None:
     browser.get(f"{services[0].url}/ui")
     enter_key(browser, "wrong-key")
     message = wait_for(browser, "#key-error").text
@@ -266,7 +284,9 @@ def test_merge_tree_meta_and_timings_as_recorded(services: tuple[Served, Served]
     assert merged, "the query was chosen to return a merged parent"
     nodes = demo_console.find_elements(By.CSS_SELECTOR, "#merge-tree .merge-node")
     children = ".merge-child code"
-    tree = {n.get_attribute("data-chunk-id"): [c.text for c in n.find_elements(By.CSS_SELECTOR, children)] for n in nodes}
+    tree = {
+        n.get_attribute("data-chunk-id"): [c.text for c in n.find_elements(By.CSS_SELECTOR, children)] for n in nodes
+    }
     assert tree == merged
     rounds = [r.text for r in demo_console.find_elements(By.CSS_SELECTOR, "#merge-tree .rounds li")]
     assert rounds == [
@@ -310,8 +330,12 @@ def test_compare_shows_two_strategies_and_what_moved(services: tuple[Served, Ser
     wait_for(demo_console, "#moves")
     ids_a = chunk_ids(services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"], strategy="hybrid"))
     ids_b = chunk_ids(services[0].retrieve(DEMO_KEY, query=QUERY, top_k=5, kb_ids=["demo"], strategy="auto_merge"))
-    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
-    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-b li")] == ids_b
+    assert [
+        e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")
+    ] == ids_a
+    assert [
+        e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-b li")
+    ] == ids_b
     assert "strategy hybrid" in demo_console.find_element(By.ID, "side-a").text
     assert "strategy auto_merge" in demo_console.find_element(By.ID, "side-b").text
     rows = demo_console.find_elements(By.CSS_SELECTOR, "#moves tbody tr")
@@ -320,14 +344,18 @@ def test_compare_shows_two_strategies_and_what_moved(services: tuple[Served, Ser
     for chunk_id, (_, in_a, in_b, _) in cells.items():
         assert in_a == (f"#{ids_a.index(chunk_id) + 1}" if chunk_id in ids_a else "–")
         assert in_b == (f"#{ids_b.index(chunk_id) + 1}" if chunk_id in ids_b else "–")
-    assert any(change.startswith("inside B's #") for *_, change in cells.values()), "a hybrid leaf merged into a B parent"
+    assert any(change.startswith("inside B's #") for *_, change in cells.values()), (
+        "a hybrid leaf merged into a B parent"
+    )
 
     # the comparison's URL re-runs it: B without rerank this time
     link = demo_console.current_url
     assert link == f"{services[0].url}/ui?view=compare&q={quote(QUERY, safe='')}&kb=demo&k=5&a=hybrid&b=auto_merge"
     demo_console.get(f"{link}&b_rerank=off")
     wait_for(demo_console, "#moves")
-    assert [e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")] == ids_a
+    assert [
+        e.get_attribute("data-chunk-id") for e in demo_console.find_elements(By.CSS_SELECTOR, "#side-a li")
+    ] == ids_a
     assert "rerank off" in demo_console.find_element(By.CSS_SELECTOR, "#side-b h2").text
 
 

@@ -18,7 +18,7 @@ from strata.config import ApiKeyGrant, Settings
 
 
 @pytest.fixture
-def client(tmp_path) -> TestClient:  # noqa: ANN001
+def client(tmp_path) -> TestClient:
     settings = Settings(_env_file=None, data_dir=tmp_path, api={"keys": {"k": ApiKeyGrant(kbs=["demo"])}})
     return TestClient(create_app(settings), raise_server_exceptions=False)
 

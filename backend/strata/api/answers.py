@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Any, Sequence
-
-from starlette.responses import JSONResponse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from strata.api.auth import Principal
 from strata.api.deps import not_found
 from strata.api.problems import RETRIEVAL_FAILED, Problem, Refusal, refusal_of
+from strata.api.schemas import ModuleListingMeta, ModuleOut, ModuleResponse, SkillOut
 from strata.api.service import Service
-from strata.errors import InvalidArgumentError, NotFoundError
+from strata.errors import InvalidArgumentError
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import DeadlineExceeded
-from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult
+from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 
 CLOSEST_SHOWN = 5
 
@@ -46,21 +47,20 @@ def search_scope(service: Service, principal: Principal, requested: Sequence[str
     return scope
 
 
-def retrieval(result: RetrievalResult, *, explain: bool, **extra: Any) -> JSONResponse:
-    """``{docs, meta}`` as ``retrieve_documents`` returns it; unknown kbs 404, a failed retrieval 503 (504 when
-    its deadline ran out), with the meta record."""
+def retrieval(result: RetrievalResult, *, explain: bool) -> RetrievalResult:
+    """The result as ``retrieve_documents`` returns it (without the per-document trace unless ``explain``);
+    a failed retrieval 503 (504 when its deadline ran out), with the meta record. An unknown kb never gets
+    here: the service's engine raises ``NotFoundError`` for it (``Retriever(refuse_unknown_kbs=True)``)."""
     meta = result.meta
-    unknown = next((e for e in meta.errors if e.error == NotFoundError.__name__), None)
-    if unknown is not None:  # the engine records an unknown kb in the meta record; the service refuses it
-        raise NotFoundError(unknown.message)
-    body = result.to_dict()
     if meta.status == "failed":
         reasons = "; ".join(e.message for e in meta.errors)[:500]
-        raise Problem.of(failure(meta), f"retrieval failed: {reasons}" if reasons else "retrieval failed", meta=body["meta"])
-    if not explain:
-        for doc in body["docs"]:
-            doc["metadata"].pop("trace", None)
-    return JSONResponse({**body, **extra})
+        why = f"retrieval failed: {reasons}" if reasons else "retrieval failed"
+        raise Problem.of(failure(meta), why, meta=meta.to_dict())
+    return result if explain else replace(result, docs=tuple(_without_trace(d) for d in result.docs))
+
+
+def _without_trace(doc: RetrievedDocument) -> RetrievedDocument:
+    return replace(doc, metadata={k: v for k, v in doc.metadata.items() if k != "trace"})
 
 
 def failure(meta: RetrievalMeta) -> Refusal:
@@ -88,8 +88,8 @@ class SkillSelection:
     def filters(self) -> Filters | None:
         return Filters(skill_points=self.matched) if self.matched else None
 
-    def describe(self) -> dict[str, Any]:
-        return {"terms": list(self.terms), "matched_skill_points": list(self.matched), "filtered": bool(self.matched)}
+    def describe(self) -> SkillOut:
+        return SkillOut(terms=list(self.terms), matched_skill_points=list(self.matched), filtered=bool(self.matched))
 
 
 def skill_selection(service: Service, skill: str, scope: Sequence[str] | None) -> SkillSelection:
@@ -112,8 +112,8 @@ class ModuleMatch:
     def filters(self) -> Filters:
         return Filters(modules=(self.module,))
 
-    def describe(self) -> dict[str, Any]:
-        return {"requested": self.requested, "matched": self.module, "score": round(self.score, 3)}
+    def describe(self) -> ModuleOut:
+        return ModuleOut(requested=self.requested, matched=self.module, score=round(self.score, 3))
 
 
 def similarity(a: str, b: str) -> float:
@@ -127,32 +127,42 @@ def match_module(service: Service, requested: str, scope: Sequence[str] | None) 
     ranked = sorted(((similarity(requested, m), m) for m in known), key=lambda sm: (-sm[0], sm[1]))
     threshold = service.settings.retrieval.module_match_threshold
     if not ranked or ranked[0][0] < threshold:
-        closest = [{"module": m, "score": round(s, 3)} for s, m in ranked[:CLOSEST_SHOWN]]
-        names = ", ".join(c["module"] for c in closest) or "none"
+        closest: list[dict[str, Any]] = [{"module": m, "score": round(s, 3)} for s, m in ranked[:CLOSEST_SHOWN]]
+        names = ", ".join(str(c["module"]) for c in closest) or "none"
         raise Problem(
-            404, f"no module matches {requested!r} (similarity >= {threshold}); closest: {names}",
-            title="Module Not Found", closest=closest,
-        )  # fmt: skip
+            404,
+            f"no module matches {requested!r} (similarity >= {threshold}); closest: {names}",
+            title="Module Not Found",
+            closest=closest,
+        )
     score, module = ranked[0]
     return ModuleMatch(requested, module, score)
 
 
-def module_listing(service: Service, match: ModuleMatch, scope: Sequence[str] | None, *, top_k: int, level: int) -> JSONResponse:
+def module_listing(
+    service: Service, match: ModuleMatch, scope: Sequence[str] | None, *, top_k: int, level: int
+) -> ModuleResponse:
     """The module's chunks of one level in document order (no query to rank by)."""
     chunks = service.catalog.module_chunks(scope, match.module, level=level, limit=top_k)
-    docs = [_listed(c) for c in chunks]
-    meta = {
-        "status": "ok", "mode": "document_order", "top_k": top_k, "level": level,
-        "kb_ids": list(scope) if scope is not None else None, "returned": len(docs),
-    }  # fmt: skip
-    return JSONResponse({"docs": docs, "meta": meta, "module": match.describe()})
+    docs = tuple(_listed(c) for c in chunks)
+    kb_ids = tuple(scope) if scope is not None else None
+    meta = ModuleListingMeta(top_k=top_k, level=level, kb_ids=kb_ids, returned=len(docs))
+    return ModuleResponse(docs, meta, match.describe())
 
 
-def _listed(chunk: Chunk) -> dict[str, Any]:
+def _listed(chunk: Chunk) -> RetrievedDocument:
+    """A listed chunk as evidence; it has no score (NaN: ``null`` on the wire)."""
     metadata = {
-        **dict(chunk.metadata), "chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "kb_id": chunk.kb_id,
-        "version": chunk.version, "level": chunk.level, "heading_path": chunk.heading_path,
-        "source": chunk.metadata.get("source", ""), "char_start": chunk.char_start, "char_end": chunk.char_end,
+        **dict(chunk.metadata),
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "kb_id": chunk.kb_id,
+        "version": chunk.version,
+        "level": chunk.level,
+        "heading_path": chunk.heading_path,
+        "source": chunk.metadata.get("source", ""),
+        "char_start": chunk.char_start,
+        "char_end": chunk.char_end,
         "ordinal": chunk.ordinal,
-    }  # fmt: skip
-    return {"content": chunk.text, "score": None, "metadata": metadata}
+    }
+    return RetrievedDocument(chunk.text, math.nan, metadata)

@@ -10,18 +10,20 @@ stops the service before it starts.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi.routing import APIRoute
 
 from strata.api import openapi, problems
 from strata.api.auth import KeyRing
 from strata.api.connections import CLOSED_CONNECTIONS
 from strata.api.deps import needs_key
-from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
 from strata.api.metrics import Metrics
+from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, RequestContext
 from strata.api.readiness import Readiness
 from strata.api.routes import health, kbs, retrieve, ui
 from strata.api.service import Service
@@ -44,7 +46,7 @@ def create_app(
     keys = keys if keys is not None else KeyRing.from_settings(settings.api)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         owns = resources is None
         tracer_provider = start_tracing(settings)  # in each worker process: the exporter's thread is its own
         service = Service(settings, resources or Resources(settings), owns_resources=owns, metrics=metrics, keys=keys)
@@ -55,7 +57,7 @@ def create_app(
             await run_in_threadpool(service.warm_up)
         logger.info("strata service ready (%s)", "API keys required" if service.keys.enabled else "no API keys")
         try:
-            yield {CLOSED_CONNECTIONS: metrics.connections_closed}  # lifespan state: the server's connections count here
+            yield {CLOSED_CONNECTIONS: metrics.connections_closed}  # lifespan state: the connections count here
         finally:
             service.close()
             stop_tracing(tracer_provider)
@@ -74,14 +76,27 @@ def create_app(
         app.include_router(router)
     routes = [route for router in routers for route in router.routes]  # route templates label the metrics
     protected = [route for route in routes if needs_key(route)]
-    keyed = [(route.path_format, method) for route in protected for method in getattr(route, "methods", ())]
-    app.openapi = lambda: app.openapi_schema or openapi.complete(FastAPI.openapi(app), settings.retrieval, keyed)
+    # the protected routes are FastAPI's (they have dependencies); only an APIRoute has methods
+    keyed = [
+        (route.path_format, method)
+        for route in protected
+        if isinstance(route, APIRoute)
+        for method in route.methods or ()
+    ]
+
+    def complete_openapi() -> dict[str, Any]:
+        return app.openapi_schema or openapi.complete(FastAPI.openapi(app), settings.retrieval, keyed)
+
+    app.openapi = complete_openapi  # type: ignore[method-assign]  # FastAPI's way to extend the schema
     problems.install(app, request_id_header=settings.api.request_id_header, routes=routes)
     api = settings.api
     app.add_middleware(
-        ConcurrencyLimit, limit=api.max_concurrency, per_key=api.key_concurrency, wait_s=api.queue_timeout_s,
+        ConcurrencyLimit,
+        limit=api.max_concurrency,
+        per_key=api.key_concurrency,
+        wait_s=api.queue_timeout_s,
         metrics=metrics,
-    )  # fmt: skip
+    )
     app.add_middleware(BodyLimit, max_bytes=api.max_upload_bytes, timeout_s=api.body_timeout_s, metrics=metrics)
     app.add_middleware(Authenticate, keys=keys, protected=protected)
     app.add_middleware(RequestContext, metrics=metrics, header=api.request_id_header, routes=lambda: routes)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from strata.config import ENV_PREFIX, ApiKeyGrant, ApiSettings, ConfigError
 from strata.key_grants import KeyGrantError, read_grants

@@ -30,8 +30,9 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -74,8 +75,11 @@ class ConnectionLimits:
         if cap < api.max_connections:
             logger.warning(
                 "%sAPI__MAX_CONNECTIONS=%d does not fit %d open files: at most %d connections per process",
-                ENV_PREFIX, api.max_connections, fd_limit, cap,
-            )  # fmt: skip
+                ENV_PREFIX,
+                api.max_connections,
+                fd_limit,
+                cap,
+            )
         return cls(header_timeout_s=api.header_timeout_s, keep_alive_s=api.keep_alive_s, max_connections=cap)
 
 
@@ -103,10 +107,14 @@ class ServeConfig(uvicorn.Config):
     """uvicorn's config serving with ``BoundedH11Protocol`` under ``limits``, logging as ``log_setup`` says
     (pickled whole to each worker)."""
 
-    def __init__(self, app: Any, *, limits: ConnectionLimits, log_setup: LogSetup | None = None, **options: Any) -> None:
+    def __init__(
+        self, app: Any, *, limits: ConnectionLimits, log_setup: LogSetup | None = None, **options: Any
+    ) -> None:
         self.log_setup = log_setup or LogSetup()  # read by configure_logging, which uvicorn.Config.__init__ calls
         options.setdefault("log_config", None)  # uvicorn's loggers propagate to strata's handler
-        super().__init__(app, http=BoundedH11Protocol, timeout_keep_alive=limits.keep_alive_s, backlog=BACKLOG, **options)
+        # uvicorn annotates timeout_keep_alive as int but only hands it to the event loop's timer, which takes a float
+        keep_alive: Any = limits.keep_alive_s
+        super().__init__(app, http=BoundedH11Protocol, timeout_keep_alive=keep_alive, backlog=BACKLOG, **options)
         self.limits = limits
 
     def configure_logging(self) -> None:
@@ -193,9 +201,12 @@ class BoundedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a header deadline and the per-process cap (see the module docstring)."""
 
     def __init__(
-        self, config: ServeConfig, server_state: ServerState, app_state: dict[str, Any],
+        self,
+        config: ServeConfig,
+        server_state: ServerState,
+        app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = config.limits
         self.book = _book_of(server_state, self.limits.max_connections)

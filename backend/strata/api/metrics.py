@@ -25,12 +25,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
@@ -52,20 +53,30 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("strata_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
+        self.requests = Counter(
+            "strata_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r
+        )
         self.latency = Histogram(
-            "strata_http_request_duration_seconds", "HTTP request latency", ["route", "method"],
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "strata_http_request_duration_seconds",
+            "HTTP request latency",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_progress = Gauge(
-            "strata_http_requests_in_progress", "requests being served", ["route"], registry=r,
+            "strata_http_requests_in_progress",
+            "requests being served",
+            ["route"],
+            registry=r,
             multiprocess_mode="livesum",  # across workers: the sum over the live ones
-        )  # fmt: skip
+        )
         self.rejected = Counter("strata_http_requests_rejected", "requests refused by a limit", ["reason"], registry=r)
         self.connections_closed = Counter(
-            "strata_http_connections_closed", "connections the server closed to stay within its limits", ["reason"],
+            "strata_http_connections_closed",
+            "connections the server closed to stay within its limits",
+            ["reason"],
             registry=r,
-        )  # fmt: skip
+        )
         self.retrievals = Counter("strata_retrievals", "retrievals by mode and status", ["mode", "status"], registry=r)
         self.degraded = Counter("strata_retrieval_degraded", "degraded retrievals by reason", ["reason"], registry=r)
         self.cache = Counter("strata_query_cache", "query-cache lookups by outcome", ["outcome"], registry=r)

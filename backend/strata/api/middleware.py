@@ -18,7 +18,8 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -77,9 +78,14 @@ class RequestContext:
                 self.metrics.observe_request(route, scope["method"], status, seconds)
                 span.finish(status)
                 fields = {
-                    "request_id": request_id, "method": scope["method"], "path": scope["path"], "route": route,
-                    "status": status, "ms": round(seconds * 1000, 2), "client": (scope.get("client") or ("", 0))[0],
-                }  # fmt: skip
+                    "request_id": request_id,
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "route": route,
+                    "status": status,
+                    "ms": round(seconds * 1000, 2),
+                    "client": (scope.get("client") or ("", 0))[0],
+                }
                 access_log.info(json.dumps(fields), extra={ACCESS: fields})
 
     def _request_id(self, scope: Scope) -> str:
@@ -118,9 +124,12 @@ class Authenticate:
             # a body still on its way is not read: the connection closes after the answer
             headers = {**CHALLENGE, "Connection": "close"} if _declares_body(scope) else CHALLENGE
             response = problem_response(
-                401, UNAUTHORIZED, request_id=scope.get("state", {}).get("request_id"), title="Unauthorized",
+                401,
+                UNAUTHORIZED,
+                request_id=scope.get("state", {}).get("request_id"),
+                title="Unauthorized",
                 headers=headers,
-            )  # fmt: skip
+            )
             return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -170,12 +179,16 @@ class ConcurrencyLimit:
         self.metrics.rejected.labels("key_concurrency" if at_share else "concurrency").inc()
         detail = (
             f"this key has its share of the service ({self.per_key} requests) in progress; retry shortly"
-            if at_share else f"the service is busy ({self.limit} requests in progress); retry shortly"
-        )  # fmt: skip
+            if at_share
+            else f"the service is busy ({self.limit} requests in progress); retry shortly"
+        )
         response = problem_response(
-            503, detail, request_id=scope.get("state", {}).get("request_id"), title="Service Busy",
+            503,
+            detail,
+            request_id=scope.get("state", {}).get("request_id"),
+            title="Service Busy",
             headers={"Retry-After": "1"},
-        )  # fmt: skip
+        )
         await response(scope, receive, send)
 
 
@@ -227,9 +240,12 @@ class BodyLimit:
         else:  # the client is still sending: close the connection rather than read the rest
             self.metrics.rejected.labels("body_timeout").inc()
             response = problem_response(
-                408, f"the request body did not arrive within {self.timeout_s:g} s", request_id=request_id,
-                title="Request Timeout", headers={"Connection": "close"},
-            )  # fmt: skip
+                408,
+                f"the request body did not arrive within {self.timeout_s:g} s",
+                request_id=request_id,
+                title="Request Timeout",
+                headers={"Connection": "close"},
+            )
         await response(scope, receive, send)
 
 
@@ -254,7 +270,7 @@ class _BodyWatch:
         left = self._deadline - asyncio.get_running_loop().time()
         try:
             message = await asyncio.wait_for(self._receive(), timeout=max(left, 0.0))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._refuse(408)
         if message["type"] == "http.request":
             self._seen += len(message.get("body", b""))

@@ -12,8 +12,9 @@ with parameters.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from http import HTTPStatus
-from typing import Any, Iterable
+from typing import Any
 
 from strata.api.problems import MEDIA_TYPE
 from strata.api.schemas import ProblemOut, publish_limits
@@ -39,7 +40,11 @@ def complete(doc: dict[str, Any], retrieval: RetrievalSettings, protected: Itera
     components = doc.setdefault("components", {})
     components.setdefault("schemas", {})[ProblemOut.__name__] = ProblemOut.model_json_schema()
     components["securitySchemes"] = {
-        SCHEME: {"type": "http", "scheme": "bearer", "description": "an API key (STRATA_API__KEYS or STRATA_API__API_KEY)"}
+        SCHEME: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "an API key (STRATA_API__KEYS or STRATA_API__API_KEY)",
+        }
     }
     keyed = {(path, method.lower()) for path, method in protected}
     for path, operations in doc.get("paths", {}).items():

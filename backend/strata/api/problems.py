@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +30,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
 from strata.client import ServiceError
-from strata.key_grants import KeyGrantError
 from strata.errors import (
     CacheError,
     ConfigError,
@@ -49,6 +49,7 @@ from strata.errors import (
     StoreError,
     StrataError,
 )
+from strata.key_grants import KeyGrantError
 from strata.rag.deadline import DeadlineExceeded
 from strata.stores.analyzer import UnsupportedAnalyzer
 
@@ -152,9 +153,15 @@ class Problem(Exception):
     """An error answer: status, a short title, a detail for people and extra members."""
 
     def __init__(
-        self, status: int, detail: str, *, title: str | None = None, headers: dict[str, str] | None = None,
-        slug: str | None = None, **extra: Any,
-    ) -> None:  # fmt: skip
+        self,
+        status: int,
+        detail: str,
+        *,
+        title: str | None = None,
+        headers: dict[str, str] | None = None,
+        slug: str | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.title = title or HTTPStatus(status).phrase
@@ -171,14 +178,24 @@ class Problem(Exception):
 
 
 def problem_response(
-    status: int, detail: str, *, request_id: str | None, title: str | None = None,
-    headers: dict[str, str] | None = None, slug: str | None = None, **extra: Any,
-) -> JSONResponse:  # fmt: skip
+    status: int,
+    detail: str,
+    *,
+    request_id: str | None,
+    title: str | None = None,
+    headers: dict[str, str] | None = None,
+    slug: str | None = None,
+    **extra: Any,
+) -> JSONResponse:
     title = title or HTTPStatus(status).phrase
     body = {
-        "type": TYPE_BASE + (slug or title.lower().replace(" ", "-")), "title": title, "status": status,
-        "detail": detail, "request_id": request_id, **extra,
-    }  # fmt: skip
+        "type": TYPE_BASE + (slug or title.lower().replace(" ", "-")),
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "request_id": request_id,
+        **extra,
+    }
     return JSONResponse(body, status_code=status, headers=headers, media_type=MEDIA_TYPE)
 
 
@@ -201,9 +218,11 @@ def install(app: FastAPI, *, request_id_header: str = "X-Request-ID", routes: Se
         request_id = request_id_of(request)
         logger.error("unexpected error: %s", type(exc).__name__, exc_info=exc, extra={"request_id": request_id})
         return problem_response(
-            500, "internal error; the request id is in the service log", request_id=request_id,
+            500,
+            "internal error; the request id is in the service log",
+            request_id=request_id,
             headers={request_id_header: request_id} if request_id else None,
-        )  # fmt: skip
+        )
 
     app.add_exception_handler(Problem, _problem)
     app.add_exception_handler(StrataError, _refused)
@@ -222,9 +241,14 @@ async def _problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Problem)
     _log_answer(exc.status, exc.slug or exc.title.lower().replace(" ", "-"), exc.detail)
     return problem_response(
-        exc.status, exc.detail, request_id=request_id_of(request), title=exc.title, headers=exc.headers, slug=exc.slug,
+        exc.status,
+        exc.detail,
+        request_id=request_id_of(request),
+        title=exc.title,
+        headers=exc.headers,
+        slug=exc.slug,
         **exc.extra,
-    )  # fmt: skip
+    )
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
@@ -232,9 +256,13 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
     request_id = request_id_of(request)
     _log_answer(refusal.status, refusal.slug, f"{type(exc).__name__}: {exc}", exc)
     return problem_response(
-        refusal.status, refusal.detail_of(exc), request_id=request_id, title=refusal.title,
-        headers=refusal.headers_of(exc), slug=refusal.slug,
-    )  # fmt: skip
+        refusal.status,
+        refusal.detail_of(exc),
+        request_id=request_id,
+        title=refusal.title,
+        headers=refusal.headers_of(exc),
+        slug=refusal.slug,
+    )
 
 
 async def _invalid(request: Request, exc: Exception) -> JSONResponse:
@@ -246,9 +274,13 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:5])
     _log_answer(INVALID_INPUT.status, INVALID_INPUT.slug, detail)  # names and rules, never the values sent
     return problem_response(
-        INVALID_INPUT.status, detail, request_id=request_id_of(request), title=INVALID_INPUT.title,
-        slug=INVALID_INPUT.slug, errors=errors,
-    )  # fmt: skip
+        INVALID_INPUT.status,
+        detail,
+        request_id=request_id_of(request),
+        title=INVALID_INPUT.title,
+        slug=INVALID_INPUT.slug,
+        errors=errors,
+    )
 
 
 async def _http(request: Request, exc: Exception, routes: Sequence[BaseRoute]) -> Response:
@@ -268,4 +300,4 @@ def allowed_methods(request: Request, routes: Sequence[BaseRoute]) -> str:
     for route in routes:
         if route.matches(request.scope)[0] != Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
-    return ", ".join(sorted(methods, key=lambda m: (_METHOD_ORDER + (m,)).index(m)))
+    return ", ".join(sorted(methods, key=lambda m: ((*_METHOD_ORDER, m)).index(m)))

@@ -19,9 +19,11 @@ concurrent callers wait for the one check in flight. ``public`` is what
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi.concurrency import run_in_threadpool
 
@@ -35,9 +37,13 @@ Components = dict[str, dict[str, Any]]
 def check_components(service: Service) -> Components:
     """Runs every check now: ``{component: {"status": ok|down|not_configured, "ms", "error"?, details...}}``."""
     checks: dict[str, Callable[[Service], dict[str, Any] | None]] = {
-        "sql": _sql, "milvus": _milvus, "redis": _redis, "reranker": _reranker, "encoder": _encoder,
-    }  # fmt: skip
-    return {name: _timed(lambda: check(service)) for name, check in checks.items()}
+        "sql": _sql,
+        "milvus": _milvus,
+        "redis": _redis,
+        "reranker": _reranker,
+        "encoder": _encoder,
+    }
+    return {name: _timed(functools.partial(check, service)) for name, check in checks.items()}
 
 
 def required(service: Service) -> frozenset[str]:

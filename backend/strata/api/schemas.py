@@ -7,18 +7,27 @@ allowlist. The limits that come from settings (``max_top_k``,
 (``RetrievalSettings.check_query``, the same message everywhere); the fields
 they bound name their setting, and ``publish_limits`` writes the running
 values into the OpenAPI document.
+
+The answers' result and meta record are ``strata.types``' records themselves
+(their JSON and schema come from ``strata.wire``); this module adds only what
+the service answers beside them (a skill's or module's match, a module listing)
+and the kb routes' answers.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from strata.config import RetrievalSettings
+from strata.errors import InvalidArgumentError
 from strata.strategy_table import StrategyName
-from strata.types import CacheState, Filters, Mode, RerankStatus, Status
+from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
+from strata.wire import WIRE
 
 MAX_DEADLINE_MS = 3_600_000  # a bound for the schema only: the service's own deadline caps it long before
 KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -43,9 +52,9 @@ def _matching(pattern: str, why: str) -> AfterValidator:
     def check(value: str) -> str:
         found = refused.search(value)
         if found:
-            raise ValueError(f"control character U+{ord(found.group()):04X} is not allowed")
+            raise InvalidArgumentError(f"control character U+{ord(found.group()):04X} is not allowed")
         if not compiled.search(value):
-            raise ValueError(why)
+            raise InvalidArgumentError(why)
         return value
 
     return AfterValidator(check)
@@ -56,16 +65,19 @@ _text = _matching(TEXT_PATTERN, "must not be blank")
 
 
 QueryText = Annotated[
-    str, StringConstraints(min_length=1), _text,
+    str,
+    StringConstraints(min_length=1),
+    _text,
     Field(json_schema_extra={LIMIT_KEY: "max_query_chars", "pattern": TEXT_PATTERN}),
 ]
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=512), _no_control, Field(json_schema_extra={"pattern": NAME_PATTERN})
+    str,
+    StringConstraints(min_length=1, max_length=512),
+    _no_control,
+    Field(json_schema_extra={"pattern": NAME_PATTERN}),
 ]
 KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
-TopK = Annotated[
-    int, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})
-]
+TopK = Annotated[int, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})]
 
 
 def publish_limits(node: Any, retrieval: RetrievalSettings) -> Any:
@@ -91,10 +103,13 @@ class FiltersIn(_Strict):
     modules: list[Name] = Field(default_factory=list, max_length=50)
     skill_points: list[Name] = Field(default_factory=list, max_length=50)
     doc_ids: list[
-        Annotated[str, StringConstraints(min_length=1, max_length=2048), _no_control, Field(json_schema_extra={"pattern": NAME_PATTERN})]
-    ] = Field(
-        default_factory=list, max_length=200
-    )
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=2048),
+            _no_control,
+            Field(json_schema_extra={"pattern": NAME_PATTERN}),
+        ]
+    ] = Field(default_factory=list, max_length=200)
     source_prefix: Name | None = None
 
     def to_filters(self) -> Filters | None:
@@ -120,14 +135,14 @@ class RetrieveRequest(_Strict):
     rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
     expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
     explain: bool = Field(False, description="keep the per-document score trace")
-    strategy: StrategyName | None = Field(  # type: ignore[valid-type]
-        None, description="retrieval strategy; default as configured"
-    )
+    strategy: StrategyName | None = Field(None, description="retrieval strategy; default as configured")
     queries: list[QueryText] | None = Field(
         None, max_length=8, description="the fusion strategy's extra query variants"
     )
     deadline_ms: int | None = Field(
-        None, ge=1, le=MAX_DEADLINE_MS,
+        None,
+        ge=1,
+        le=MAX_DEADLINE_MS,
         description="this request's time budget in milliseconds; the service's own (STRATA_RETRIEVAL__DEADLINE_MS) "
         "applies when it is shorter",
     )
@@ -154,110 +169,64 @@ class KbCreate(_Strict):
     kb_id: KbId
 
 
-# -- the result: these mirror strata.types' records field for field, in their order ----------------
-# The routes send ``RetrievalResult.to_dict()`` as it is; these models document that JSON (a test
-# validates real answers against them and compares their fields with the dataclasses').
+# -- answers: the result and its meta record are strata.types' records themselves (strata.wire) ---------
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SkillOut(BaseModel):
+    """The skill's synonym group and the known skill points it named."""
+
+    terms: list[str] = Field(description="the skill's synonym group, searched as the query when none is given")
+    matched_skill_points: list[str] = Field(description="the known skill points of the group, used as a filter")
+    filtered: bool = Field(description="whether the search was restricted to matched_skill_points")
 
 
-class DocumentOut(_Out):
-    """One piece of evidence (``RetrievedDocument``)."""
+class ModuleOut(BaseModel):
+    """The known module closest to the one requested."""
 
-    content: str = Field(description="the evidence text (a merged parent, a leaf or adjacent leaves joined)")
-    score: float | None = Field(description="final score, higher is better; null when not finite or not ranked")
-    metadata: dict[str, Any] = Field(
-        description="chunk_id, doc_id, kb_id, version, level, heading_path, source, char_start, char_end, the "
-        "document's own metadata and, with explain, the score trace"
-    )
+    requested: str
+    matched: str
+    score: float = Field(description="similarity of the names, 0 to 1 (rounded to 3 places)")
 
 
-class MergeRoundOut(_Out):
-    """What one auto-merge round did (``MergeRound``)."""
+@dataclass(frozen=True)
+class SkillResponse(RetrievalResult):
+    """A retrieval for a skill point: the result and the skill's match."""
 
-    round: int
-    parents_merged: int
-    children_replaced: int
-    parents_missing: int
+    __pydantic_config__ = WIRE
 
-
-class RerankOutcomeOut(_Out):
-    """Whether rerank ran, and why not when it did not (``RerankOutcome``)."""
-
-    status: RerankStatus
-    reason: str
-    provider: str | None
-    latency_ms: float | None
+    skill: SkillOut = field(kw_only=True)
 
 
-class StageErrorOut(_Out):
-    """An error a stage recovered from or died of (``StageError``)."""
-
-    stage: str
-    error: str = Field(description="the error's type name, e.g. DeadlineExceeded")
-    message: str
-
-
-class RetrievalMetaOut(_Out):
-    """How the evidence was found (``RetrievalMeta``): the record an engineer diagnoses with."""
-
-    query: str
-    top_k: int
-    candidate_k: int = Field(description="fused candidates kept before merging and rerank")
-    status: Status = Field(description="ok; degraded when a fallback answered (see degraded); failed")
-    mode: Mode = Field(description="the routes that answered")
-    kb_ids: list[str] | None = Field(description="knowledge bases searched; null = all")
-    filters: dict[str, Any] = Field(description="the filters applied; {} for none")
-    dense_candidates: int
-    sparse_candidates: int
-    fused_candidates: int
-    merge_rounds: list[MergeRoundOut]
-    rerank: RerankOutcomeOut
-    returned: int
-    dropped_by_min_score: int
-    timings_ms: dict[str, float] = Field(description="milliseconds per stage")
-    cache: CacheState = Field(description="query cache: hit, miss, shared (answered by a concurrent identical query), off")
-    parent_cache: dict[str, Any] = Field(description="parent and leaf reads through the cache: hits and misses")
-    errors: list[StageErrorOut]
-    degraded: list[str] = Field(description="why the answer is degraded, one reason per fallback taken")
-    strategy: str = Field(description="the retrieval strategy that ran")
-    query_variants: list[str] = Field(description="the fusion strategy's query variants searched")
-    expansion: dict[str, Any] = Field(description="terms the synonyms added to the BM25 query; {} for none")
-    bm25_query: dict[str, Any] = Field(
-        description="what BM25 query hygiene left out ({dropped, text, max_df}), {skipped: why}, or {}"
-    )
-
-
-class RetrieveResponse(_Out):
-    """Exactly ``RetrievalResult.to_dict()``; ``metadata.trace`` only with ``explain``."""
-
-    docs: list[DocumentOut]
-    meta: RetrievalMetaOut
-
-
-class SkillResponse(RetrieveResponse):
-    skill: dict[str, Any]
-
-
-class ModuleListingMetaOut(_Out):
+@dataclass(frozen=True, kw_only=True)
+class ModuleListingMeta:
     """The meta of a module listing (no query: the module's chunks in document order)."""
 
-    status: Literal["ok"]
-    mode: Literal["document_order"]
+    __pydantic_config__ = WIRE
+
+    status: Literal["ok"] = "ok"
+    mode: Literal["document_order"] = "document_order"
     top_k: int
     level: int
-    kb_ids: list[str] | None
+    """the chunk level listed"""
+    kb_ids: tuple[str, ...] | None
+    """knowledge bases listed; null = all"""
     returned: int
 
 
-class ModuleResponse(RetrieveResponse):
-    meta: RetrievalMetaOut | ModuleListingMetaOut  # type: ignore[assignment]
-    module: dict[str, Any]
+@dataclass(frozen=True)
+class ModuleResponse:
+    """A module's chunks: ranked by a query (a result's meta record), or listed in document order."""
+
+    __pydantic_config__ = WIRE
+
+    docs: tuple[RetrievedDocument, ...]
+    meta: RetrievalMeta | ModuleListingMeta
+    module: ModuleOut
 
 
 class KbOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read from a ``KnowledgeBase`` record
+
     kb_id: str
     encoder: str
     dim: int
@@ -273,19 +242,43 @@ class KbCreated(BaseModel):
     created: bool = Field(description="false when the knowledge base existed already (answered 200, not 201)")
 
 
+def _isoformat(value: datetime | str | None) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 class DocumentEntryOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # read from a ``DocumentEntry`` record
+
     doc_id: str
     version: int
     source: str
     leaf_count: int
     chunk_count: int
     metadata: dict[str, Any]
-    updated_at: str | None
+    updated_at: Annotated[str | None, BeforeValidator(_isoformat)] = Field(description="ISO 8601; null if unknown")
 
 
 class DocumentList(BaseModel):
     kb: str
     documents: list[DocumentEntryOut]
+
+
+class DocumentDeleted(BaseModel):
+    kb: str
+    deleted: str = Field(description="the document id deleted")
+
+
+class ReadyOut(BaseModel):
+    status: str = Field(
+        description="ready; unavailable (503) when a required component is down, degraded (200) when another one is"
+    )
+    components: dict[str, dict[str, Any]] = Field(description="each component's status (up, down, off, ...)")
+
+
+class ReadyDetailOut(BaseModel):
+    status: str = Field(description="as /ready's")
+    checked_s_ago: float = Field(description="seconds since the components were checked")
+    components: dict[str, dict[str, Any]] = Field(description="each component's status, timing, error and details")
 
 
 class ProblemOut(BaseModel):
@@ -294,4 +287,3 @@ class ProblemOut(BaseModel):
     status: int
     detail: str
     request_id: str | None
-

@@ -9,20 +9,21 @@ a write to a kb another request is writing is refused at once with
 
 from __future__ import annotations
 
-import os
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from strata.api.auth import KeyRing, Principal
 from strata.api.metrics import Metrics
 from strata.config import Settings
-from strata.errors import InvalidArgumentError, LeaseHeldError, StrataError
 from strata.encoders.model_folder import check_encoder_loads
+from strata.errors import LeaseHeldError
 from strata.indexing.consistency import kb_stats
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
@@ -43,16 +44,21 @@ class Service:
     """The engine parts of one app, built once in its lifespan."""
 
     def __init__(
-        self, settings: Settings, resources: Resources, *, owns_resources: bool, metrics: Metrics | None = None,
+        self,
+        settings: Settings,
+        resources: Resources,
+        *,
+        owns_resources: bool,
+        metrics: Metrics | None = None,
         keys: KeyRing | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.settings = settings
         self.resources = resources
         self.owns_resources = owns_resources
         self.keys = keys if keys is not None else KeyRing.from_settings(settings.api)
         self.metrics = metrics or Metrics()
         self.synonyms: SynonymDictionary = load_synonyms(settings.retrieval.synonyms)
-        self.retriever = Retriever(resources)
+        self.retriever = Retriever(resources, refuse_unknown_kbs=True)  # an unknown kb is a 404, not a result
         self.indexer = Indexer(resources, kb_only_notes=True)  # a key may be scoped to some kbs
         self._kb_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._kb_locks_guard = threading.Lock()
@@ -75,41 +81,72 @@ class Service:
             self.resources.encoder.encode_queries([WARM_UP_QUERY])
             _ = self.resources.leaf_index
             result = self.retriever.retrieve(WARM_UP_QUERY, 1)
-            logger.info("warm-up query: status %s in %.0f ms", result.meta.status, (time.perf_counter() - started) * 1000)
+            logger.info(
+                "warm-up query: status %s in %.0f ms", result.meta.status, (time.perf_counter() - started) * 1000
+            )
         except Exception as exc:  # the service still starts; /ready shows what is wrong
             logger.warning("warm-up failed: %s: %s", type(exc).__name__, exc)
 
     def retrieve(
-        self, query: str, top_k: int, *, kb_ids: Sequence[str] | None, filters: Filters | None,
-        rerank: bool | None = None, expand: bool | None = None, strategy: str | None = None,
-        queries: Sequence[str] | None = None, deadline_ms: int | None = None, principal: Principal | None = None,
-    ) -> RetrievalResult:  # fmt: skip
+        self,
+        query: str,
+        top_k: int,
+        *,
+        kb_ids: Sequence[str] | None,
+        filters: Filters | None,
+        rerank: bool | None = None,
+        expand: bool | None = None,
+        strategy: str | None = None,
+        queries: Sequence[str] | None = None,
+        deadline_ms: int | None = None,
+        principal: Principal | None = None,
+    ) -> RetrievalResult:
         """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults), its query-cache
-        entries the ``principal``'s own unless ``STRATA_RETRIEVAL__CACHE_SCOPE=kbs``."""
-        switches = {"rerank": rerank, "expand": expand, "strategy": strategy, "queries": queries, "deadline_ms": deadline_ms}
+        entries the ``principal``'s own unless ``STRATA_RETRIEVAL__CACHE_SCOPE=kbs``. A requested kb that does not
+        exist raises ``NotFoundError`` (after its run is recorded and traced)."""
+        switches = {
+            "rerank": rerank,
+            "expand": expand,
+            "strategy": strategy,
+            "queries": queries,
+            "deadline_ms": deadline_ms,
+        }
         if principal is not None and self.settings.retrieval.cache_scope == "key":
             switches["cache_scope"] = principal.name
         options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
         kbs = list(kb_ids) if kb_ids is not None else None
-        try:
-            result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
-        except StrataError:  # ConfigError and UnsupportedAnalyzer are ValueErrors too: the service's own faults
-            raise
-        except ValueError as exc:  # the engine's own argument checks
-            raise InvalidArgumentError(str(exc)) from None
+        # arguments the engine refuses raise InvalidArgumentError, a kb SQL does not know NotFoundError
+        # (the retriever refuses unknown kbs): ERROR_TABLE answers them (422, 404)
+        result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
         self.metrics.observe_retrieval(result)
         return result
 
     def index_folder(
-        self, kb_id: str, folder: Path, *, delete_missing: bool, recreate: bool, dry_run: bool, root: str,
-        keep: Sequence[str] = (), max_delete: int | None = None, force_delete: bool = False,
-    ) -> IndexReport:  # fmt: skip
+        self,
+        kb_id: str,
+        folder: Path,
+        *,
+        delete_missing: bool,
+        recreate: bool,
+        dry_run: bool,
+        root: str,
+        keep: Sequence[str] = (),
+        max_delete: int | None = None,
+        force_delete: bool = False,
+    ) -> IndexReport:
         """Indexes an uploaded folder into ``kb_id`` as the root ``root`` (call from a worker thread)."""
         with self._writing(kb_id):
             report = self.indexer.index_paths(
-                [folder], kb_id=kb_id, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
-                root_names={folder: root}, keep=keep, max_delete=max_delete, force_delete=force_delete,
-            )  # fmt: skip
+                [folder],
+                kb_id=kb_id,
+                delete_missing=delete_missing,
+                recreate=recreate,
+                dry_run=dry_run,
+                root_names={folder: root},
+                keep=keep,
+                max_delete=max_delete,
+                force_delete=force_delete,
+            )
         _relative_sources(report, folder)
         return report
 

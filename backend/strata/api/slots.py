@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Hashable
+from collections.abc import Hashable
+
+from strata.errors import ConfigError
 
 _Waiter = tuple[Hashable, "asyncio.Future[None]"]
 
@@ -25,8 +27,10 @@ class KeySlots:
     """The slots of one server process; create and use it inside one event loop."""
 
     def __init__(self, total: int, per_key: int) -> None:
-        if total < 1 or per_key < 1:
-            raise ValueError("total and per_key must be at least 1")
+        if total < 1 or per_key < 1:  # from the settings (validated there too): a setting, not a request's input
+            raise ConfigError(
+                "total and per_key must be at least 1 (STRATA_API__MAX_CONCURRENCY, STRATA_API__MAX_CONCURRENCY_PER_KEY)"
+            )
         self.total, self.per_key = total, min(per_key, total)
         self._held: Counter[Hashable] = Counter()
         self._in_use = 0
@@ -57,7 +61,7 @@ class KeySlots:
         self._waiters.append(entry)
         try:
             await asyncio.wait_for(waiter, timeout=wait_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted as the request was cancelled: give it back

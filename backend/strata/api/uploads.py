@@ -21,13 +21,13 @@ import os
 import shutil
 import tempfile
 import unicodedata
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TypeVar
 
 from fastapi import UploadFile
 
 from strata.api.problems import Problem
-from strata.stores.catalog import DocumentEntry
 from strata.stores.lease import process_gone
 
 _CHUNK = 1024 * 1024
@@ -85,9 +85,11 @@ def relative_name(filename: str | None) -> PurePosixPath:
     name = PurePosixPath(*parts)
     if any(len(part.encode()) > MAX_PART_BYTES for part in parts) or len(str(name).encode()) > MAX_PATH_BYTES:
         raise Problem(
-            422, f"the file name {str(name)!r} is too long: at most {MAX_PART_BYTES} bytes (UTF-8) per folder or "
-            f"file name and {MAX_PATH_BYTES} in all", title="Invalid Input",
-        )  # fmt: skip
+            422,
+            f"the file name {str(name)!r} is too long: at most {MAX_PART_BYTES} bytes (UTF-8) per folder or "
+            f"file name and {MAX_PATH_BYTES} in all",
+            title="Invalid Input",
+        )
     return name
 
 
@@ -111,9 +113,10 @@ def checked_names(files: Sequence[UploadFile]) -> list[PurePosixPath]:
 
 def _folder_clash(file: PurePosixPath, inside: PurePosixPath) -> Problem:
     return Problem(
-        422, f"the file {str(file)!r} is also the folder of the file {str(inside)!r}: one name cannot be both",
+        422,
+        f"the file {str(file)!r} is also the folder of the file {str(inside)!r}: one name cannot be both",
         title="Invalid Input",
-    )  # fmt: skip
+    )
 
 
 def index_in_temporary_folder(files: Sequence[UploadFile], index: Callable[[Path], T]) -> T:
@@ -131,7 +134,7 @@ def remove_orphaned_folders(parent: Path | None = None) -> list[Path]:
     supervisor or the OOM killer), under ``parent`` (the temporary directory); returns them. A folder of
     another user, or whose name carries no pid, is left alone."""
     parent = parent or Path(tempfile.gettempdir())
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(parent))
     except OSError:
@@ -158,11 +161,3 @@ def save_all(files: Sequence[UploadFile], folder: Path) -> None:
         upload.file.seek(0)
         with target.open("wb") as out:
             shutil.copyfileobj(upload.file, out, _CHUNK)
-
-
-def entry_dict(entry: DocumentEntry) -> dict[str, Any]:
-    return {
-        "doc_id": entry.doc_id, "version": entry.version, "source": entry.source, "leaf_count": entry.leaf_count,
-        "chunk_count": entry.chunk_count, "metadata": dict(entry.metadata),
-        "updated_at": entry.updated_at.isoformat() if entry.updated_at else None,
-    }  # fmt: skip

@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from strata.config import ConfigError, Settings, get_settings
 from strata.errors import StrataError
@@ -43,17 +44,23 @@ def _add_index(sub: Any) -> None:
     p.add_argument("--server", metavar="URL", help="send the files to a running `strata serve` (STRATA_SERVER__URL)")
     p.add_argument("--api-key", metavar="KEY", help="bearer key for --server (STRATA_SERVER__API_KEY)")
     p.add_argument(
-        "--max-delete", type=int, metavar="N", help="--delete-missing deletes at most N documents, else nothing "
-        "(STRATA_INDEXING__MAX_DELETE, default 100)",
-    )  # fmt: skip
+        "--max-delete",
+        type=int,
+        metavar="N",
+        help="--delete-missing deletes at most N documents, else nothing (STRATA_INDEXING__MAX_DELETE, default 100)",
+    )
     p.add_argument(
-        "--force", action="store_true", help="--delete-missing may delete over --max-delete or half of the folders' "
+        "--force",
+        action="store_true",
+        help="--delete-missing may delete over --max-delete or half of the folders' "
         "documents (an empty folder still deletes nothing)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--root-id", metavar="ID", help="with --server: the folders' root identity, instead of this host's name and "
+        "--root-id",
+        metavar="ID",
+        help="with --server: the folders' root identity, instead of this host's name and "
         "the folder's absolute path (--delete-missing deletes only documents of this root)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=_lazy("strata.cli.index", "cmd_index"))
 
 
@@ -93,8 +100,11 @@ def _add_query(sub: Any) -> None:
     p.add_argument("--source-prefix", help="filter: source path prefix")
     p.add_argument("--json", action="store_true", help="print the RetrievalResult as JSON")
     p.add_argument("--explain", action="store_true", help="print stages, merges and per-doc traces")
-    p.add_argument("--strategy", choices=STRATEGY_NAMES,
-                   help=f"retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, {DEFAULT_STRATEGY})")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGY_NAMES,
+        help=f"retrieval strategy (default STRATA_RETRIEVAL__STRATEGY, {DEFAULT_STRATEGY})",
+    )
     p.add_argument("--query-variant", action="append", default=[], help="fusion: another phrasing to search (repeat)")
     p.set_defaults(handler=_lazy("strata.cli.query", "cmd_query"))
 
@@ -104,8 +114,10 @@ def _add_eval(sub: Any) -> None:
     p.add_argument("dataset", type=Path)
     p.add_argument("--sample", type=int, help="questions to sample (seed 13); default all")
     p.add_argument("--k", default="5,10", help="comma-separated k values (default 5,10)")
-    p.add_argument("--modes", help=f"comma-separated, of {', '.join(MODES)} (docs/evaluation.md); "
-                   f"default {','.join(DEFAULT_MODES)}")
+    p.add_argument(
+        "--modes",
+        help=f"comma-separated, of {', '.join(MODES)} (docs/evaluation.md); default {','.join(DEFAULT_MODES)}",
+    )
     p.add_argument("--out", type=Path, default=Path("eval-out"))
     p.add_argument("--kb", default="eval", help="knowledge base id for the corpus")
     p.add_argument("--reuse-index", action="store_true", help="skip indexing when the kb is already built")
@@ -123,13 +135,16 @@ def _add_rebuild(sub: Any) -> None:
         "STRATA_MILVUS__URI at the verified copy afterwards.",
     )
     p.add_argument("--kb", required=True, help="knowledge base id")
-    p.add_argument("--to-uri", metavar="URI", help="write a copy into this Milvus: a Lite file *.db or http://host:19530")
+    p.add_argument(
+        "--to-uri", metavar="URI", help="write a copy into this Milvus: a Lite file *.db or http://host:19530"
+    )
     p.add_argument("--collection", metavar="NAME", help="collection of the copy (default STRATA_MILVUS__COLLECTION)")
     p.add_argument(
-        "--isolation", choices=["collection", "partition", "partition_key"],
+        "--isolation",
+        choices=["collection", "partition", "partition_key"],
         help="the copy's isolation level (docs/deploy.md; default STRATA_MILVUS__ISOLATION): with --to-uri or "
         "--collection, to move kbs between levels",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=_lazy("strata.cli.rebuild", "cmd_rebuild"))
 
@@ -151,11 +166,12 @@ def _add_milvus_user(sub: Any) -> None:
     p = sub.add_parser("milvus-user", help="make the Milvus user strata runs as, with only the privileges it uses")
     users = p.add_subparsers(dest="milvus_user_command", required=True)
     create = users.add_parser(
-        "create", help="the role and the user of STRATA_MILVUS__TOKEN, as the administrator of MILVUS_ADMIN_TOKEN",
+        "create",
+        help="the role and the user of STRATA_MILVUS__TOKEN, as the administrator of MILVUS_ADMIN_TOKEN",
         description="Creates the role (collection reads and writes, creating and dropping collections, in the "
         "default database), then the user of STRATA_MILVUS__TOKEN (user:password) holding it, logged in with "
         "MILVUS_ADMIN_TOKEN (root:<password>). Safe to run twice; an existing user's password is kept.",
-    )  # fmt: skip
+    )
     create.add_argument("--role", default="strata_rw", help="the role's name (default strata_rw)")
     create.set_defaults(handler=_lazy("strata.cli.milvus_user", "cmd_milvus_user_create"))
 
@@ -163,9 +179,9 @@ def _add_milvus_user(sub: Any) -> None:
 def _add_db(sub: Any) -> None:
     p = sub.add_parser("db", help="the SQL schema: upgrade, downgrade, wait for or show its version; copy a database")
     db = p.add_subparsers(dest="db_command", required=True)
-    db.add_parser("upgrade", help="migrate the database to the schema this strata needs (safe to run twice)").set_defaults(
-        handler=_lazy("strata.cli.db", "cmd_db_upgrade")
-    )
+    db.add_parser(
+        "upgrade", help="migrate the database to the schema this strata needs (safe to run twice)"
+    ).set_defaults(handler=_lazy("strata.cli.db", "cmd_db_upgrade"))
     db.add_parser("current", help="print the schema version; exit 1 when this strata cannot run on it").set_defaults(
         handler=_lazy("strata.cli.db", "cmd_db_current")
     )
@@ -178,7 +194,9 @@ def _add_db(sub: Any) -> None:
     wait.add_argument("--interval", type=float, default=2.0, help="seconds between checks (2)")
     wait.set_defaults(handler=_lazy("strata.cli.db", "cmd_db_wait"))
     copy = db.add_parser("copy", help="copy the strata rows of another database (SQLite) into the configured one")
-    copy.add_argument("--from", dest="source", required=True, metavar="URL", help="the source, e.g. sqlite:///data/strata.sqlite3")
+    copy.add_argument(
+        "--from", dest="source", required=True, metavar="URL", help="the source, e.g. sqlite:///data/strata.sqlite3"
+    )
     copy.set_defaults(handler=_lazy("strata.cli.db", "cmd_db_copy"))
 
 
@@ -195,7 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_index, _add_maintenance, _add_query, _add_eval, _add_serve, _add_rebuild, _add_milvus_server, _add_milvus_user, _add_db):
+    for add in (
+        _add_index,
+        _add_maintenance,
+        _add_query,
+        _add_eval,
+        _add_serve,
+        _add_rebuild,
+        _add_milvus_server,
+        _add_milvus_user,
+        _add_db,
+    ):
         add(sub)
     return parser
 

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from strata.cli.progress import make_progress
 from strata.config import ConfigError, Settings
@@ -21,6 +23,11 @@ from strata.evaluation.runner import (
     sampled_queries,
     summarize_modes,
 )
+
+if TYPE_CHECKING:
+    from strata.evaluation.dataset import Query
+    from strata.evaluation.runner import ModeResult
+    from strata.resources import Resources
 
 logger = logging.getLogger("strata.eval")
 
@@ -51,45 +58,67 @@ def cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     index_info = index_summary(resources, index_report, args.kb)
     _print_notes(results, index_info, embed_p50, len(queries))
     meta = {
-        "dataset": str(args.dataset), "articles": n_articles, "questions_total": total,
-        "sample": args.sample, "seed": 13, "n_queries": len(queries), "ks": ks,
-        "encoder": resources.encoder.name, "settings": settings.model_dump(mode="json", exclude={"rerank": {"api_key"}, "embedding": {"api_key"}, "milvus": {"token"}, "api": {"api_key", "keys"}}),
-        "index": index_info, "query_embed_ms_p50": round(embed_p50, 2),
-        "latency_includes_query_encoding": True, "machine": describe_machine(),
+        "dataset": str(args.dataset),
+        "articles": n_articles,
+        "questions_total": total,
+        "sample": args.sample,
+        "seed": 13,
+        "n_queries": len(queries),
+        "ks": ks,
+        "encoder": resources.encoder.name,
+        "settings": settings.model_dump(
+            mode="json",
+            exclude={"rerank": {"api_key"}, "embedding": {"api_key"}, "milvus": {"token"}, "api": {"api_key", "keys"}},
+        ),
+        "index": index_info,
+        "query_embed_ms_p50": round(embed_p50, 2),
+        "latency_includes_query_encoding": True,
+        "machine": describe_machine(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }  # fmt: skip
+    }
     path = out.write_results(args.out, out.results_payload(meta=meta, results=results, reports=reports))
     chart = out.write_chart(args.out, results, reports) if reports else None
     print(f"\nresults: {path}" + (f"\nchart: {chart}" if chart else ""))
     return 0
 
 
-def _run_mode(resources, mode, queries, ks, kb):  # noqa: ANN001, ANN202 - thin progress wrapper
+def _run_mode(resources: Resources, mode: str, queries: Sequence[Query], ks: Sequence[int], kb: str) -> ModeResult:
     from tqdm import tqdm
 
     with tqdm(total=len(queries), desc=mode, unit="q", disable=not sys.stderr.isatty()) as bar:
-        result = run_mode(resources, mode, queries, ks, kb, on_query=lambda: bar.update(1))
+
+        def on_query() -> None:
+            bar.update(1)
+
+        result = run_mode(resources, mode, queries, ks, kb, on_query=on_query)
     if not sys.stderr.isatty():
         logger.info("mode %s: %d queries done %s", mode, len(result.outcomes), result.statuses)
     return result
 
 
-def _print_notes(results, index: dict, embed_p50: float, n: int) -> None:  # noqa: ANN001
+def _print_notes(results: Sequence[ModeResult], index: dict, embed_p50: float, n: int) -> None:
     print(
         f"\nn = {n} questions. Latency is the wall time of retrieve_documents including query encoding "
         f"(query_embed_ms_p50 = {embed_p50:.1f} ms); the docs/evaluation.md §8 reference latency excludes encoding."
     )
     if n != out.SPEC_REFERENCE_QUESTIONS:
-        print(f"The docs/evaluation.md §8 reference rows were measured on its {out.SPEC_REFERENCE_QUESTIONS:,}-question subsample "
-              f"(seed 13): compare like with like using --sample {out.SPEC_REFERENCE_QUESTIONS}.")
+        print(
+            "The docs/evaluation.md §8 reference rows were measured on its "
+            f"{out.SPEC_REFERENCE_QUESTIONS:,}-question subsample (seed 13): compare like with like using "
+            f"--sample {out.SPEC_REFERENCE_QUESTIONS}."
+        )
     levels = index["chunks_by_level"]
-    print(f"index: {index['leaves_in_index']} leaves in Milvus; chunks L1 {levels['1']}, L2 {levels['2']}, L3 {levels['3']}")
+    print(
+        f"index: {index['leaves_in_index']} leaves in Milvus; "
+        f"chunks L1 {levels['1']}, L2 {levels['2']}, L3 {levels['3']}"
+    )
     if index["reused"]:
         print("index reused: every document was unchanged since the last run (no indexing time to report)")
     else:
         print(
-            f"this run indexed {index['chunks_written']} chunks in {index['seconds']:.1f} s ({index['chunks_per_s']:.1f} chunks/s; "
-            f"{index['passages_encoded']} passages encoded, {index['embeddings_reused']} from the embedding cache)"
+            f"this run indexed {index['chunks_written']} chunks in {index['seconds']:.1f} s "
+            f"({index['chunks_per_s']:.1f} chunks/s; {index['passages_encoded']} passages encoded, "
+            f"{index['embeddings_reused']} from the embedding cache)"
         )
     for result in results:
         if result.skipped:

@@ -35,9 +35,15 @@ def cmd_index(args: argparse.Namespace, settings: Settings) -> int:
     progress = make_progress(enabled=not args.json)
     try:
         report = Indexer(resources).index_paths(
-            args.paths, kb_id=args.kb, delete_missing=args.delete_missing, recreate=args.recreate,
-            dry_run=args.dry_run, progress=progress, max_delete=args.max_delete, force_delete=args.force,
-        )  # fmt: skip
+            args.paths,
+            kb_id=args.kb,
+            delete_missing=args.delete_missing,
+            recreate=args.recreate,
+            dry_run=args.dry_run,
+            progress=progress,
+            max_delete=args.max_delete,
+            force_delete=args.force,
+        )
     finally:
         progress.close()
     _print_report(report.to_dict(), as_json=args.json)
@@ -116,7 +122,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         levels = stats["chunks_by_level"]
         print(
             f"kb {args.kb}: {stats['documents']} documents; chunks L1 {levels['1']}, L2 {levels['2']}, "
-            f"L3 {levels['3']}; Milvus leaves {stats['leaves_in_milvus']} ({'consistent' if stats['consistent'] else 'MISMATCH'}); "
+            f"L3 {levels['3']}; Milvus leaves {stats['leaves_in_milvus']} "
+            f"({'consistent' if stats['consistent'] else 'MISMATCH'}); "
             f"encoder {kb.encoder} (dim {kb.dim})"
         )
         if stats["difference"]:
@@ -139,7 +146,13 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
             f"in Milvus, {cache} stale cache entries, {report['invalidations_pending']} failed cache invalidations "
             f"recorded, {report['versions_without_term_stats']} versions without term statistics; "
             f"{report['unused_embeddings']} cached vectors no served leaf uses"
-            + (" (deleted)" if report["repaired"] else " (--repair deletes them)" if report["unused_embeddings"] else "")
+            + (
+                " (deleted)"
+                if report["repaired"]
+                else " (--repair deletes them)"
+                if report["unused_embeddings"]
+                else ""
+            )
             + (" - repaired" if report["repaired"] else "")
         )
         for note in report["notes"]:

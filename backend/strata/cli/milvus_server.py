@@ -28,15 +28,29 @@ def cmd_milvus_server(args: argparse.Namespace, settings: Settings) -> int:
     command = server_command(args.data_dir, host=args.host, port=args.port)
     print(f"export STRATA_MILVUS__URI={client_uri(args.host, args.port)}", flush=True)
     if not is_loopback(args.host):
-        print(f"strata milvus-server: {args.host} is reachable from other hosts and the server has no authentication",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"strata milvus-server: {args.host} is reachable from other hosts and the server has no authentication",
+            file=sys.stderr,
+            flush=True,
+        )
     os.execv(sys.executable, command)
     return 0  # not reached: execv replaces the process
 
 
 def server_command(data_dir: Path, *, host: str, port: int) -> list[str]:
     """The milvus-lite server this command becomes, run by this environment's Python."""
-    return [sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(data_dir), "--host", host, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "milvus_lite",
+        "server",
+        "--data-dir",
+        str(data_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 def client_uri(host: str, port: int) -> str:
@@ -45,4 +59,3 @@ def client_uri(host: str, port: int) -> str:
     if ":" in address:
         address = f"[{address}]"
     return f"http://{address}:{port}"
-

@@ -30,10 +30,25 @@ ADMIN_TOKEN_VARIABLE = "MILVUS_ADMIN_TOKEN"
 # The built-in privilege groups strata's role gets, with the privileges of each that strata uses (Milvus's
 # "Privilege Group" page lists each group's full content), granted on every collection ("*") of DATABASE.
 GROUPS: dict[str, frozenset[str]] = {
-    "CollectionReadWrite": frozenset({
-        "Search", "Query", "Insert", "Upsert", "Delete", "Flush", "Load", "CreateIndex", "IndexDetail",
-        "CreatePartition", "ShowPartitions", "HasPartition", "DescribeCollection", "GetStatistics", "GetLoadState",
-    }),  # fmt: skip
+    "CollectionReadWrite": frozenset(
+        {
+            "Search",
+            "Query",
+            "Insert",
+            "Upsert",
+            "Delete",
+            "Flush",
+            "Load",
+            "CreateIndex",
+            "IndexDetail",
+            "CreatePartition",
+            "ShowPartitions",
+            "HasPartition",
+            "DescribeCollection",
+            "GetStatistics",
+            "GetLoadState",
+        }
+    ),
     "DatabaseReadOnly": frozenset({"ShowCollections", "DescribeDatabase"}),
 }
 # Beyond the groups: a kb of the `collection` isolation level is a collection strata creates, and drops with the kb.
@@ -43,15 +58,31 @@ GRANTS: tuple[str, ...] = (*GROUPS, *PRIVILEGES)
 # The privilege behind each pymilvus call strata makes (tests/cli/test_milvus_user.py finds every call in the package
 # and fails on one missing here). None: a call Milvus checks for no privilege.
 PRIVILEGE_OF_CALL: dict[str, str | None] = {
-    "search": "Search", "hybrid_search": "Search", "query": "Query", "query_iterator": "Query",
-    "insert": "Insert", "upsert": "Upsert", "delete": "Delete", "flush": "Flush",
-    "load_collection": "Load", "create_index": "CreateIndex", "list_indexes": "IndexDetail",
-    "describe_index": "IndexDetail", "create_partition": "CreatePartition", "list_partitions": "ShowPartitions",
-    "has_partition": "HasPartition", "describe_collection": "DescribeCollection", "has_collection": "DescribeCollection",
-    "get_collection_stats": "GetStatistics", "get_partition_stats": "GetStatistics", "get_load_state": "GetLoadState",
-    "list_collections": "ShowCollections", "create_collection": "CreateCollection", "drop_collection": "DropCollection",
+    "search": "Search",
+    "hybrid_search": "Search",
+    "query": "Query",
+    "query_iterator": "Query",
+    "insert": "Insert",
+    "upsert": "Upsert",
+    "delete": "Delete",
+    "flush": "Flush",
+    "load_collection": "Load",
+    "create_index": "CreateIndex",
+    "list_indexes": "IndexDetail",
+    "describe_index": "IndexDetail",
+    "create_partition": "CreatePartition",
+    "list_partitions": "ShowPartitions",
+    "has_partition": "HasPartition",
+    "describe_collection": "DescribeCollection",
+    "has_collection": "DescribeCollection",
+    "get_collection_stats": "GetStatistics",
+    "get_partition_stats": "GetStatistics",
+    "get_load_state": "GetLoadState",
+    "list_collections": "ShowCollections",
+    "create_collection": "CreateCollection",
+    "drop_collection": "DropCollection",
     "get_server_version": None,
-}  # fmt: skip
+}
 
 
 def granted_privileges() -> frozenset[str]:
@@ -64,8 +95,9 @@ class RbacClient(Protocol):
 
     def list_roles(self, **kwargs: object) -> list[str]: ...
     def create_role(self, role_name: str, **kwargs: object) -> None: ...
-    def grant_privilege_v2(self, role_name: str, privilege: str, collection_name: str, db_name: str | None = None,
-                           **kwargs: object) -> None: ...  # fmt: skip
+    def grant_privilege_v2(
+        self, role_name: str, privilege: str, collection_name: str, db_name: str | None = None, **kwargs: object
+    ) -> None: ...
     def list_users(self, **kwargs: object) -> list[str]: ...
     def create_user(self, user_name: str, password: str, **kwargs: object) -> None: ...
     def grant_role(self, user_name: str, role_name: str, **kwargs: object) -> None: ...

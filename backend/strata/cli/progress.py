@@ -77,8 +77,13 @@ class LogProgress:
             rate = self._chunks / max(now - self._started, 1e-9)
             logger.info(
                 "files %d/%d, leaves encoded %d, chunks written %d (%.1f chunks/s)%s",
-                self._files, self._total, self._leaves, self._chunks, rate, self._within,
-            )  # fmt: skip
+                self._files,
+                self._total,
+                self._leaves,
+                self._chunks,
+                rate,
+                self._within,
+            )
 
     def close(self) -> None:
         self._maybe_log(force=True)

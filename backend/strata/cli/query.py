@@ -17,9 +17,13 @@ def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
         modules=tuple(args.module), skill_points=tuple(args.skill_point), source_prefix=args.source_prefix
     )
     result = default_engine(settings).retrieve(
-        args.query, args.top_k, kb_ids=args.kb, filters=None if filters.is_empty() else filters,
-        strategy=args.strategy, queries=args.query_variant or None,
-    )  # fmt: skip
+        args.query,
+        args.top_k,
+        kb_ids=args.kb,
+        filters=None if filters.is_empty() else filters,
+        strategy=args.strategy,
+        queries=args.query_variant or None,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2))
     elif args.explain:
@@ -65,8 +69,10 @@ def _trace_table(result: RetrievalResult) -> str:
         t: dict[str, Any] = doc.metadata.get("trace", {})
         rows.append(
             f"{n:>2} {doc.metadata.get('level', '?')} {doc.score:>8.4f} {t.get('score_stage', ''):<7} "
-            f"{_route(t.get('dense_rank'), t.get('dense_score')):>11} {_route(t.get('sparse_rank'), t.get('sparse_score')):>11} "
-            f"{(t.get('fused_score') or 0):>7.4f}  {doc.metadata.get('source', '')} — {doc.metadata.get('heading_path', '')}"
+            f"{_route(t.get('dense_rank'), t.get('dense_score')):>11} "
+            f"{_route(t.get('sparse_rank'), t.get('sparse_score')):>11} "
+            f"{(t.get('fused_score') or 0):>7.4f}  "
+            f"{doc.metadata.get('source', '')} — {doc.metadata.get('heading_path', '')}"
         )
         if doc.metadata.get("merged_from"):
             rows.append(f"{'':>14}merged from {len(doc.metadata['merged_from'])} children")

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+
 from pydantic import ValidationError
 
 from strata.cli.progress import make_progress
@@ -52,12 +53,21 @@ def target_settings(
         if isolation is not None:
             raise ConfigError("--isolation writes a copy at that level: give --to-uri and/or --collection for it")
         return None
-    fields = {**source.model_dump(), "token": source.token, "uri": to_uri or source.uri,
-              "collection": collection or source.collection, "isolation": isolation or source.isolation}  # fmt: skip
+    fields = {
+        **source.model_dump(),
+        "token": source.token,
+        "uri": to_uri or source.uri,
+        "collection": collection or source.collection,
+        "isolation": isolation or source.isolation,
+    }
     try:
         target = MilvusSettings.model_validate(fields)
     except ValidationError as exc:
-        reason = describe_validation_error(exc).replace("STRATA_URI", "--to-uri").replace("STRATA_COLLECTION", "--collection")
+        reason = (
+            describe_validation_error(exc)
+            .replace("STRATA_URI", "--to-uri")
+            .replace("STRATA_COLLECTION", "--collection")
+        )
         raise ConfigError(reason) from None
     if target.is_lite:  # the next step's export must work from any folder
         target = target.model_copy(update={"uri": os.path.abspath(str(target.uri))})

@@ -22,9 +22,10 @@ import argparse
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from strata.cli.index import _print_report as print_report  # the local command's printer, shared
 from strata.client import StrataClient
@@ -60,18 +61,25 @@ def cmd_remote_index(args: argparse.Namespace, settings: Settings, *, url: str, 
     if args.delete_missing and (empty := [u.root for u in collected.uploads if not u.files and u.scopes_deletion]):
         print(
             f"strata index: the folder {empty[0]} holds no file to index: nothing of it was sent, and an empty folder "
-            "deletes nothing, even with --force (check it: a sync or mount gone wrong?)", file=sys.stderr,
-        )  # fmt: skip
+            "deletes nothing, even with --force (check it: a sync or mount gone wrong?)",
+            file=sys.stderr,
+        )
         return 1
     with StrataClient(url, api_key) as client:
         for n, upload in enumerate(u for u in collected.uploads if u.files):
             try:
                 report = client.index_files(
-                    args.kb, upload.files, delete_missing=args.delete_missing and upload.scopes_deletion and
-                    collected.complete, recreate=args.recreate and n == 0, dry_run=args.dry_run,
-                    timeout=settings.server.timeout_s, root=upload.root, keep=upload.keep,
-                    max_delete=args.max_delete, force=args.force,
-                )  # fmt: skip
+                    args.kb,
+                    upload.files,
+                    delete_missing=args.delete_missing and upload.scopes_deletion and collected.complete,
+                    recreate=args.recreate and n == 0,
+                    dry_run=args.dry_run,
+                    timeout=settings.server.timeout_s,
+                    root=upload.root,
+                    keep=upload.keep,
+                    max_delete=args.max_delete,
+                    force=args.force,
+                )
             except (ValueError, NotFoundError) as exc:
                 print(f"strata: the service refused the files: {exc}", file=sys.stderr)
                 return 1
@@ -92,7 +100,9 @@ def collect_files(paths: Sequence[Path], *, root_id: str | None = None) -> Colle
         if path.is_dir():
             collected.uploads.append(_folder(path, collected, root_id))
         elif not os.path.lexists(path):
-            collected.failures.append({"source": str(path), "reason": "no such file or directory (nothing under it was deleted)"})
+            collected.failures.append(
+                {"source": str(path), "reason": "no such file or directory (nothing under it was deleted)"}
+            )
             collected.complete = False
         else:
             root = _root(path.parent)
@@ -141,7 +151,7 @@ def _root(folder: Path) -> str:
 
 def merged(reports: Sequence[dict[str, Any]], *, kb: str, dry_run: bool) -> dict[str, Any]:
     """One report of several uploads: counts and seconds added, lists joined."""
-    total = IndexReport(kb=kb, dry_run=dry_run).to_dict()
+    total: dict[str, Any] = IndexReport(kb=kb, dry_run=dry_run).to_dict()
     for report in reports:
         for key, value in report.items():
             if isinstance(value, list) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
@@ -164,6 +174,8 @@ def with_local_paths(report: dict[str, Any], files: Sequence[tuple[str, Path]]) 
 def with_local_entries(report: dict[str, Any], collected: Collected) -> dict[str, Any]:
     """The report with the entries found here that were never sent."""
     return {
-        **report, "failed": report["failed"] + len(collected.failures),
-        "failures": [*collected.failures, *report["failures"]], "skipped": [*collected.skipped, *report["skipped"]],
-    }  # fmt: skip
+        **report,
+        "failed": report["failed"] + len(collected.failures),
+        "failures": [*collected.failures, *report["failures"]],
+        "skipped": [*collected.skipped, *report["skipped"]],
+    }

@@ -14,12 +14,13 @@ up every worker's values, whichever answers (``strata.api.metrics``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import signal
 import socket
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from strata.config import Settings
 from strata.encoders.model_folder import check_encoder_loads, check_model_folder
@@ -57,9 +58,14 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         with multiprocess_dir(args.workers):  # set before any worker creates a metric; a private one is removed
             _run(
-                settings, host=host, port=port, workers=args.workers, keys=keys, resources=resources,
+                settings,
+                host=host,
+                port=port,
+                workers=args.workers,
+                keys=keys,
+                resources=resources,
                 verbose=bool(getattr(args, "verbose", False)),
-            )  # fmt: skip
+            )
     finally:
         if resources is not None:
             resources.close()
@@ -106,7 +112,13 @@ def is_loopback(host: str) -> bool:
 
 
 def _run(
-    settings: Settings, *, host: str, port: int, workers: int, keys: KeyRing, resources: Resources | None,
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    keys: KeyRing,
+    resources: Resources | None,
     verbose: bool = False,
 ) -> None:
     from strata.api.connections import ConnectionLimits, ServeConfig, raise_open_file_limit
@@ -118,13 +130,18 @@ def _run(
     limits = ConnectionLimits.for_process(settings.api, raise_open_file_limit())  # workers inherit the raised limit
     logger.info(
         "at most %d connections per process; headers within %g s; keep-alive %g s",
-        limits.max_connections, limits.header_timeout_s, limits.keep_alive_s,
-    )  # fmt: skip
+        limits.max_connections,
+        limits.header_timeout_s,
+        limits.keep_alive_s,
+    )
     grace = settings.api.shutdown_grace_s
-    common = {
-        "host": host, "port": port, "access_log": False, "timeout_graceful_shutdown": grace,
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "access_log": False,
+        "timeout_graceful_shutdown": grace,
         "log_setup": LogSetup.of(settings, verbose=verbose),  # each worker configures its logging from it
-    }  # fmt: skip
+    }
     if workers == 1:
         from strata.api import create_app
 
@@ -135,9 +152,13 @@ def _run(
         # The supervisor pings each worker through a pipe its thread answers; a worker in one long C call that
         # keeps the interpreter lock (a large JSON body, a big encode) misses uvicorn's 5 s and is killed mid-request.
         config = ServeConfig(
-            "strata.api.app:app_from_environment", limits=limits, factory=True, workers=workers,
-            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S, **common,
-        )  # fmt: skip
+            "strata.api.app:app_from_environment",
+            limits=limits,
+            factory=True,
+            workers=workers,
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
+            **common,
+        )
         WorkerSupervisor(config, sockets=[_tcp_listener(config)]).run()  # what uvicorn.run does, with this socket
 
 
@@ -147,10 +168,8 @@ def _serve_one(config: uvicorn.Config) -> None:
     from uvicorn.config import STARTUP_FAILURE
 
     server = uvicorn.Server(config)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.run()
-    except KeyboardInterrupt:
-        pass
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 

@@ -87,7 +87,8 @@ def _raise(exc: OSError) -> None:
 def main() -> int:
     """``python -m strata.encoders.model_folder``: checks and loads the configured model folder.
 
-    The last step of deploy/k8s/jobs/model-loader/model-loader-job.yaml before the download replaces the folder pods read.
+    The last step of deploy/k8s/jobs/model-loader/model-loader-job.yaml before the download replaces the folder
+    pods read.
     """
     import sys
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -93,7 +94,7 @@ class OpenAIEmbeddingEncoder:
                     response = self._client.post("/embeddings", json=body, timeout=timeout)
                     response.raise_for_status()
             return _parse_embeddings(response.json(), len(texts))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, EncoderError) as exc:  # a malformed answer too
             raise EncoderError(f"embedding request to {self._client.base_url} failed: {exc!r}") from exc
 
     def _encode(self, texts: Sequence[str], input_type: str) -> np.ndarray:
@@ -120,8 +121,8 @@ class OpenAIEmbeddingEncoder:
 def _parse_embeddings(payload: Any, expected: int) -> np.ndarray:
     items = sorted(payload["data"], key=lambda item: item.get("index", 0))
     if len(items) != expected:
-        raise ValueError(f"expected {expected} embeddings, got {len(items)}")
+        raise EncoderError(f"expected {expected} embeddings, got {len(items)}")
     vectors = np.asarray([item["embedding"] for item in items], dtype=np.float32)
     if vectors.ndim != 2 or not np.isfinite(vectors).all():
-        raise ValueError("embeddings are not a finite matrix")
+        raise EncoderError("embeddings are not a finite matrix")
     return vectors

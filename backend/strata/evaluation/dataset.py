@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from strata.errors import LoaderError
+from strata.errors import InvalidArgumentError, LoaderError
 
 SUBSAMPLE_SEED = 13
 PARAGRAPH_HEADING = "段落"
@@ -103,7 +103,7 @@ def subsample(queries: Sequence[Query], n: int | None, seed: int = SUBSAMPLE_SEE
     if n is None or n >= len(queries):
         return list(queries)
     if n < 0:
-        raise ValueError(f"subsample size must be >= 0, got {n}")
+        raise InvalidArgumentError(f"subsample size must be >= 0, got {n}")
     picked = random.Random(seed).sample(range(len(queries)), n)
     return [queries[i] for i in sorted(picked)]
 
@@ -134,7 +134,7 @@ def write_corpus(articles: Sequence[Article], out_dir: Path) -> dict[str, str]:
     """
     duplicate = _first_duplicate(a.doc_id for a in articles)
     if duplicate is not None:
-        raise ValueError(f"two articles share doc_id {duplicate!r}")
+        raise InvalidArgumentError(f"two articles share doc_id {duplicate!r}")
     names = {f"{index:05d}.md": article for index, article in enumerate(articles)}
     out_dir.mkdir(parents=True, exist_ok=True)
     _refuse_foreign_files(out_dir, names.keys())
@@ -147,9 +147,7 @@ def write_corpus(articles: Sequence[Article], out_dir: Path) -> dict[str, str]:
 
 def _front_matter(article: Article) -> str:
     fields = {"doc_id": article.doc_id, "title": article.title}
-    header = yaml.safe_dump(
-        fields, allow_unicode=True, sort_keys=False, default_style='"', width=_NO_LINE_WRAP
-    )
+    header = yaml.safe_dump(fields, allow_unicode=True, sort_keys=False, default_style='"', width=_NO_LINE_WRAP)
     return f"---\n{header}---\n"
 
 
@@ -183,15 +181,12 @@ def _parse_article(raw: Any, index: int) -> tuple[Article, list[Query]]:
     return Article(doc_id=doc_id, title=title, paragraphs=tuple(paragraphs)), queries
 
 
-def _parse_paragraph(
-    raw: Any, doc_id: str, where: str, index: int
-) -> tuple[Paragraph, list[Query]]:
+def _parse_paragraph(raw: Any, doc_id: str, where: str, index: int) -> tuple[Paragraph, list[Query]]:
     where = f"{where}.paragraphs[{index}]"
     context = str(_require(raw, "context", where))
     paragraph = Paragraph(paragraph_id=_id_or(raw, f"{doc_id}_{index}"), context=context)
     queries = [
-        _parse_query(raw_qa, paragraph, doc_id, f"{where}.qas[{j}]", j)
-        for j, raw_qa in enumerate(raw.get("qas", ()))
+        _parse_query(raw_qa, paragraph, doc_id, f"{where}.qas[{j}]", j) for j, raw_qa in enumerate(raw.get("qas", ()))
     ]
     return paragraph, queries
 

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from strata.errors import InvalidArgumentError
+
 REPORT_KS = (5, 10)
 RANKING_K = 10
 ANSWER_BUDGETS = (500, 1500)
@@ -70,7 +72,7 @@ def budget_read(items: Sequence[Item], budget_chars: int) -> str:
     B characters (the item crossing B is cut there).
     """
     if budget_chars < 0:
-        raise ValueError(f"budget must be >= 0 characters, got {budget_chars}")
+        raise InvalidArgumentError(f"budget must be >= 0 characters, got {budget_chars}")
     return "".join(norm(item.text) for item in items)[:budget_chars]
 
 
@@ -123,9 +125,9 @@ def chars_at_k(items: Sequence[Item], k: int) -> int:
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile: the value at 1-based rank ceil(p * n / 100)."""
     if not values:
-        raise ValueError("percentile of no values")
+        raise InvalidArgumentError("percentile of no values")
     if not 0 < p <= 100:
-        raise ValueError(f"percentile must be in (0, 100], got {p}")
+        raise InvalidArgumentError(f"percentile must be in (0, 100], got {p}")
     ordered = sorted(values)
     return ordered[math.ceil(p * len(ordered) / 100) - 1]
 
@@ -177,7 +179,7 @@ class MetricsReport:
 def summarize(outcomes: Sequence[QueryOutcome]) -> MetricsReport:
     """Average every docs/evaluation.md §5 metric over the queries' outcomes."""
     if not outcomes:
-        raise ValueError("no query outcomes to summarize")
+        raise InvalidArgumentError("no query outcomes to summarize")
     budget_hits = budget_curve(outcomes, ANSWER_BUDGETS)
     p50_at_5, p95_at_5 = _latency_percentiles([o.latency_ms_at_5 for o in outcomes])
     p50_at_10, p95_at_10 = _latency_percentiles([o.latency_ms_at_10 for o in outcomes])
@@ -205,11 +207,9 @@ def summarize(outcomes: Sequence[QueryOutcome]) -> MetricsReport:
 def budget_curve(outcomes: Sequence[QueryOutcome], budgets: Iterable[int]) -> dict[int, float]:
     """Share of answer hits at each character budget, from the first 10 items of k=10."""
     if not outcomes:
-        raise ValueError("no query outcomes to score")
+        raise InvalidArgumentError("no query outcomes to score")
     return {
-        budget: _mean(
-            answer_hit_budget(o.items_at_10[:RANKING_K], o.answers, budget) for o in outcomes
-        )
+        budget: _mean(answer_hit_budget(o.items_at_10[:RANKING_K], o.answers, budget) for o in outcomes)
         for budget in budgets
     }
 
@@ -262,15 +262,20 @@ _COLUMNS_BY_LABEL = {c.label: c for c in ALL_COLUMNS}
 SPEC_COLUMNS: tuple[Column, ...] = tuple(
     _COLUMNS_BY_LABEL[label]
     for label in (
-        "ans@5", "ans@10", "ans@500c", "ans@1500c", "doc@5", "MRR@10", "nDCG@10", "chars@5",
+        "ans@5",
+        "ans@10",
+        "ans@500c",
+        "ans@1500c",
+        "doc@5",
+        "MRR@10",
+        "nDCG@10",
+        "chars@5",
         "p50 ms@10",
     )
 )
 
 
-def markdown_table(
-    rows: Mapping[str, MetricsReport], columns: Sequence[Column] = SPEC_COLUMNS
-) -> str:
+def markdown_table(rows: Mapping[str, MetricsReport], columns: Sequence[Column] = SPEC_COLUMNS) -> str:
     """A Markdown table, one row per system, like docs/evaluation.md §8 (no trailing newline).
 
     Ratios get 3 decimals, characters are rounded to integers, mean item
@@ -300,10 +305,10 @@ def _latency_percentiles(latencies: Sequence[float | None]) -> tuple[float | Non
     if not measured:
         return None, None
     if len(measured) != len(latencies):
-        raise ValueError("latency measured for some queries only; measure all or none")
+        raise InvalidArgumentError("latency measured for some queries only; measure all or none")
     return percentile(measured, 50), percentile(measured, 95)
 
 
 def _check_k(k: int) -> None:
     if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+        raise InvalidArgumentError(f"k must be >= 1, got {k}")

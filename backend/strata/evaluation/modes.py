@@ -17,9 +17,10 @@ strategy rather than the caller's tuning of routes and merging.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from strata.config import ConfigError
 from strata.strategy_table import DEFAULT_STRATEGY, STRATEGY_NAMES
@@ -38,12 +39,14 @@ class EvalMode:
 
 
 BASELINE: Mapping[str, Any] = MappingProxyType({"routes": "hybrid", "merge_enabled": True})
-SPEC_ROWS: Mapping[str, EvalMode] = MappingProxyType({
-    "bm25": EvalMode(DEFAULT_STRATEGY, {"routes": "sparse", "merge_enabled": False}),
-    "dense": EvalMode(DEFAULT_STRATEGY, {"routes": "dense", "merge_enabled": False}),
-    "hybrid+merge": EvalMode(DEFAULT_STRATEGY),
-    "full": EvalMode(DEFAULT_STRATEGY, rerank=True),
-})  # fmt: skip
+SPEC_ROWS: Mapping[str, EvalMode] = MappingProxyType(
+    {
+        "bm25": EvalMode(DEFAULT_STRATEGY, {"routes": "sparse", "merge_enabled": False}),
+        "dense": EvalMode(DEFAULT_STRATEGY, {"routes": "dense", "merge_enabled": False}),
+        "hybrid+merge": EvalMode(DEFAULT_STRATEGY),
+        "full": EvalMode(DEFAULT_STRATEGY, rerank=True),
+    }
+)
 MODES: Mapping[str, EvalMode] = MappingProxyType({**{name: EvalMode(name) for name in STRATEGY_NAMES}, **SPEC_ROWS})
 # docs/evaluation.md §8's table: the routes alone, fused, merged, reranked
 DEFAULT_MODES = ("bm25", "dense", "hybrid", "hybrid+merge", "full")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from strata.evaluation.metrics import MetricsReport, budget_curve, markdown_table
 from strata.evaluation.runner import ModeResult
@@ -67,13 +68,17 @@ def write_chart(out_dir: Path, results: Sequence[ModeResult], reports: Mapping[s
     width = 0.38
     xs = range(len(names))
     for offset, k in ((-width / 2, 5), (width / 2, 10)):
-        axes[0].bar([x + offset for x in xs], [getattr(reports[n], f"answer_hit_at_{k}") for n in names], width, label=f"k={k}")
-        axes[1].bar([x + offset for x in xs], [getattr(reports[n], f"chars_at_{k}") for n in names], width, label=f"k={k}")
+        axes[0].bar(
+            [x + offset for x in xs], [getattr(reports[n], f"answer_hit_at_{k}") for n in names], width, label=f"k={k}"
+        )
+        axes[1].bar(
+            [x + offset for x in xs], [getattr(reports[n], f"chars_at_{k}") for n in names], width, label=f"k={k}"
+        )
     for ax, title in ((axes[0], "answer_hit@k"), (axes[1], "chars@k (context cost)")):
         ax.set_xticks(list(xs), names, rotation=20)
         ax.set_title(title)
         ax.legend()
-    low = min(getattr(reports[n], "answer_hit_at_5") for n in names)
+    low = min(reports[n].answer_hit_at_5 for n in names)
     axes[0].set_ylim(max(0.0, low - 0.1), 1.0)
     for result in results:
         if result.mode in reports:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from strata.config import Settings, with_overrides
 from strata.evaluation.dataset import Query, load_squad, subsample, write_corpus
@@ -64,7 +65,9 @@ def mode_settings(settings: Settings, mode: str) -> Settings:
     return with_overrides(settings, eval_mode(mode).overrides())
 
 
-def build_index(settings: Settings, dataset: Path, out_dir: Path, kb_id: str, progress: Progress) -> tuple[Resources, IndexReport, int]:
+def build_index(
+    settings: Settings, dataset: Path, out_dir: Path, kb_id: str, progress: Progress
+) -> tuple[Resources, IndexReport, int]:
     """Writes the corpus and indexes it (incrementally: a rerun re-encodes nothing)."""
     articles, _ = load_squad(dataset)
     corpus = out_dir / "corpus"
@@ -96,9 +99,13 @@ def query_embed_ms_p50(resources: Resources, queries: Sequence[Query], n: int = 
 
 
 def run_mode(
-    resources: Resources, mode: str, queries: Sequence[Query], ks: Sequence[int], kb_id: str,
+    resources: Resources,
+    mode: str,
+    queries: Sequence[Query],
+    ks: Sequence[int],
+    kb_id: str,
     on_query: Callable[[], None] = lambda: None,
-) -> ModeResult:  # fmt: skip
+) -> ModeResult:
     """Every query at every k through one mode's ``Retriever``."""
     result = ModeResult(mode)
     if eval_mode(mode).rerank and not resources.settings.rerank.url:
@@ -127,10 +134,14 @@ def _ask(retriever: Retriever, query: Query, ks: Sequence[int], kb_id: str, resu
         if status != "ok" and len(result.errors) < 20:
             result.errors.append(f"{query.query_id} k={k}: {status} {list(answer.meta.degraded)}")
     return QueryOutcome(
-        query_id=query.query_id, doc_id=query.doc_id, answers=query.answers,
-        items_at_5=lists.get(5, ()), items_at_10=lists.get(10, ()),
-        latency_ms_at_5=latency.get(5), latency_ms_at_10=latency.get(10),
-    )  # fmt: skip
+        query_id=query.query_id,
+        doc_id=query.doc_id,
+        answers=query.answers,
+        items_at_5=lists.get(5, ()),
+        items_at_10=lists.get(10, ()),
+        latency_ms_at_5=latency.get(5),
+        latency_ms_at_10=latency.get(10),
+    )
 
 
 def summarize_modes(results: Sequence[ModeResult]) -> dict[str, Any]:

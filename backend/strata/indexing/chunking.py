@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from strata.config import ChunkingSettings
 from strata.types import Chunk, Section, SourceDocument

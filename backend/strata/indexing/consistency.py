@@ -11,8 +11,9 @@ service's stats and an indexing run's start all use this one check.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from strata.indexing.chunking import chunk_id
 from strata.stores.sql import DocumentStore
@@ -55,7 +56,7 @@ class LeafCheck:
             parts.append(
                 f"{self.absent_count} of {self.versions_probed} served versions have no leaves in Milvus "
                 f"({', '.join(self.absent)}{more}){older}"
-            )  # fmt: skip
+            )
         return "; ".join(parts)
 
 
@@ -96,10 +97,15 @@ def kb_stats(documents: DocumentStore, index: LeafCounter, kb: KnowledgeBase) ->
     sql = documents.stats(kb.kb_id)
     check = check_leaves(index, kb.kb_id, documents.versions(kb.kb_id))
     return {
-        "kb": kb.kb_id, "documents": sql["documents_by_status"].get("active", 0),
-        "documents_by_status": sql["documents_by_status"], "chunks_by_level": sql["chunks_by_level"],
-        "leaves_in_milvus": check.found, "versions_probed": check.versions_probed,
-        "versions_absent_in_milvus": check.absent_count, "encoder": {"name": kb.encoder, "dim": kb.dim},
-        "generation": kb.generation, "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
+        "kb": kb.kb_id,
+        "documents": sql["documents_by_status"].get("active", 0),
+        "documents_by_status": sql["documents_by_status"],
+        "chunks_by_level": sql["chunks_by_level"],
+        "leaves_in_milvus": check.found,
+        "versions_probed": check.versions_probed,
+        "versions_absent_in_milvus": check.absent_count,
+        "encoder": {"name": kb.encoder, "dim": kb.dim},
+        "generation": kb.generation,
+        "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
         "difference": check.difference(),
-    }  # fmt: skip
+    }

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,9 +47,15 @@ class Embedded:
 
 
 def embed_texts(
-    texts: list[str], *, kb_id: str, encoder: Encoder, store: DocumentStore, batch_size: int, progress: Progress,
+    texts: list[str],
+    *,
+    kb_id: str,
+    encoder: Encoder,
+    store: DocumentStore,
+    batch_size: int,
+    progress: Progress,
     batch_cached: Callable[[], None] = lambda: None,
-) -> Embedded:  # fmt: skip
+) -> Embedded:
     """Vectors for ``texts`` of ``kb_id``: the kb's embedding cache first, the encoder (in batches) for the rest.
 
     Each encoder batch is cached before the next one is encoded (then ``batch_cached`` is called): a run
@@ -75,9 +82,15 @@ def embed_texts(
 
 
 def upsert_leaves(
-    resources: Resources, index: LeafIndex, kb_id: str, leaves: Sequence[Chunk], *, progress: Progress,
-    batch_cached: Callable[[], None] = lambda: None, keep_present: bool = False,
-) -> Embedded:  # fmt: skip
+    resources: Resources,
+    index: LeafIndex,
+    kb_id: str,
+    leaves: Sequence[Chunk],
+    *,
+    progress: Progress,
+    batch_cached: Callable[[], None] = lambda: None,
+    keep_present: bool = False,
+) -> Embedded:
     """``leaves`` of ``kb_id`` into ``index`` with their search texts and vectors (``embed_texts``): the one
     way indexing, ``strata rebuild`` and ``strata reconcile --repair`` write leaves.
 
@@ -87,9 +100,14 @@ def upsert_leaves(
     settings = resources.settings
     texts = [search_text(leaf, settings.chunking.contextualize) for leaf in leaves]
     embedded = embed_texts(
-        texts, kb_id=kb_id, encoder=resources.encoder, store=resources.documents,
-        batch_size=settings.embedding.batch_size, progress=progress, batch_cached=batch_cached,
-    )  # fmt: skip
+        texts,
+        kb_id=kb_id,
+        encoder=resources.encoder,
+        store=resources.documents,
+        batch_size=settings.embedding.batch_size,
+        progress=progress,
+        batch_cached=batch_cached,
+    )
     resources.documents.check_fences()  # a run whose lease was taken while it encoded writes no leaf
     present = _present_with_same_vectors(index, kb_id, leaves, embedded.vectors) if keep_present else set()
     if not present:

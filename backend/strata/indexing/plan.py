@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Mapping, Sequence
 
+from strata.errors import InvalidArgumentError
 from strata.types import ACTIVE, PENDING, DocumentVersion, SourceDocument
 
 
@@ -90,15 +91,19 @@ def plan_changes(
     for v in versions:
         latest[v.doc_id] = max(latest.get(v.doc_id, 0), v.version)
     pending = {
-        (v.doc_id, v.content_hash, v.source, v.root): v.version for v in sorted(versions, key=lambda v: v.version) if v.status == PENDING
-    }  # fmt: skip
+        (v.doc_id, v.content_hash, v.source, v.root): v.version
+        for v in sorted(versions, key=lambda v: v.version)
+        if v.status == PENDING
+    }
     to_write, unchanged = [], []
     for doc in scan.docs:
         previous = active.get(doc.doc_id)
         root = scan.roots.get(doc.doc_id, "")
         if not force and previous is not None and _same(previous, doc, chunking, legacy_ok):
             unchanged.append(doc)
-        elif resume and (version := pending.get((doc.doc_id, index_hash(doc.content_hash, chunking), doc.source, root))):
+        elif resume and (
+            version := pending.get((doc.doc_id, index_hash(doc.content_hash, chunking), doc.source, root))
+        ):
             to_write.append(DocumentPlan(doc, version, previous, root, resumes=True))
         else:
             to_write.append(DocumentPlan(doc, latest.get(doc.doc_id, 0) + 1, previous, root))
@@ -142,7 +147,7 @@ class DeleteLimit:
 
     def __post_init__(self) -> None:
         if self.max_count < 0:
-            raise ValueError(f"--max-delete must be 0 or more, not {self.max_count}")
+            raise InvalidArgumentError(f"--max-delete must be 0 or more, not {self.max_count}")
 
 
 @dataclass(frozen=True)
@@ -182,10 +187,11 @@ def refuse_deletions(
         )
     if count > limit.max_count:
         return DeleteRefusal(
-            count, f"over the limit of {limit.max_count} deletions per run (STRATA_INDEXING__MAX_DELETE)",
+            count,
+            f"over the limit of {limit.max_count} deletions per run (STRATA_INDEXING__MAX_DELETE)",
             f"if the folder is as it should be, run again with --max-delete {count} or --force "
             f"(HTTP: max_delete={count} or force=true)",
-        )  # fmt: skip
+        )
     return None
 
 

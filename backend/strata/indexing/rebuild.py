@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, IndexingError, NotFoundError
@@ -27,13 +28,12 @@ from strata.indexing.embedding import upsert_leaves
 from strata.indexing.report import NoProgress, Progress
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
-from strata.stores.lease import KbLease
 from strata.stores.leaf_index import LeafIndex
+from strata.stores.lease import KbLease
 from strata.stores.sql import ACTIVE, DocumentVersion
 from strata.types import LEAF_LEVEL, Chunk
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,10 @@ class Rebuilder:
         # gets (every front-matter module and skill point SQL knows), so the copy tokenizes alike.
         catalog = Catalog(self._res.documents.engine)
         return LeafIndex(
-            self._target, encoder_name=encoder.name, dim=encoder.dim, vocabulary=lambda kb_ids: catalog.vocabulary(kb_ids).terms,
+            self._target,
+            encoder_name=encoder.name,
+            dim=encoder.dim,
+            vocabulary=lambda kb_ids: catalog.vocabulary(kb_ids).terms,
             tenants=self._res.tenants,
         )
 
@@ -141,7 +144,7 @@ class Rebuilder:
             count = 0
             for page in documents.version_chunk_pages(
                 kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=self._batch
-            ):  # fmt: skip
+            ):
                 batch.extend(page)
                 count += len(page)
                 if len(batch) >= self._batch:
@@ -152,9 +155,15 @@ class Rebuilder:
             yield batch, done
 
     def _verify(
-        self, index: LeafIndex, kb_id: str, documents: int, expected: set[str], encoded: int, reused: int,
+        self,
+        index: LeafIndex,
+        kb_id: str,
+        documents: int,
+        expected: set[str],
+        encoded: int,
+        reused: int,
         started: float,
-    ) -> RebuildReport:  # fmt: skip
+    ) -> RebuildReport:
         """The target must hold exactly the leaves of the active versions in SQL (read under the kb's lease)."""
         found = set(index.leaf_ids(kb_id))
         stale = found - expected
@@ -166,11 +175,20 @@ class Rebuilder:
         found, count = set(index.leaf_ids(kb_id)), index.count(kb_id)  # both Strong: every flushed row
         verified = found == expected and count == len(expected)
         report = RebuildReport(
-            kb=kb_id, target_uri=str(target.uri), collection=target.collection, isolation=index.isolation,
+            kb=kb_id,
+            target_uri=str(target.uri),
+            collection=target.collection,
+            isolation=index.isolation,
             in_place=self._target is None,
-            documents=documents, leaves_written=len(expected), encoded=encoded, reused=reused, sql_leaves=len(expected),
-            milvus_leaves=count, verified=verified, seconds=time.perf_counter() - started,
-        )  # fmt: skip
+            documents=documents,
+            leaves_written=len(expected),
+            encoded=encoded,
+            reused=reused,
+            sql_leaves=len(expected),
+            milvus_leaves=count,
+            verified=verified,
+            seconds=time.perf_counter() - started,
+        )
         if not verified:
             missing = len(expected - found)
             raise IndexingError(

@@ -45,7 +45,9 @@ class ReconcileReport:
     stale_cache: int | None = 0  # None: the cache could not be read
     invalidations_pending: int = 0  # cache entries of removed versions whose deletion failed (recorded in SQL)
     versions_without_term_stats: int = 0
-    unused_embeddings: int = 0  # cached vectors no served leaf uses (edits, deletions, another encoder): not a difference
+    unused_embeddings: int = (
+        0  # cached vectors no served leaf uses (edits, deletions, another encoder): not a difference
+    )
     repaired: bool = False
     examples: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -120,7 +122,9 @@ def unused_embeddings(resources: Resources, kb_id: str, page: int = 2000) -> set
     for version in documents.versions(kb_id):
         if version.status != ACTIVE:
             continue
-        for leaves in documents.version_chunk_pages(kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=page):
+        for leaves in documents.version_chunk_pages(
+            kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=page
+        ):
             used.update((encoder, text_hash(search_text(leaf, contextualize))) for leaf in leaves)
     return documents.cached_keys(kb_id) - used
 
@@ -163,7 +167,11 @@ def _fill(report: ReconcileReport, diff: _Diff) -> None:
     report.missing_in_milvus = len(diff.missing)
     report.orphans_in_milvus = len(diff.orphans)
     report.stale_cache = None if diff.stale is None else len(diff.stale)
-    for name, ids in (("missing_in_milvus", diff.missing), ("orphans_in_milvus", diff.orphans), ("stale_cache", diff.stale)):
+    for name, ids in (
+        ("missing_in_milvus", diff.missing),
+        ("orphans_in_milvus", diff.orphans),
+        ("stale_cache", diff.stale),
+    ):
         if ids:
             report.examples[name] = sorted(ids)[:_SHOWN]
 

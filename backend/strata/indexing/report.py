@@ -63,7 +63,7 @@ class IndexReport:
         return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        data = {k: v for k, v in self.__dict__.items()}
+        data = dict(self.__dict__.items())
         data["chunks_per_s"] = round(self.chunks_per_s, 2)
         data["seconds"] = round(self.seconds, 3)
         data["encode_seconds"] = round(self.encode_seconds, 3)

@@ -24,9 +24,9 @@ refuses the second one, naming both files, instead of replacing the first.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Callable, Collection, Iterable, Mapping, Sequence
+from pathlib import Path
 
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
@@ -34,16 +34,20 @@ from strata.indexing.plan import Scan
 from strata.indexing.report import IndexReport, record_failure
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
-
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
 
 HOLD_CHARS = 32 * 2**20  # text a run holds from its scan to its writes; beyond it, documents are read twice
 
 
 def scan_paths(
-    paths: Sequence[Path], report: IndexReport, *, root_names: Mapping[Path, str] | None = None,
-    keep: Collection[str] = (), load: Load = load_document, hold_chars: int = HOLD_CHARS,
-) -> Scan:  # fmt: skip
+    paths: Sequence[Path],
+    report: IndexReport,
+    *,
+    root_names: Mapping[Path, str] | None = None,
+    keep: Collection[str] = (),
+    load: Load = load_document,
+    hold_chars: int = HOLD_CHARS,
+) -> Scan:
     """``root_names`` record a folder under another name than its absolute path (an upload: the client's
     folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept);
     ``load`` reads one file (``load_document`` with the run's ``LoaderLimits`` and stop event); the text
@@ -108,9 +112,9 @@ def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path],
     if not os.path.lexists(path):
         record_failure(report, str(path), "no such file or directory (nothing under it was deleted)")
         return [], os.path.abspath(path), False
-    reason = unreadable_reason(path)
-    if reason is not None:
-        _unreadable(path, reason, Path(root), report, kept)
+    unreadable = unreadable_reason(path)
+    if unreadable is not None:
+        _unreadable(path, unreadable, Path(root), report, kept)
         return [], root, True
     return [path], root, True
 
@@ -160,10 +164,11 @@ def without_root_conflicts(scan: Scan, versions: Iterable[DocumentVersion], repo
         if previous is not None and _other_document(previous, root, doc.source):
             old, new = _shown(previous.root, previous.source), _shown(root, doc.source)
             record_failure(
-                report, new,
+                report,
+                new,
                 f"document id {doc.doc_id!r} is already indexed from {old}, another folder; not replaced. Index each "
                 "folder into a kb of its own, index their common parent folder, or delete the indexed one first",
-            )  # fmt: skip
+            )
             refused.add(doc.doc_id)
     if not refused:
         return scan

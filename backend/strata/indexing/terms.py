@@ -10,7 +10,7 @@ which then sum the kb's df anew (``strata_kb_terms``).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from strata.indexing.embedding import search_text
 from strata.resources import Resources
@@ -46,7 +46,9 @@ def backfill_term_stats(resources: Resources, kb_id: str, tokenize: Tokenize) ->
         leaves = store.version_chunks(kb_id, doc_id, version, levels=(3,))
         store.write_terms(kb_id, doc_id, version, leaf_term_counts(leaves, tokenize, contextualize=contextualize))
     if missing:
-        logger.info("counted the terms of %d versions of %s written before term statistics were kept", len(missing), kb_id)
+        logger.info(
+            "counted the terms of %d versions of %s written before term statistics were kept", len(missing), kb_id
+        )
     if missing or store.kb_terms_missing(kb_id):
         store.rebuild_kb_terms(kb_id)  # the kb's sums, from every active version's counts
     return len(missing)

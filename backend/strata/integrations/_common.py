@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from strata.config import get_settings
+from strata.errors import InvalidArgumentError
 from strata.rag.registry import get_retriever
 from strata.types import Filters, RetrievalResult, RetrievedDocument
 
@@ -37,7 +39,9 @@ class RetrievalCall:
     def run(self, query: str) -> RetrievalResult:
         """The registered retriever's result for ``query``; ``on_result`` sees it first (even when empty)."""
         config = {"engine": self.engine} if self.engine is not None else {}
-        scope = {name: value for name, value in (("kb_ids", self.kb_ids), ("filters", self.filters)) if value is not None}
+        scope = {
+            name: value for name, value in (("kb_ids", self.kb_ids), ("filters", self.filters)) if value is not None
+        }
         result = get_retriever(self.retriever_name(), **config).retrieve(query, self.top_k, **scope)
         if self.on_result is not None:
             self.on_result(result)
@@ -61,8 +65,9 @@ def as_filters(value: Filters | Mapping[str, Any] | None) -> Filters | None:
     known = {f.name for f in fields(Filters)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return Filters(**{name: _as_tuple(v) if name != "source_prefix" else v for name, v in value.items()})
+        raise InvalidArgumentError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {name: _as_tuple(v) if name != "source_prefix" else v for name, v in value.items()}
+    return Filters(**values)
 
 
 def _as_tuple(value: Any) -> tuple[str, ...]:

@@ -70,9 +70,13 @@ class StrataRetriever(BaseRetriever):
 
     def _call(self) -> RetrievalCall:
         return RetrievalCall(
-            strategy=self.strategy, kb_ids=self.kb_ids, filters=self.filters, top_k=self.top_k,
-            engine=self.engine, on_result=self.on_result,
-        )  # fmt: skip
+            strategy=self.strategy,
+            kb_ids=self.kb_ids,
+            filters=self.filters,
+            top_k=self.top_k,
+            engine=self.engine,
+            on_result=self.on_result,
+        )
 
 
 def to_documents(result: RetrievalResult) -> list[Document]:

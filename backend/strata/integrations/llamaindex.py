@@ -16,7 +16,8 @@ record, offsets) is excluded there. ``on_result`` receives the whole
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 try:
     from llama_index.core.callbacks import CallbackManager
@@ -27,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "strata.integrations.llamaindex needs llama-index-core: pip install 'strata-rag[llamaindex]'"
     ) from exc
 
+from strata.errors import InvalidArgumentError
 from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
 from strata.rag.retrieve import Retriever
 from strata.types import Filters, RetrievalResult
@@ -58,7 +60,7 @@ class StrataRetriever(BaseRetriever):
         verbose: bool = False,
     ) -> None:
         if top_k < 1:
-            raise ValueError("top_k must be at least 1")
+            raise InvalidArgumentError("top_k must be at least 1")
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         kbs = list(kb_ids) if kb_ids is not None else None
         self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, engine, on_result)
@@ -79,8 +81,11 @@ def to_nodes(result: RetrievalResult) -> list[NodeWithScore]:
         hidden = [key for key in metadata if key not in PROMPT_METADATA]
         identity = {"id_": str(doc.metadata["chunk_id"])} if doc.metadata.get("chunk_id") else {}
         node = TextNode(
-            text=doc.content, metadata=metadata, excluded_llm_metadata_keys=hidden, excluded_embed_metadata_keys=hidden,
+            text=doc.content,
+            metadata=metadata,
+            excluded_llm_metadata_keys=hidden,
+            excluded_embed_metadata_keys=hidden,
             **identity,
-        )  # fmt: skip
+        )
         nodes.append(NodeWithScore(node=node, score=doc.score))
     return nodes

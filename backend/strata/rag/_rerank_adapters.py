@@ -55,12 +55,15 @@ class JinaAdapter:
     honours_top_n = True
 
     def body(self, request: RerankRequest) -> dict[str, Any]:
-        return _with_model(request.model, {
-            "query": request.query,
-            "documents": request.documents,
-            "top_n": request.top_n,
-            "return_documents": False,
-        })
+        return _with_model(
+            request.model,
+            {
+                "query": request.query,
+                "documents": request.documents,
+                "top_n": request.top_n,
+                "return_documents": False,
+            },
+        )
 
     def results(self, payload: Any) -> Any:
         return _field(payload, "results", "the answer")
@@ -86,10 +89,13 @@ class DashScopeAdapter:
     honours_top_n = True
 
     def body(self, request: RerankRequest) -> dict[str, Any]:
-        return _with_model(request.model, {
-            "input": {"query": request.query, "documents": request.documents},
-            "parameters": {"top_n": request.top_n, "return_documents": False},
-        })
+        return _with_model(
+            request.model,
+            {
+                "input": {"query": request.query, "documents": request.documents},
+                "parameters": {"top_n": request.top_n, "return_documents": False},
+            },
+        )
 
     def results(self, payload: Any) -> Any:
         return _field(_field(payload, "output", "the answer"), "results", "'output'")

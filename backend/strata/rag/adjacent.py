@@ -16,8 +16,8 @@ the leaves do not store) is rendered as one newline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from strata.rag.candidates import Candidate
 from strata.types import Chunk
@@ -108,4 +108,3 @@ def _passage(run: list[Candidate]) -> Candidate:
         trace=replace(best.trace, score_stage="adjacent"),
         merged_from=tuple(leaf for c in run for leaf in (c.merged_from or (c.chunk_id,))),
     )
-

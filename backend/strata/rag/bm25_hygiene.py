@@ -12,14 +12,14 @@ query is not pruned (its analyzers are not the Python ones of Milvus Lite).
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from cachetools import LRUCache
 
 from strata.config import RetrievalSettings
 from strata.rag.bm25_query import PrunedQuery, prune_bm25_query
-from strata.rag.expansion import Expansion
+from strata.rag.outcomes import BM25QueryOutcome
 from strata.rag.run_state import RunState
 from strata.resources import Resources
 from strata.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
@@ -75,28 +75,27 @@ class BM25QueryHygiene:
             self._max_df,
         )
 
-    def apply(self, run: RunState, state: ServingState, expansion: Expansion, routes: str) -> Expansion:
-        """``expansion`` with its BM25 text pruned; ``run.bm25_query`` records what was left out, or why nothing was."""
+    def apply(self, run: RunState, state: ServingState, text: str, routes: str) -> BM25QueryOutcome:
+        """The BM25 text to search (``text`` pruned) and what was left out of it, or why nothing was."""
+        log = run.log("bm25_query")
         if routes == "dense" or self._max_df >= 1.0:
-            return expansion
+            return log.outcome(BM25QueryOutcome, text=text)
         if self._tokenize is None:
-            run.bm25_query = {"skipped": self._unsupported}
-            return expansion
-        with run.timed("bm25_query"):
-            try:
-                pruned = self._prune(run, state, expansion.bm25_text, self._tokenize)
-            except Exception as exc:  # term statistics are an optimization: never a reason to fail a query
-                run.error("bm25_query", exc, note="BM25 searched the whole query")
-                run.bm25_query = {"skipped": f"term statistics unavailable ({type(exc).__name__})"}
-                return expansion
-        return replace(expansion, bm25_text=pruned.text) if pruned.dropped else expansion
+            return log.outcome(BM25QueryOutcome, text=text, skipped=self._unsupported)
+        try:
+            with log.timed("bm25_query"):
+                pruned, skipped = self._prune(run, state, text, self._tokenize)
+        except Exception as exc:  # term statistics are an optimization: never a reason to fail a query
+            log.error("bm25_query", exc, note="BM25 searched the whole query")
+            unavailable = f"term statistics unavailable ({type(exc).__name__})"
+            return log.outcome(BM25QueryOutcome, text=text, skipped=unavailable)
+        return log.outcome(
+            BM25QueryOutcome, text=pruned.text, dropped=pruned.dropped, max_df=self._max_df, skipped=skipped
+        )
 
-    def _prune(self, run: RunState, state: ServingState, text: str, tokenize: Tokenize) -> PrunedQuery:
+    def _prune(self, run: RunState, state: ServingState, text: str, tokenize: Tokenize) -> tuple[PrunedQuery, str]:
+        """The pruned text, or the text as given and why it was not pruned."""
         stats = self._stats.get(state.generations, timeout_s=run.deadline.remaining())
         if stats.leaves < self._min_leaves:
-            run.bm25_query = {"skipped": f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"}
-            return PrunedQuery(text)
-        pruned = prune_bm25_query(text, tokenize=tokenize, df=stats.df, leaves=stats.leaves, max_df=self._max_df)
-        if pruned.dropped:
-            run.bm25_query = {"dropped": list(pruned.dropped), "text": pruned.text, "max_df": self._max_df}
-        return pruned
+            return PrunedQuery(text), f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"
+        return prune_bm25_query(text, tokenize=tokenize, df=stats.df, leaves=stats.leaves, max_df=self._max_df), ""

@@ -16,8 +16,8 @@ and is not reported as dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from strata.stores.analyzer import Tokenize, is_punctuation
 

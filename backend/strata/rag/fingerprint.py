@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
@@ -23,27 +24,73 @@ from strata.config import Settings
 from strata.stores.keys import database_identity
 
 # Settings that never change a query's result, as dotted names; every other setting is in the cache key.
-NOT_IN_RESULT: frozenset[str] = frozenset({
-    # the process and where its files go (data_dir shows in milvus.uri and database.url, which are in the key)
-    "environment", "data_dir", "log_level", "log.format", "log.query_text", "otel.enabled",
-    # timeouts, retries, pools and replicas: a result that ran out of time is degraded and never cached
-    "milvus.token", "milvus.timeout_s", "milvus.search_timeout_s", "milvus.count_timeout_s", "milvus.replica_number", "milvus.lite_in_process",
-    "database.echo", "database.pool_size", "database.connect_timeout_s", "database.query_timeout_s",
-    "embedding.api_key", "embedding.device", "embedding.batch_size", "embedding.timeout_s", "embedding.max_retries",
-    "embedding.query_timeout_s", "embedding.query_max_retries",
-    "rerank.api_key", "rerank.connect_timeout_s", "rerank.read_timeout_s", "rerank.max_retries",
-    # the caches themselves (key_prefix, which keeps deployments apart, stays in the key)
-    "redis.url", "redis.ttl_s", "redis.connect_timeout_s", "redis.socket_timeout_s", "redis.local_cache_size",
-    "redis.retry_after_s", "retrieval.cache_size", "retrieval.cache_ttl_s",
-    # limits on a request and how concurrent requests are gathered: a request within them gets the same answer
-    "retrieval.deadline_ms", "retrieval.max_top_k", "retrieval.max_query_chars", "retrieval.batch_window_ms",
-    "retrieval.batch_max",
-    # the HTTP service and the remote-indexing client
-    "api.host", "api.port", "api.api_key", "api.keys", "api.keys_file", "api.max_upload_bytes", "api.max_concurrency",
-    "api.queue_timeout_s", "api.body_timeout_s", "api.request_id_header", "api.ready_cache_s",
-    "api.max_concurrency_per_key", "api.header_timeout_s", "api.keep_alive_s", "api.max_connections",
-    "server.url", "server.api_key", "server.timeout_s",
-})  # fmt: skip
+NOT_IN_RESULT: frozenset[str] = frozenset(
+    {
+        # the process and where its files go (data_dir shows in milvus.uri and database.url, which are in the key)
+        "environment",
+        "data_dir",
+        "log_level",
+        "log.format",
+        "log.query_text",
+        "otel.enabled",
+        # timeouts, retries, pools and replicas: a result that ran out of time is degraded and never cached
+        "milvus.token",
+        "milvus.timeout_s",
+        "milvus.search_timeout_s",
+        "milvus.count_timeout_s",
+        "milvus.replica_number",
+        "milvus.lite_in_process",
+        "database.echo",
+        "database.pool_size",
+        "database.connect_timeout_s",
+        "database.query_timeout_s",
+        "embedding.api_key",
+        "embedding.device",
+        "embedding.batch_size",
+        "embedding.timeout_s",
+        "embedding.max_retries",
+        "embedding.query_timeout_s",
+        "embedding.query_max_retries",
+        "rerank.api_key",
+        "rerank.connect_timeout_s",
+        "rerank.read_timeout_s",
+        "rerank.max_retries",
+        # the caches themselves (key_prefix, which keeps deployments apart, stays in the key)
+        "redis.url",
+        "redis.ttl_s",
+        "redis.connect_timeout_s",
+        "redis.socket_timeout_s",
+        "redis.local_cache_size",
+        "redis.retry_after_s",
+        "retrieval.cache_size",
+        "retrieval.cache_ttl_s",
+        # limits on a request and how concurrent requests are gathered: a request within them gets the same answer
+        "retrieval.deadline_ms",
+        "retrieval.max_top_k",
+        "retrieval.max_query_chars",
+        "retrieval.batch_window_ms",
+        "retrieval.batch_max",
+        # the HTTP service and the remote-indexing client
+        "api.host",
+        "api.port",
+        "api.api_key",
+        "api.keys",
+        "api.keys_file",
+        "api.max_upload_bytes",
+        "api.max_concurrency",
+        "api.queue_timeout_s",
+        "api.body_timeout_s",
+        "api.request_id_header",
+        "api.ready_cache_s",
+        "api.max_concurrency_per_key",
+        "api.header_timeout_s",
+        "api.keep_alive_s",
+        "api.max_connections",
+        "server.url",
+        "server.api_key",
+        "server.timeout_s",
+    }
+)
 
 
 def config_fingerprint(settings: Settings) -> dict[str, Any]:

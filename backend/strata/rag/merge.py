@@ -11,9 +11,10 @@ descendant), takes the best position among them and their best score
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from statistics import fmean
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 from strata.rag.candidates import Candidate
 from strata.types import Chunk, MergeRound
@@ -67,7 +68,9 @@ def apply_merge(
             continue
         merged[parent_id] = _merged_parent(parent, children, score_mode)
     result, absorbed = _replace_children(ordered, merged, score_mode)
-    return result, MergeRound(round=round_no, parents_merged=len(merged), children_replaced=absorbed, parents_missing=missing)
+    return result, MergeRound(
+        round=round_no, parents_merged=len(merged), children_replaced=absorbed, parents_missing=missing
+    )
 
 
 def _merged_parent(parent: Chunk, children: list[Candidate], score_mode: ScoreMode) -> Candidate:

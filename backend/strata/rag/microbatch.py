@@ -25,9 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
+
+from strata.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +55,18 @@ class MicroBatcher(Generic[I, R]):
     """
 
     def __init__(
-        self, run: Callable[[Any, list[I]], Sequence[R]], *, window_s: float = 0.002, max_batch: int = 32,
-        name: str = "strata-batch", inline_when_idle: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        run: Callable[[Any, list[I]], Sequence[R]],
+        *,
+        window_s: float = 0.002,
+        max_batch: int = 32,
+        name: str = "strata-batch",
+        inline_when_idle: bool = False,
+    ) -> None:
         """``inline_when_idle``: a request that finds nothing queued or running runs in the caller's
         thread (no hand-over to a worker); only for a ``run`` that bounds its own time."""
         if window_s < 0 or max_batch < 1:
-            raise ValueError("window_s must be >= 0 and max_batch >= 1")
+            raise InvalidArgumentError("window_s must be >= 0 and max_batch >= 1")
         self._run_batch = run
         self._window_s = window_s
         self._max_batch = max_batch
@@ -192,6 +200,6 @@ class MicroBatcher(Generic[I, R]):
     def _call(self, key: Hashable, items: list[I]) -> list[R]:
         self.calls += 1
         results = list(self._run_batch(key, items))
-        if len(results) != len(items):
+        if len(results) != len(items):  # ``run`` broke its contract (a bug, not input): its callers' futures get it
             raise ValueError(f"{self._name}: {len(results)} results for {len(items)} items")
         return results

@@ -26,15 +26,16 @@ import logging
 import threading
 import time
 import unicodedata
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from cachetools import TTLCache
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.redis_client import RedisBreaker
 from strata.stores.query_result_store import RedisResultStore
+from strata.stores.redis_client import RedisBreaker
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,15 @@ class QueryCache:
     """LRU (+ optional Redis) of serialized results with single-flight misses."""
 
     def __init__(
-        self, *, size: int, ttl_s: float, redis_settings: RedisSettings | None = None, breaker: RedisBreaker | None = None,
-        decodes: Callable[[dict[str, Any]], bool] = lambda value: True, timer: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        size: int,
+        ttl_s: float,
+        redis_settings: RedisSettings | None = None,
+        breaker: RedisBreaker | None = None,
+        decodes: Callable[[dict[str, Any]], bool] = lambda value: True,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``breaker`` is the deployment's Redis breaker (default: one of this cache's own, from ``redis_settings``);
         ``decodes`` tells whether a value read back from Redis is usable (one that is not is a miss);
         ``timer`` is the clock of the local entries' TTL."""
@@ -97,6 +104,7 @@ class QueryCache:
             leader = flight is None
             if leader:
                 flight = self._inflight[key] = _Flight()
+        assert flight is not None  # set above, under the lock
         if not leader:
             flight.done.wait(timeout=60)
             if flight.value is not None:
@@ -110,7 +118,11 @@ class QueryCache:
             flight.done.set()
 
     def _compute(
-        self, key: str, compute: Callable[[], tuple[dict[str, Any], bool]], error: str | None, flight: _Flight | None = None
+        self,
+        key: str,
+        compute: Callable[[], tuple[dict[str, Any], bool]],
+        error: str | None,
+        flight: _Flight | None = None,
     ) -> Lookup:
         value, cacheable = compute()
         if flight is not None:

@@ -16,9 +16,11 @@ results with strata's are all calls of ``reciprocal_rank_fusion``;
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
+from strata.errors import InvalidArgumentError
 from strata.rag.candidates import Candidate
 from strata.types import RetrievedDocument
 
@@ -44,7 +46,7 @@ class Fused(Generic[T]):
     @property
     def item(self) -> T:
         """The element from the first list that holds the item."""
-        return next(i for i, r in zip(self.items, self.ranks) if r is not None)  # type: ignore[misc]
+        return next(i for i, r in zip(self.items, self.ranks) if r is not None and i is not None)
 
     @property
     def best_rank(self) -> int:
@@ -71,11 +73,11 @@ def reciprocal_rank_fusion(
     Sorted by score descending, then best single-list rank, then id.
     """
     if k < 0:
-        raise ValueError(f"k must be >= 0 (got {k})")
+        raise InvalidArgumentError(f"k must be >= 0 (got {k})")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 (got {limit})")
+        raise InvalidArgumentError(f"limit must be >= 0 (got {limit})")
     if weights is not None and len(weights) != len(lists):
-        raise ValueError(f"{len(weights)} weights for {len(lists)} lists")
+        raise InvalidArgumentError(f"{len(weights)} weights for {len(lists)} lists")
     id_of: Callable[[Any], str] = key or _identity
     ranks = [_first_ranks(ranked or (), id_of) for ranked in lists]
     order = list(dict.fromkeys(item_id for per_list in ranks for item_id in per_list))
@@ -132,7 +134,9 @@ def fuse_documents(
     """
     fused = reciprocal_rank_fusion(results, k=k, weights=weights, limit=limit, key=document_key)
     return [
-        replace(f.item, score=f.score, metadata={**f.item.metadata, "fusion": {"score": f.score, "ranks": list(f.ranks)}})
+        replace(
+            f.item, score=f.score, metadata={**f.item.metadata, "fusion": {"score": f.score, "ranks": list(f.ranks)}}
+        )
         for f in fused
     ]
 

@@ -17,11 +17,13 @@ Results of different retrievers are fused by ``reciprocal_rank_fusion``
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from strata.config import ConfigError, Settings
+from strata.errors import InvalidArgumentError
 from strata.rag.rank_fusion import fuse_documents
 from strata.strategy_table import STRATEGY_NAMES
 from strata.types import Filters, RetrievalResult, RetrievedDocument
@@ -56,10 +58,10 @@ def register_retriever(name: str, factory: RetrieverFactory, *, replace: bool = 
     A name is registered once; ``replace=True`` swaps the factory on purpose.
     """
     if not name or not name.strip():
-        raise ValueError("a retriever needs a non-empty name")
+        raise InvalidArgumentError("a retriever needs a non-empty name")
     with _lock:
         if name in _factories and not replace:
-            raise ValueError(f"retriever {name!r} is already registered (pass replace=True to swap it)")
+            raise InvalidArgumentError(f"retriever {name!r} is already registered (pass replace=True to swap it)")
         _factories[name] = factory
 
 
@@ -76,7 +78,7 @@ def get_retriever(name: str, **config: Any) -> RetrieverProtocol:
     if factory is None:
         raise ConfigError(f"unknown retriever {name!r}; registered: {', '.join(available_retrievers())}")
     retriever = factory(**config)
-    if not isinstance(retriever, RetrieverProtocol):
+    if not isinstance(retriever, RetrieverProtocol):  # the factory's bug, not the caller's input: a TypeError
         raise TypeError(f"the factory of {name!r} built {type(retriever).__name__}, not a RetrieverProtocol")
     return retriever
 

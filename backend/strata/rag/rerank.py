@@ -17,15 +17,15 @@ latency the user waits for before retrieval falls back anyway.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from strata.config import RerankSettings
-from strata.config import ConfigError
-from strata.errors import RerankError
+from strata.config import ConfigError, RerankSettings
+from strata.errors import InvalidArgumentError, RerankError
 from strata.rag._rerank_adapters import ADAPTERS, RerankRequest, parse_results
 
 logger = logging.getLogger(__name__)
@@ -106,7 +106,9 @@ class HttpReranker:
         if not url:
             raise ConfigError("STRATA_RERANK__URL is empty: rerank is off, build no reranker")
         if provider not in ADAPTERS:
-            raise ConfigError(f"STRATA_RERANK__PROVIDER: unknown rerank provider {provider!r}, expected one of {sorted(ADAPTERS)}")
+            raise ConfigError(
+                f"STRATA_RERANK__PROVIDER: unknown rerank provider {provider!r}, expected one of {sorted(ADAPTERS)}"
+            )
         self._url = url
         self._provider = provider
         self._adapter = ADAPTERS[provider]
@@ -163,7 +165,7 @@ class HttpReranker:
     def _limit(self, top_n: int | None, count: int) -> int:
         limit = top_n if top_n is not None else self._top_n
         if limit is not None and limit < 1:
-            raise ValueError(f"top_n must be at least 1, got {limit}")
+            raise InvalidArgumentError(f"top_n must be at least 1, got {limit}")
         return count if limit is None else min(limit, count)
 
     def _post(self, body: dict[str, Any], timeout_s: float | None = None) -> Any:
@@ -174,8 +176,11 @@ class HttpReranker:
             raise RerankError(f"rerank service at {self._url} answered non-JSON: {_excerpt(response.text)!r}") from exc
 
     def _send(self, body: dict[str, Any], timeout_s: float | None = None) -> httpx.Response:
-        cut = timeout_s is not None and timeout_s < self._timeout.read
-        timeout = self._timeout if not cut else httpx.Timeout(timeout_s, connect=min(timeout_s, self._timeout.connect))
+        read, connect = self._timeout.read, self._timeout.connect
+        cut = timeout_s is not None and read is not None and timeout_s < read
+        timeout = self._timeout
+        if cut and timeout_s is not None:
+            timeout = httpx.Timeout(timeout_s, connect=timeout_s if connect is None else min(timeout_s, connect))
         retrying = Retrying(
             stop=stop_after_attempt(1 if cut else self._max_retries + 1),
             wait=wait_exponential(multiplier=0.1, max=1.0),

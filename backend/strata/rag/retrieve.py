@@ -2,7 +2,12 @@
 
 encode → hybrid search (dense + BM25, RRF) → auto-merge L3→L2→L1 → rerank or
 fused order → top_k → min-score cut, with every degraded path recorded in
-the meta record and none raised to the caller.
+the meta record and none raised to the caller. Each stage hands its frozen
+outcome to the query's ``RunState`` (``strata.rag.outcomes``; the merge and
+rerank stages are in ``strata.rag.stages``), whose ``result`` alone builds the
+record. Arguments outside what strata accepts raise ``InvalidArgumentError``;
+an unknown kb raises ``NotFoundError`` only from a retriever built with
+``refuse_unknown_kbs`` (the service's), else the record says ``unknown_kb``.
 """
 
 from __future__ import annotations
@@ -11,31 +16,31 @@ import atexit
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cachetools import LRUCache
 
 from strata.config import Settings, get_settings
-from strata.errors import StoreError
-from strata.rag.candidates import Candidate
-from strata.rag.deadline import Deadline, DeadlineExceeded
-from strata.rag.expansion import Expansion, load_synonyms
-from strata.rag.finalize import finalize
-from strata.rag.adjacent import merge_adjacent_chunks
+from strata.errors import InvalidArgumentError, NotFoundError, StoreError
+from strata.rag import stages
 from strata.rag.bm25_hygiene import BM25QueryHygiene
-from strata.rag.rank_fusion import fuse_candidates
-from strata.rag.merge import apply_merge, parents_to_fetch
+from strata.rag.candidates import Candidate
+from strata.rag.deadline import Deadline
+from strata.rag.expansion import load_synonyms
+from strata.rag.finalize import finalize
 from strata.rag.fingerprint import config_fingerprint, settings_fingerprint
-from strata.rag.query_cache import QueryCache, cache_key, normalize_query
-from strata.rag.run_state import UNKNOWN_KB, FusionOutcome, RunState, SearchOutcome
+from strata.rag.outcomes import CacheOutcome, FinalizeOutcome, FusionOutcome, RerankStageOutcome, SearchOutcome
+from strata.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
+from strata.rag.rank_fusion import fuse_candidates
 from strata.rag.rerank import Reranker, build_reranker
+from strata.rag.run_state import UNKNOWN_KB, RunInputs, RunState
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
 from strata.rag.strategies import StrategyPlan, plan_for, query_variants
 from strata.resources import Resources
 from strata.stores import filters as expr
-from strata.types import Filters, MergeRound, RerankOutcome, RetrievalResult, RetrievedDocument, ServingState
+from strata.types import Filters, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +50,22 @@ PROBED_KBS = 4  # silent kbs a query asks Milvus about (``_note_missing_leaves``
 class Retriever:
     """Answers queries against the stores of one ``Resources``."""
 
-    def __init__(self, resources: Resources, *, query_cache: QueryCache | None = None) -> None:
+    def __init__(
+        self, resources: Resources, *, query_cache: QueryCache | None = None, refuse_unknown_kbs: bool = False
+    ) -> None:
+        """``refuse_unknown_kbs``: a query naming a kb SQL does not know raises ``NotFoundError`` (once its run
+        is recorded), as the service answers it (404); by default the meta record says so (``unknown_kb``)."""
         self._res = resources
+        self._refuse_unknown_kbs = refuse_unknown_kbs
         self._cfg = resources.settings.retrieval
         self._reranker = build_reranker(resources.settings.rerank)
         self._cache = query_cache or QueryCache(
-            size=self._cfg.cache_size, ttl_s=self._cfg.cache_ttl_s, redis_settings=resources.settings.redis,
-            breaker=resources.redis_breaker, decodes=_decodes,
-        )  # fmt: skip
+            size=self._cfg.cache_size,
+            ttl_s=self._cfg.cache_ttl_s,
+            redis_settings=resources.settings.redis,
+            breaker=resources.redis_breaker,
+            decodes=_decodes,
+        )
         self._states = LastServingStates()
         self._config_key = config_fingerprint(resources.settings)
         self._synonyms = load_synonyms(self._cfg.synonyms)
@@ -76,10 +89,19 @@ class Retriever:
         return self._reranker
 
     def retrieve(
-        self, query: str, top_k: int = 5, *, kb_ids: Sequence[str] | None = None, filters: Filters | None = None,
-        rerank: bool = True, expand: bool = True, strategy: str | None = None, queries: Sequence[str] | None = None,
-        deadline_ms: int | None = None, cache_scope: str | None = None,
-    ) -> RetrievalResult:  # fmt: skip
+        self,
+        query: str,
+        top_k: int = 5,
+        *,
+        kb_ids: Sequence[str] | None = None,
+        filters: Filters | None = None,
+        rerank: bool = True,
+        expand: bool = True,
+        strategy: str | None = None,
+        queries: Sequence[str] | None = None,
+        deadline_ms: int | None = None,
+        cache_scope: str | None = None,
+    ) -> RetrievalResult:
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
         ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
@@ -92,36 +114,45 @@ class Retriever:
         self._cfg.check_query(query, top_k, queries or ())
         budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
         if isinstance(kb_ids, str):
-            raise ValueError("kb_ids must be a list of knowledge base ids, not a string")
+            raise InvalidArgumentError("kb_ids must be a list of knowledge base ids, not a string")
         self.warm_up()
         plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
         if queries and not plan.multi_query:
-            raise ValueError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
-        candidate_k = self._cfg.candidates_for(top_k)
-        run = RunState(
-            query, top_k, candidate_k, tuple(kb_ids) if kb_ids is not None else None, filters,
-            deadline=Deadline(budget_ms / 1000),
-        )  # fmt: skip
-        run.strategy = plan.name
-        if plan.multi_query:
-            run.variants = query_variants(query, given=queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
+            raise InvalidArgumentError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
+        variants = (
+            query_variants(query, given=queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
+            if plan.multi_query
+            else ()
+        )
+        inputs = RunInputs(
+            query,
+            top_k,
+            self._cfg.candidates_for(top_k),
+            tuple(kb_ids) if kb_ids is not None else None,
+            filters,
+            strategy=plan.name,
+            variants=variants,
+            expansion=self._synonyms.expand(query) if expand else None,
+        )
+        run = RunState(inputs, deadline=Deadline(budget_ms / 1000))
         use_reranker = self._reranker if rerank else None
-        expansion = self._synonyms.expand(query) if expand else Expansion(query, ())
-        state = self._serving_state(run)
+        state, unknown = self._serving_state(run)
+        if unknown is not None and self._refuse_unknown_kbs:
+            run.finish()  # recorded (its spans, its log line) before it is refused
+            raise unknown
         if state is None or not self._cache.enabled:
-            return run.traced(run.uncached(self._compute(run, state, use_reranker, expansion, plan)))
-        computed: list[RetrievalResult] = []
+            self._compute(run, state, use_reranker, plan)
+            run.add(CacheOutcome("query_cache", source="off"))
+            return run.finish()
 
         def compute() -> tuple[dict[str, Any], bool]:
-            computed.append(self._compute(run, state, use_reranker, expansion, plan))
-            return computed[0].to_dict(), computed[0].meta.status == "ok"
+            self._compute(run, state, use_reranker, plan)
+            computed = run.result()
+            return computed.to_dict(), computed.meta.status == "ok"
 
-        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, expansion, cache_scope), compute)
-        if lookup.cache_error:
-            run.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
-        if lookup.source == "miss":
-            return run.traced(run.with_cache_errors(computed[0]))
-        return run.traced(run.from_cache(RetrievalResult.from_dict(lookup.value), lookup.source))
+        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, cache_scope), compute)
+        run.add(_cache_outcome(run, lookup))
+        return run.finish()
 
     def warm_up(self) -> None:
         """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary, chunk
@@ -151,14 +182,23 @@ class Retriever:
             parents.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
 
-    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, expansion: Expansion, scope: str | None) -> str:
-        return cache_key({
-            "scope": scope,
-            "q": normalize_query(run.query), "top_k": run.top_k, "kbs": sorted(run.kb_ids) if run.kb_ids else None,
-            "filters": run.filters_dict, "gen": sorted(state.generations.items()), "rerank": rerank,
-            "expanded": list(expansion.added_terms), "config": self._config_key, "strategy": run.strategy,
-            "variants": list(run.variants),
-        })  # fmt: skip
+    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, scope: str | None) -> str:
+        inputs = run.inputs
+        return cache_key(
+            {
+                "scope": scope,
+                "q": normalize_query(inputs.query),
+                "top_k": inputs.top_k,
+                "kbs": sorted(inputs.kb_ids) if inputs.kb_ids else None,
+                "filters": inputs.filters_dict,
+                "gen": sorted(state.generations.items()),
+                "rerank": rerank,
+                "expanded": list(inputs.expansion.added_terms if inputs.expansion else ()),
+                "config": self._config_key,
+                "strategy": inputs.strategy,
+                "variants": list(inputs.variants),
+            }
+        )
 
     def close(self) -> None:
         """Releases the reranker's HTTP client, the query cache's Redis client and the encoder worker."""
@@ -169,63 +209,75 @@ class Retriever:
 
     # -- stages ------------------------------------------------------------------
 
-    def _serving_state(self, run: RunState) -> ServingState | None:
-        """SQL's serving state; during an outage the last one this process saw (fail closed)."""
+    def _serving_state(self, run: RunState) -> tuple[ServingState | None, NotFoundError | None]:
+        """SQL's serving state, during an outage the last one this process saw (none seen: fail closed); and
+        the kbs requested that SQL does not know, as the error that refuses them (recorded in the run:
+        ``errors[kb]``, ``unknown_kb``), else None. This is where a requested kb is looked up."""
         with run.timed("state"):
             try:
                 state = self._current_state(run)
             except Exception as exc:
-                return self._last_state(run, exc)
-        unknown = [k for k in run.kb_ids or () if k not in state.generations]
-        if unknown:
-            run.error_message("kb", "NotFoundError", f"unknown knowledge base(s): {', '.join(unknown)}", UNKNOWN_KB)
-        return state
+                return self._last_state(run, exc), None
+        unknown = [k for k in run.inputs.kb_ids or () if k not in state.generations]
+        if not unknown:
+            return state, None
+        refused = NotFoundError(f"unknown knowledge base(s): {', '.join(unknown)}")
+        run.error_message("kb", type(refused).__name__, str(refused), UNKNOWN_KB)
+        return state, refused
 
     def _current_state(self, run: RunState) -> ServingState:
         """The kbs' generations (one small query); the full state only when a generation moved since
         this process last read it: every change to what may be served bumps the generation."""
-        documents, last = self._res.documents, self._states.get(run.kb_ids)
-        if last is None or documents.generations(run.kb_ids, timeout_s=run.deadline.remaining()) != last.generations:
-            last = documents.serving_state(run.kb_ids, timeout_s=run.deadline.remaining())
-        self._states.remember(run.kb_ids, last)  # also keeps a state in use from being evicted
+        documents, last = self._res.documents, self._states.get(run.inputs.kb_ids)
+        if (
+            last is None
+            or documents.generations(run.inputs.kb_ids, timeout_s=run.deadline.remaining()) != last.generations
+        ):
+            last = documents.serving_state(run.inputs.kb_ids, timeout_s=run.deadline.remaining())
+        self._states.remember(run.inputs.kb_ids, last)  # also keeps a state in use from being evicted
         return last
 
     def _last_state(self, run: RunState, exc: Exception) -> ServingState | None:
-        last = self._states.get(run.kb_ids)
+        last = self._states.get(run.inputs.kb_ids)
         if last is None:
             run.error(
-                "state", exc, degraded="serving_state_unavailable",
+                "state",
+                exc,
+                degraded="serving_state_unavailable",
                 note="no serving state seen yet: refusing to serve versions that may be pending or retired",
-            )  # fmt: skip
+            )
             return None
         run.error("state", exc, degraded="serving_state_stale", note="serving the last state this process saw")
         return last
 
     def _compute(
-        self, run: RunState, state: ServingState | None, reranker: Reranker | None, expansion: Expansion,
-        plan: StrategyPlan,
-    ) -> RetrievalResult:  # fmt: skip
-        if state is None or (run.kb_ids is not None and not any(k in state.generations for k in run.kb_ids)):
-            return _expanded(run.result([], dropped=0), expansion)  # no search ran: failed
+        self, run: RunState, state: ServingState | None, reranker: Reranker | None, plan: StrategyPlan
+    ) -> None:
+        """Runs the stages after the serving state, each handing its outcome to ``run``; stops early (no
+        search ran: the run fails) without a state, a known kb, or the leaf index."""
+        kb_ids = run.inputs.kb_ids
+        if state is None or (kb_ids is not None and not any(k in state.generations for k in kb_ids)):
+            return
         if not self._leaf_index_opens(run):
-            return _expanded(run.result([], dropped=0), expansion)
+            return
         where = self._where(run, state)
-        searched = self._bm25_hygiene.apply(run, state, expansion, plan.routes)  # the BM25 text, pruned
+        bm25_text = run.add(self._bm25_hygiene.apply(run, state, run.inputs.bm25_text, plan.routes)).text
         if plan.multi_query:
-            candidates = self._search_variants(run, where, searched, plan.routes)
+            candidates = self._search_variants(run, where, bm25_text, plan.routes)
         else:
-            encoded = run.add(self._routes.encode(run, [run.query], plan.routes))
-            found = run.add(self._routes.search(run, encoded.vector(0), where, searched.bm25_text, plan.routes))
+            encoded = run.add(self._routes.encode(run, [run.inputs.query], plan.routes))
+            found = run.add(self._routes.search(run, encoded.vector(0), where, bm25_text, plan.routes))
             candidates = list(found.candidates)
         self._note_missing_leaves(run, state)
         if plan.merge == "parents" and candidates:
-            candidates = self._merge(run, candidates)
+            candidates = list(run.add(stages.merge_parents(run, candidates, self._res.parents, self._cfg)).candidates)
         elif plan.merge == "adjacent" and candidates:
-            with run.timed("merge"):
-                candidates = merge_adjacent_chunks(candidates)
-        candidates, reranked = self._rerank(run, candidates, reranker)
-        final = finalize(candidates, top_k=run.top_k, min_score=self._cfg.min_score if reranked else self._cfg.min_fused_score)
-        return _expanded(run.result([_document(c) for c in final.kept], dropped=final.dropped_by_min_score), expansion)
+            candidates = list(run.add(stages.merge_adjacent(run, candidates)).candidates)
+        reranked = run.add(self._rerank(run, candidates, reranker))
+        min_score = self._cfg.min_score if reranked.applied else self._cfg.min_fused_score
+        final = finalize(reranked.candidates, top_k=run.inputs.top_k, min_score=min_score)
+        docs = tuple(_document(c) for c in final.kept)
+        run.add(FinalizeOutcome("finalize", docs=docs, dropped=final.dropped_by_min_score))
 
     def _note_missing_leaves(self, run: RunState, state: ServingState) -> None:
         """A dense search always finds the nearest leaves: a kb whose active versions SQL says have leaves but
@@ -234,26 +286,33 @@ class Retriever:
         not answered as an ``ok`` with no (or only another kb's) evidence. Where a filter or another kb's nearer
         leaves may explain no hit, Milvus is asked whether it holds any leaf of the kb: for kbs the query named,
         at most ``PROBED_KBS`` of them (a query over every kb a key reads would otherwise ask once per kb)."""
-        dense = [o for o in run.outcomes if isinstance(o, SearchOutcome) and o.mode in ("hybrid", "dense", "dense_fallback")]
-        kbs = [k for k in (run.kb_ids if run.kb_ids is not None else state.served_leaves) if state.served_leaves.get(k)]
+        dense = [
+            o for o in run.outcomes if isinstance(o, SearchOutcome) and o.mode in ("hybrid", "dense", "dense_fallback")
+        ]
+        kbs = [
+            k
+            for k in (run.inputs.kb_ids if run.inputs.kb_ids is not None else state.served_leaves)
+            if state.served_leaves.get(k)
+        ]
         if not dense or not kbs:
             return
         found = {c.chunk.kb_id for o in dense for c in o.candidates}
         silent = [k for k in kbs if k not in found]
-        if silent and (run.filters_dict or found):
-            if run.kb_ids is None or len(silent) > PROBED_KBS:
+        if silent and (run.inputs.filters_dict or found):
+            if run.inputs.kb_ids is None or len(silent) > PROBED_KBS:
                 return
             silent = [k for k in silent if not self._holds_leaves(k)]
         if not silent:
             return
         expected = sum(state.served_leaves[k] for k in silent)
         run.error_message(
-            "search", "LeavesMissing",
+            "search",
+            "LeavesMissing",
             f"the Milvus collection {self._res.settings.milvus.collection!r} returned no leaf of knowledge base(s) "
             f"{', '.join(sorted(silent))}, which serve {expected} leaves in SQL: the leaves are in another Milvus or "
             f"collection, or lost; `strata reconcile --kb KB --repair` writes them from SQL",
             "leaves_missing",
-        )  # fmt: skip
+        )
 
     def _holds_leaves(self, kb_id: str) -> bool:
         """Whether Milvus holds any leaf of ``kb_id``; True when it cannot tell (its failure is the search's)."""
@@ -278,97 +337,59 @@ class Retriever:
                 return False
         return True
 
-    def _search_variants(self, run: RunState, where: str, expansion: Expansion, routes: str) -> list[Candidate]:
+    def _search_variants(self, run: RunState, where: str, bm25_text: str, routes: str) -> list[Candidate]:
         """``fusion``: every query variant searched (one encoder call for all), fused by N-list RRF.
         A variant whose search failed is no list at all (not an empty one): the fused scores keep
         their scale, and the run's status says a variant failed."""
-        encoded = run.add(self._routes.encode(run, run.variants, routes))
+        encoded = run.add(self._routes.encode(run, run.inputs.variants, routes))
         lists: list[list[Candidate] | None] = []
-        for i, variant in enumerate(run.variants):
-            bm25_text = expansion.bm25_text if i == 0 else variant
-            found = run.add(self._routes.search(run, encoded.vector(i), where, bm25_text, routes, variant=variant))
+        for i, variant in enumerate(run.inputs.variants):
+            text = bm25_text if i == 0 else variant  # the query's (expanded, pruned) BM25 text; a variant as given
+            found = run.add(self._routes.search(run, encoded.vector(i), where, text, routes, variant=variant))
             lists.append(list(found.candidates) if found.mode != "failed" else None)
-        fused = fuse_candidates(lists, k=self._cfg.rrf_k, limit=run.candidate_k)
+        fused = fuse_candidates(lists, k=self._cfg.rrf_k, limit=run.inputs.candidate_k)
         run.add(FusionOutcome("fusion", candidates=tuple(fused), fused=len(fused)))
         return fused
 
     def _where(self, run: RunState, state: ServingState) -> str:
         hidden = state.hidden_version_keys
         return expr.all_of(
-            expr.filters_expression(run.filters), expr.not_in("version_key", list(hidden)) if hidden else None
+            expr.filters_expression(run.inputs.filters), expr.not_in("version_key", list(hidden)) if hidden else None
         )
 
-    def _merge(self, run: RunState, candidates: list[Candidate]) -> list[Candidate]:
-        if run.deadline.expired():  # the leaves as found are the answer
-            run.error("merge", DeadlineExceeded("merge"))
-            return candidates
-        with run.timed("merge"):
-            for round_no, level in ((1, 3), (2, 2)):
-                candidates = self._merge_round(run, candidates, round_no, level)
-        return candidates
-
-    def _merge_round(self, run: RunState, candidates: list[Candidate], round_no: int, level: int) -> list[Candidate]:
-        refs = parents_to_fetch(candidates, level=level, min_children=self._cfg.merge_min_children)
-        if not refs:
-            run.merge_rounds.append(MergeRound(round=round_no))
-            return candidates
-        with run.timed("parent_fetch"):
-            try:
-                fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
-            except Exception as exc:
-                run.error("parent_fetch", exc, degraded="parent_fetch_failed")
-                run.merge_rounds.append(MergeRound(round=round_no, parents_missing=len(refs)))
-                return candidates
-        run.parent_fetch(fetch)
-        merged, record = apply_merge(
-            candidates, fetch.chunks, round_no=round_no, level=level, min_children=self._cfg.merge_min_children,
-            min_ratio=self._cfg.merge_min_ratio, score_mode=self._cfg.merge_score,
-        )  # fmt: skip
-        run.merge_rounds.append(record)
-        return merged
-
-    def _rerank(self, run: RunState, candidates: list[Candidate], reranker: Reranker | None) -> tuple[list[Candidate], bool]:
+    def _rerank(self, run: RunState, candidates: list[Candidate], reranker: Reranker | None) -> RerankStageOutcome:
         if reranker is None or not candidates:
             reason = "no candidates" if reranker else ("off for this request" if self._reranker else "not configured")
-            run.rerank = RerankOutcome("skipped", reason)
-            return candidates, False
-        started = time.perf_counter()
-        try:
-            with run.timed("rerank"):
-                if run.deadline.expired():
-                    raise DeadlineExceeded("rerank")
-                scores = reranker.rerank(run.query, [c.chunk.text for c in candidates], timeout_s=run.deadline.remaining())
-        except Exception as exc:
-            latency = (time.perf_counter() - started) * 1000
-            run.rerank = RerankOutcome("failed", f"{type(exc).__name__}: {exc}", reranker.provider, round(latency, 2))
-            run.error("rerank", exc, degraded="rerank_failed")
-            return candidates, False
-        latency = (time.perf_counter() - started) * 1000
-        run.rerank = RerankOutcome("applied", "ok", reranker.provider, round(latency, 2))
-        return [_reranked(candidates[s.index], s.score) for s in scores], True
+            return stages.rerank_skipped(run, candidates, reason)
+        return stages.rerank(run, candidates, reranker)
 
 
-def _expanded(result: RetrievalResult, expansion: Expansion) -> RetrievalResult:
-    """The meta record with the terms query expansion added to the BM25 route (none: left empty)."""
-    if not expansion.added_terms:
-        return result
-    record = {"added_terms": list(expansion.added_terms), "bm25_query": expansion.bm25_text}
-    return replace(result, meta=replace(result.meta, expansion=record))
-
-
-def _reranked(cand: Candidate, score: float) -> Candidate:
-    return replace(cand, score=score, trace=replace(cand.trace, rerank_score=score, score_stage="rerank"))
+def _cache_outcome(run: RunState, lookup: Lookup) -> CacheOutcome:
+    """The query cache's lookup as an outcome: where the result came from, a Redis error, and the result another
+    call computed (a hit or a shared one; ``from_dict`` of the stored record)."""
+    log = run.log("query_cache")
+    if lookup.cache_error:
+        log.error_message("query_cache", "CacheError", lookup.cache_error, "query_cache_unavailable")
+    reused = RetrievalResult.from_dict(lookup.value) if lookup.source != "miss" else None
+    return log.outcome(CacheOutcome, source=lookup.source, reused=reused)
 
 
 def _document(cand: Candidate) -> RetrievedDocument:
     chunk = cand.chunk
     metadata = {
         **dict(chunk.metadata),
-        "chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "kb_id": chunk.kb_id, "version": chunk.version,
-        "level": chunk.level, "heading_path": chunk.heading_path, "source": chunk.metadata.get("source", ""),
-        "char_start": chunk.char_start, "char_end": chunk.char_end, "merged_from": list(cand.merged_from),
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "kb_id": chunk.kb_id,
+        "version": chunk.version,
+        "level": chunk.level,
+        "heading_path": chunk.heading_path,
+        "source": chunk.metadata.get("source", ""),
+        "char_start": chunk.char_start,
+        "char_end": chunk.char_end,
+        "merged_from": list(cand.merged_from),
         "trace": cand.trace.to_dict(),
-    }  # fmt: skip
+    }
     return RetrievedDocument(content=chunk.text, score=cand.score, metadata=metadata)
 
 
@@ -451,10 +472,17 @@ def retrieve_documents(
     Outages never raise: they show in ``result.meta`` (``status`` degraded or
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
     over-long query, ``top_k`` outside 1..``max_top_k``, ``deadline_ms`` below 1)
-    raise ``ValueError``. ``deadline_ms`` shortens this call's time budget.
+    raise ``strata.errors.InvalidArgumentError`` (a ``ValueError``). ``deadline_ms`` shortens this call's time budget.
     """
     return default_engine(settings).retrieve(
-        query, top_k, kb_ids=kb_ids, filters=filters, rerank=rerank, expand=expand, strategy=strategy, queries=queries,
+        query,
+        top_k,
+        kb_ids=kb_ids,
+        filters=filters,
+        rerank=rerank,
+        expand=expand,
+        strategy=strategy,
+        queries=queries,
         deadline_ms=deadline_ms,
     )
 
@@ -464,5 +492,5 @@ def _budget_ms(configured_ms: int, requested_ms: int | None) -> int:
     if requested_ms is None:
         return configured_ms
     if isinstance(requested_ms, bool) or not isinstance(requested_ms, int) or requested_ms < 1:
-        raise ValueError(f"deadline_ms must be a positive integer (milliseconds), got {requested_ms!r}")
+        raise InvalidArgumentError(f"deadline_ms must be a positive integer (milliseconds), got {requested_ms!r}")
     return min(configured_ms, requested_ms)

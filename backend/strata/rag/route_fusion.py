@@ -17,8 +17,9 @@ cuts on this scale.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 from strata.rag.candidates import Candidate, Trace
 from strata.rag.rank_fusion import Fused, reciprocal_rank_fusion
@@ -79,9 +80,12 @@ def as_candidate(fused: Fused[H], chunk: Chunk) -> Candidate:
     """The candidate for a fused hit once its leaf is known."""
     dense, sparse = fused.items
     trace = Trace(
-        fused.ranks[0], dense.score if dense else None, fused.ranks[1], sparse.score if sparse else None,
+        fused.ranks[0],
+        dense.score if dense else None,
+        fused.ranks[1],
+        sparse.score if sparse else None,
         fused_score=fused.score,
-    )  # fmt: skip
+    )
     return Candidate(chunk=chunk, score=fused.score, trace=trace)
 
 
@@ -97,5 +101,5 @@ def single_rank(
         return rrf_rank(hits, None, k=k, limit=limit, weights=weights)
     if route == "sparse":
         return rrf_rank(None, hits, k=k, limit=limit, weights=weights)
+    # a programming error, not input: the routes come from the strategy table and a validated setting
     raise ValueError(f"unknown route {route!r} (dense or sparse)")
-

@@ -1,10 +1,12 @@
-"""One query's run: what each stage returned, folded into the ``RetrievalMeta`` record once.
+"""One query's run: its inputs and what each stage returned, folded into the ``RetrievalMeta`` record once.
 
-Stages return frozen outcomes (``StageOutcome`` and its kinds: what the stage
-produced, the mode a search ran in, its errors, reason codes and timings); the
-``RunState`` of the ``retrieve`` call collects them in the order they ended.
-Nothing a stage reports is overwritten by a later one: ``result`` computes the
-``mode`` and ``status`` once, from all outcomes (``run_mode``, ``run_status``).
+Stages return frozen outcomes (``strata.rag.outcomes``: what the stage produced,
+the mode a search ran in, its errors, reason codes and timings); the ``RunState``
+of the ``retrieve`` call collects them in the order they ended. Nothing a stage
+reports is overwritten by a later one, and no stage sets a field of the run:
+``result`` is the one place that combines the inputs and the outcomes into the
+record and computes its ``mode`` and ``status`` (``run_mode``, ``run_status``),
+for a computed result and for one reused from the query cache alike.
 """
 
 from __future__ import annotations
@@ -12,25 +14,35 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from strata import tracing
 from strata.logs import QUERY
-from strata.rag.candidates import Candidate
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import Deadline, DeadlineExceeded
+from strata.rag.expansion import Expansion
+from strata.rag.outcomes import (
+    BM25QueryOutcome,
+    CacheOutcome,
+    FinalizeOutcome,
+    FusionOutcome,
+    MergeOutcome,
+    RerankStageOutcome,
+    SearchOutcome,
+    StageOutcome,
+)
 from strata.stores.parents import ParentFetch
 from strata.strategy_table import DEFAULT_STRATEGY
 from strata.types import (
+    CacheState,
     Filters,
-    MergeRound,
     Mode,
     RerankOutcome,
     RetrievalMeta,
     RetrievalResult,
-    RetrievedDocument,
     StageError,
     Status,
 )
@@ -45,49 +57,7 @@ VARIANT_FAILED = "query_variant_failed"
 _MODES: tuple[Mode, ...] = ("hybrid", "dense", "sparse", "dense_fallback", "sparse_fallback")
 
 
-@dataclass(frozen=True)
-class StageOutcome:
-    """What one stage reported when it ended: its errors, reason codes, timings and parent-store reads."""
-
-    stage: str
-    errors: tuple[StageError, ...] = ()
-    degraded: tuple[str, ...] = ()
-    timings_ms: tuple[tuple[str, float], ...] = ()
-    parent_cache: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True, eq=False)
-class EncodeOutcome(StageOutcome):
-    """The query vectors (one per query), or None: BM25 only, or the encoder failed."""
-
-    vectors: tuple[Any, ...] | None = None
-
-    def vector(self, i: int) -> Any:
-        return self.vectors[i] if self.vectors is not None else None
-
-
-@dataclass(frozen=True)
-class SearchOutcome(StageOutcome):
-    """One query's (one variant's) search: the candidates with their leaves, and the mode it ran in
-    (``failed``: no route answered, or the leaves found could not be read)."""
-
-    variant: str = ""
-    mode: Mode = "failed"
-    candidates: tuple[Candidate, ...] = ()
-    dense: int = 0
-    sparse: int = 0
-    fused: int = 0
-
-
-@dataclass(frozen=True)
-class FusionOutcome(StageOutcome):
-    """The ``fusion`` strategy's variants fused by N-list RRF."""
-
-    candidates: tuple[Candidate, ...] = ()
-    fused: int = 0
-
-
-O = TypeVar("O", bound=StageOutcome)
+OutcomeT = TypeVar("OutcomeT", bound=StageOutcome)
 
 
 class StageLog:
@@ -125,16 +95,20 @@ class StageLog:
         self._count(fetch, "")
         if fetch.missing:
             shown = ", ".join(fetch.missing[:5])
-            self.error_message("parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing")
+            self.error_message(
+                "parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing"
+            )
 
     def leaf_fetch(self, fetch: ParentFetch) -> None:
         """The candidates' leaves were read (cache, then SQL); a leaf SQL no longer holds is reported."""
         self._count(fetch, "leaf_")
         if fetch.missing:
             self.error_message(
-                "leaf_fetch", "MissingLeaf", f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
+                "leaf_fetch",
+                "MissingLeaf",
+                f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
                 f"(removed since, or orphans for `strata reconcile`), left out: {', '.join(fetch.missing[:5])}",
-            )  # fmt: skip
+            )
 
     def _count(self, fetch: ParentFetch, prefix: str) -> None:
         """Counts a read through the parent store under ``{prefix}hits`` / ``{prefix}misses``."""
@@ -143,12 +117,46 @@ class StageLog:
         if fetch.cache_error:
             self.error_message("parent_cache", "CacheError", fetch.cache_error, "parent_cache_unavailable")
 
-    def outcome(self, kind: type[O] = StageOutcome, **produced: Any) -> O:  # type: ignore[assignment]
+    def outcome(self, kind: type[OutcomeT] = StageOutcome, **produced: Any) -> OutcomeT:  # type: ignore[assignment]
         """The frozen outcome: what was logged, and what the stage ``produced`` (the fields of ``kind``)."""
         return kind(
-            stage=self.stage, errors=tuple(self._errors), degraded=tuple(self._degraded),
-            timings_ms=tuple(self._timings.items()), parent_cache=tuple(self._parent_cache.items()), **produced,
-        )  # fmt: skip
+            stage=self.stage,
+            errors=tuple(self._errors),
+            degraded=tuple(self._degraded),
+            timings_ms=tuple(self._timings.items()),
+            parent_cache=tuple(self._parent_cache.items()),
+            **produced,
+        )
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What one ``retrieve`` call was asked, decided before any stage runs (the strategy's name, its query
+    variants and the synonyms expansion added included)."""
+
+    query: str
+    top_k: int
+    candidate_k: int
+    kb_ids: tuple[str, ...] | None = None
+    filters: Filters | None = None
+    strategy: str = DEFAULT_STRATEGY
+    variants: tuple[str, ...] = ()
+    expansion: Expansion | None = None
+
+    @property
+    def filters_dict(self) -> dict[str, Any]:
+        return self.filters.to_dict() if self.filters and not self.filters.is_empty() else {}
+
+    @property
+    def bm25_text(self) -> str:
+        """The BM25 route's text before pruning: the query plus the terms expansion added."""
+        return self.expansion.bm25_text if self.expansion is not None else self.query
+
+    def expansion_record(self) -> dict[str, Any]:
+        """The meta record's ``expansion``: the terms synonyms added to the BM25 query (none: empty)."""
+        if self.expansion is None or not self.expansion.added_terms:
+            return {}
+        return {"added_terms": list(self.expansion.added_terms), "bm25_query": self.expansion.bm25_text}
 
 
 class RunState:
@@ -158,26 +166,13 @@ class RunState:
     with ``timed`` / ``error``, each an outcome of its own); ``result`` folds them into the record.
     """
 
-    def __init__(
-        self, query: str, top_k: int, candidate_k: int, kb_ids: tuple[str, ...] | None, filters: Filters | None,
-        *, deadline: Deadline | None = None,
-    ) -> None:  # fmt: skip
-        self.query, self.top_k, self.candidate_k = query, top_k, candidate_k
+    def __init__(self, inputs: RunInputs, *, deadline: Deadline | None = None) -> None:
+        self.inputs = inputs
         self.deadline = deadline or Deadline(float("inf"))
-        self.kb_ids, self.filters = kb_ids, filters
-        self.strategy = DEFAULT_STRATEGY
-        self.variants: tuple[str, ...] = ()
-        self.bm25_query: dict[str, Any] = {}  # what BM25 query hygiene left out, or why it did not run
-        self.merge_rounds: list[MergeRound] = []
-        self.rerank = RerankOutcome()
         self._started = time.perf_counter()
         self._started_ns = time.time_ns()
         self._outcomes: list[StageOutcome] = []
         self._ended_ns: list[int] = []  # when each outcome was added (its stage's end), for its span
-
-    @property
-    def filters_dict(self) -> dict[str, Any]:
-        return self.filters.to_dict() if self.filters and not self.filters.is_empty() else {}
 
     @property
     def outcomes(self) -> tuple[StageOutcome, ...]:
@@ -187,7 +182,7 @@ class RunState:
         """A fresh log for one stage of this run (under its deadline)."""
         return StageLog(stage, self.deadline)
 
-    def add(self, outcome: O) -> O:
+    def add(self, outcome: OutcomeT) -> OutcomeT:
         """Collects a stage's outcome; returns it."""
         self._outcomes.append(outcome)
         self._ended_ns.append(time.time_ns())
@@ -212,38 +207,75 @@ class RunState:
         log.error_message(stage, error, message, degraded)
         self.add(log.outcome())
 
-    def parent_fetch(self, fetch: ParentFetch) -> None:
-        log = self.log("parent_fetch")
-        log.parent_fetch(fetch)
-        self.add(log.outcome())
+    def result(self) -> RetrievalResult:
+        """The record of the run so far: the inputs and every outcome, combined here and nowhere else.
 
-    def result(self, docs: Sequence[RetrievedDocument], *, dropped: int) -> RetrievalResult:
+        A result the query cache reused (``CacheOutcome.reused``) keeps its record, with this run's cache
+        state and timings, and this run's own errors and reason codes added (its serving state's, the
+        cache's); its status is worked out from its mode and the reasons as a computed one's is.
+        """
         outcomes = self.outcomes
-        mode, status, degraded = run_mode(outcomes), run_status(outcomes), _degraded(outcomes)
+        cache = _last(outcomes, CacheOutcome)
+        if cache is not None and cache.reused is not None:
+            return self._reused(cache.reused, cache.source)
+        inputs = self.inputs
         searches = [o for o in outcomes if isinstance(o, SearchOutcome)]
-        fusions = [o for o in outcomes if isinstance(o, FusionOutcome)]
+        fusion, final = _last(outcomes, FusionOutcome), _last(outcomes, FinalizeOutcome) or FinalizeOutcome("finalize")
+        rerank, bm25 = _last(outcomes, RerankStageOutcome), _last(outcomes, BM25QueryOutcome)
         meta = RetrievalMeta(
-            query=self.query, top_k=self.top_k, candidate_k=self.candidate_k, status=status, mode=mode,
-            kb_ids=self.kb_ids, filters=self.filters_dict, dense_candidates=sum(o.dense for o in searches),
+            query=inputs.query,
+            top_k=inputs.top_k,
+            candidate_k=inputs.candidate_k,
+            status=run_status(outcomes),
+            mode=run_mode(outcomes),
+            kb_ids=inputs.kb_ids,
+            filters=inputs.filters_dict,
+            dense_candidates=sum(o.dense for o in searches),
             sparse_candidates=sum(o.sparse for o in searches),
-            fused_candidates=fusions[-1].fused if fusions else sum(o.fused for o in searches),
-            merge_rounds=tuple(self.merge_rounds), rerank=self.rerank, returned=len(docs), dropped_by_min_score=dropped,
-            timings_ms=self._timings(total=True), cache="miss", parent_cache=_parent_cache(outcomes),
-            errors=_errors(outcomes), degraded=degraded, strategy=self.strategy, query_variants=self.variants,
-            bm25_query=dict(self.bm25_query),
-        )  # fmt: skip
-        if status == "failed":
+            fused_candidates=fusion.fused if fusion else sum(o.fused for o in searches),
+            merge_rounds=tuple(r for o in outcomes if isinstance(o, MergeOutcome) for r in o.rounds),
+            rerank=rerank.record if rerank else RerankOutcome(),
+            returned=len(final.docs),
+            dropped_by_min_score=final.dropped,
+            timings_ms=self._timings(),
+            cache=cache.source if cache else "miss",
+            parent_cache=_parent_cache(outcomes),
+            errors=_errors(outcomes),
+            degraded=_degraded(outcomes),
+            strategy=inputs.strategy,
+            query_variants=inputs.variants,
+            expansion=inputs.expansion_record(),
+            bm25_query=bm25.record() if bm25 else {},
+        )
+        return RetrievalResult(docs=final.docs, meta=meta)
+
+    def _reused(self, reused: RetrievalResult, source: CacheState) -> RetrievalResult:
+        stored, outcomes = reused.meta, self.outcomes
+        errors = stored.errors + tuple(e for e in _errors(outcomes) if e not in stored.errors)
+        degraded = stored.degraded + tuple(d for d in _degraded(outcomes) if d not in stored.degraded)
+        meta = replace(
+            stored,
+            status=_status(stored.mode, degraded),
+            cache=source,
+            timings_ms=self._timings(),
+            errors=errors,
+            degraded=degraded,
+        )
+        return replace(reused, meta=meta)
+
+    def finish(self) -> RetrievalResult:
+        """The run's ``result``, once a failure of its own is logged and its spans are written
+        (``strata.tracing``; nothing when tracing is off). Called once, when the run ends."""
+        result = self.result()
+        meta = result.meta
+        if meta.status == "failed" and meta.cache not in ("hit", "shared"):
             # an unknown kb is the caller's mistake, not a failure of the service; the query text is the user's
             # (logged only when STRATA_LOG__QUERY_TEXT asks for it: strata.logs)
-            level = logging.INFO if degraded == (UNKNOWN_KB,) else logging.ERROR
+            level = logging.INFO if meta.degraded == (UNKNOWN_KB,) else logging.ERROR
             reasons = "; ".join(f"{e.stage}: {e.message}" for e in meta.errors)
-            logger.log(level, "retrieval failed: %s", reasons, extra={QUERY: self.query})
-        return RetrievalResult(docs=tuple(docs), meta=meta)
-
-    def traced(self, result: RetrievalResult) -> RetrievalResult:
-        """``result``, once its run's spans are written (``strata.tracing``; nothing when tracing is off)."""
+            logger.log(level, "retrieval failed: %s", reasons, extra={QUERY: self.inputs.query})
         if tracing.active():
-            tracing.record_retrieval(result.meta, self._started_ns, time.time_ns(), self._stage_timings())
+            tracing.record_retrieval(meta, self._started_ns, time.time_ns(), self._stage_timings())
         return result
 
     def _stage_timings(self) -> list[tracing.StageTiming]:
@@ -253,33 +285,20 @@ class RunState:
             for o, ended in zip(self._outcomes, self._ended_ns)
         ]
 
-    def uncached(self, result: RetrievalResult) -> RetrievalResult:
-        return replace(result, meta=replace(result.meta, cache="off"))
-
-    def with_cache_errors(self, result: RetrievalResult) -> RetrievalResult:
-        """A computed result, plus what the query cache reported after it was computed."""
-        meta = result.meta
-        errors = tuple(e for e in _errors(self.outcomes) if e not in meta.errors)
-        degraded = tuple(d for d in _degraded(self.outcomes) if d not in meta.degraded)
-        if not errors and not degraded:
-            return result
-        status = meta.status if meta.status == "failed" else "degraded"
-        return replace(result, meta=replace(meta, status=status, errors=meta.errors + errors, degraded=meta.degraded + degraded))
-
-    def from_cache(self, result: RetrievalResult, source: str) -> RetrievalResult:
-        """A result another call computed (``hit``: from the cache; ``shared``: a concurrent identical query)."""
-        timings = self._timings(total=False) | {"total": round((time.perf_counter() - self._started) * 1000, 3)}
-        return self.with_cache_errors(replace(result, meta=replace(result.meta, cache=source, timings_ms=timings)))
-
-    def _timings(self, *, total: bool) -> dict[str, float]:
+    def _timings(self) -> dict[str, float]:
+        """Each timing key summed over the outcomes, and the run's ``total`` so far."""
         summed: dict[str, list[float]] = {}
         for outcome in self._outcomes:
             for key, ms in outcome.timings_ms:
                 summed.setdefault(key, []).append(ms)
         timings = {key: round(math.fsum(ms), 3) for key, ms in summed.items()}
-        if total:
-            timings["total"] = round((time.perf_counter() - self._started) * 1000, 3)
+        timings["total"] = round((time.perf_counter() - self._started) * 1000, 3)
         return timings
+
+
+def _last(outcomes: Sequence[StageOutcome], kind: type[OutcomeT]) -> OutcomeT | None:
+    """The last outcome of a kind (a run has at most one of each of these)."""
+    return next((o for o in reversed(outcomes) if isinstance(o, kind)), None)
 
 
 def _duration_ms(outcome: StageOutcome) -> float:
@@ -291,15 +310,21 @@ def _duration_ms(outcome: StageOutcome) -> float:
 def _stage_attributes(outcome: StageOutcome) -> dict[str, Any]:
     """A stage span's attributes: its errors, reason codes and counts (never a query's text)."""
     attributes: dict[str, Any] = {
-        "strata.stage.errors": [e.error for e in outcome.errors], "strata.stage.degraded": list(outcome.degraded),
+        "strata.stage.errors": [e.error for e in outcome.errors],
+        "strata.stage.degraded": list(outcome.degraded),
         **{f"strata.stage.timings_ms.{key}": round(ms, 3) for key, ms in outcome.timings_ms},
         **{f"strata.stage.parent_cache.{key}": n for key, n in outcome.parent_cache},
-    }  # fmt: skip
+    }
     if isinstance(outcome, SearchOutcome):
-        attributes.update({
-            "strata.stage.mode": outcome.mode, "strata.stage.candidates": len(outcome.candidates),
-            "strata.stage.dense": outcome.dense, "strata.stage.sparse": outcome.sparse, "strata.stage.fused": outcome.fused,
-        })  # fmt: skip
+        attributes.update(
+            {
+                "strata.stage.mode": outcome.mode,
+                "strata.stage.candidates": len(outcome.candidates),
+                "strata.stage.dense": outcome.dense,
+                "strata.stage.sparse": outcome.sparse,
+                "strata.stage.fused": outcome.fused,
+            }
+        )
     elif isinstance(outcome, FusionOutcome):
         attributes.update({"strata.stage.candidates": len(outcome.candidates), "strata.stage.fused": outcome.fused})
     return attributes
@@ -315,9 +340,14 @@ def run_mode(outcomes: Sequence[StageOutcome]) -> Mode:
 def run_status(outcomes: Sequence[StageOutcome]) -> Status:
     """``failed`` when no search answered; else ``degraded`` when any outcome gave a reason code (or
     a ``fusion`` variant failed while others answered); else ``ok``."""
-    if run_mode(outcomes) == "failed":
+    return _status(run_mode(outcomes), _degraded(outcomes))
+
+
+def _status(mode: Mode, degraded: Sequence[str]) -> Status:
+    """``failed`` when no search answered, else ``degraded`` when there is a reason code, else ``ok``."""
+    if mode == "failed":
         return "failed"
-    return "degraded" if _degraded(outcomes) else "ok"
+    return "degraded" if degraded else "ok"
 
 
 def _degraded(outcomes: Sequence[StageOutcome]) -> tuple[str, ...]:
@@ -333,11 +363,14 @@ def _errors(outcomes: Sequence[StageOutcome]) -> tuple[StageError, ...]:
     searches = [o for o in outcomes if isinstance(o, SearchOutcome)]
     if VARIANT_FAILED in _degraded(outcomes):
         failed = [o.variant for o in searches if o.mode == "failed"]
-        errors.append(StageError(
-            stage="search", error="QueryVariantFailed",
-            message=f"{len(failed)} of {len(searches)} query variants failed (no route answered), fused without them: "
-            + "; ".join(repr(v[:80]) for v in failed),
-        ))  # fmt: skip
+        errors.append(
+            StageError(
+                stage="search",
+                error="QueryVariantFailed",
+                message=f"{len(failed)} of {len(searches)} query variants failed (no route answered), fused without them: "
+                + "; ".join(repr(v[:80]) for v in failed),
+            )
+        )
     return tuple(errors)
 
 

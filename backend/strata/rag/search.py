@@ -11,11 +11,11 @@ timings); they read the run's inputs and write none of its state.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import NamedTuple
-from typing import Any, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,9 +23,10 @@ from strata.config import RetrievalSettings
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import DeadlineExceeded
 from strata.rag.microbatch import MicroBatcher
+from strata.rag.outcomes import EncodeOutcome, SearchOutcome
 from strata.rag.rank_fusion import Fused
 from strata.rag.route_fusion import FusionWeights, as_candidate, rrf_rank, single_rank
-from strata.rag.run_state import EncodeOutcome, RunState, SearchOutcome, StageLog
+from strata.rag.run_state import RunState, StageLog
 from strata.resources import Resources
 from strata.stores import filters as expr
 from strata.types import Chunk, Mode, RouteHit
@@ -70,8 +71,11 @@ class RouteSearch:
         # deadline, not forever; queries that arrive together share an encoder call and a search.
         window_s, most = settings.batch_window_ms / 1000, settings.batch_max
         self._encodings: MicroBatcher[str, np.ndarray] = MicroBatcher(
-            lambda _, texts: resources.encoder.encode_queries(texts), window_s=window_s, max_batch=most, name="strata-encode",
-        )  # fmt: skip
+            lambda _, texts: list(resources.encoder.encode_queries(texts)),
+            window_s=window_s,
+            max_batch=most,
+            name="strata-encode",
+        )
         self._searches: MicroBatcher[tuple[Any, float], list[RouteHit]] = MicroBatcher(
             self._search_batch, window_s=window_s, max_batch=most, name="strata-search", inline_when_idle=True
         )  # a Milvus search is bounded by its own timeout: one caller runs it in its own thread
@@ -101,7 +105,7 @@ class RouteSearch:
 
     def search(
         self, run: RunState, vector: np.ndarray | None, where: str, bm25_text: str, routes: str, *, variant: str = ""
-    ) -> SearchOutcome:  # fmt: skip
+    ) -> SearchOutcome:
         """Hybrid search, or the fallbacks the settings allow: dense-only when hybrid fails,
         BM25-only when there is no query vector (or dense failed too). BM25 searches ``bm25_text``
         (the query plus its synonyms); the dense route embedded the query as given. The routes
@@ -113,9 +117,14 @@ class RouteSearch:
             candidates = self._with_leaves(run, log, routed.ranked) if routed.ranked else []
         mode = "failed" if candidates is None else routed.mode
         return log.outcome(
-            SearchOutcome, variant=variant or run.query, mode=mode, candidates=tuple(candidates or ()),
-            dense=routed.dense, sparse=routed.sparse, fused=len(routed.ranked),
-        )  # fmt: skip
+            SearchOutcome,
+            variant=variant or run.inputs.query,
+            mode=mode,
+            candidates=tuple(candidates or ()),
+            dense=routed.dense,
+            sparse=routed.sparse,
+            fused=len(routed.ranked),
+        )
 
     def weights(self) -> FusionWeights:
         if self._cfg.fusion == "weighted_rrf":
@@ -124,7 +133,7 @@ class RouteSearch:
 
     def _ranked(
         self, run: RunState, log: StageLog, vector: np.ndarray | None, where: str, bm25_text: str, routes: str
-    ) -> _Routed:  # fmt: skip
+    ) -> _Routed:
         if routes != "hybrid":
             return self._single(run, log, routes, vector, where, bm25_text)
         if vector is not None:
@@ -146,7 +155,7 @@ class RouteSearch:
 
     def _single(
         self, run: RunState, log: StageLog, route: str, vector: np.ndarray | None, where: str, bm25_text: str
-    ) -> _Routed:  # fmt: skip
+    ) -> _Routed:
         """A deliberately single-route configuration (``routes = dense | sparse``): no fallback."""
         query = vector if route == "dense" else bm25_text
         hits = self._route(run, log, route, query, where, stage="search") if query is not None else None
@@ -155,7 +164,7 @@ class RouteSearch:
         return _Routed(self._one_route(run, hits, route), route, **{route: len(hits)})  # type: ignore[arg-type]
 
     def _one_route(self, run: RunState, hits: list[RouteHit], route: str) -> list[Ranked]:
-        return single_rank(hits, route=route, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+        return single_rank(hits, route=route, k=self._cfg.rrf_k, limit=run.inputs.candidate_k, weights=self.weights())
 
     def _hybrid(self, run: RunState, log: StageLog, vector: np.ndarray, where: str, bm25_text: str) -> _Routed | None:
         try:
@@ -165,12 +174,14 @@ class RouteSearch:
         except Exception as exc:
             log.error("search", exc, degraded="hybrid_search_failed")
             return None
-        fused = rrf_rank(dense_hits, sparse_hits, k=self._cfg.rrf_k, limit=run.candidate_k, weights=self.weights())
+        fused = rrf_rank(
+            dense_hits, sparse_hits, k=self._cfg.rrf_k, limit=run.inputs.candidate_k, weights=self.weights()
+        )
         return _Routed(fused, "hybrid", dense=len(dense_hits), sparse=len(sparse_hits))
 
     def _route(
         self, run: RunState, log: StageLog, route: str, query: Any, where: str, *, stage: str = ""
-    ) -> list[RouteHit] | None:  # fmt: skip
+    ) -> list[RouteHit] | None:
         try:
             return self._wait(route, run, self._submit(route, run, query, where))
         except Exception as exc:
@@ -181,8 +192,13 @@ class RouteSearch:
         """The route's search, queued to share a Milvus search with concurrent queries like it."""
         if run.deadline.expired():
             raise DeadlineExceeded(f"the {route} route")
-        key = _RouteKey(route, tuple(run.kb_ids) if run.kb_ids is not None else None, where,
-                        self._cfg.route_limit(run.candidate_k), _exact_prefix(run))  # fmt: skip
+        key = _RouteKey(
+            route,
+            tuple(run.inputs.kb_ids) if run.inputs.kb_ids is not None else None,
+            where,
+            self._cfg.route_limit(run.inputs.candidate_k),
+            _exact_prefix(run),
+        )
         return self._searches.submit(key, [(query, run.deadline.remaining())])
 
     def _wait(self, route: str, run: RunState, search: Future) -> list[RouteHit]:
@@ -200,9 +216,13 @@ class RouteSearch:
         index = self._res.leaf_index
         search = index.search_dense_many if key.route == "dense" else index.search_sparse_many
         return search(
-            [query for query, _ in items], limit=key.limit, kb_ids=key.kb_ids, where=key.where,
-            timeout=max(left for _, left in items), with_source=bool(key.exact_prefix),
-        )  # fmt: skip
+            [query for query, _ in items],
+            limit=key.limit,
+            kb_ids=key.kb_ids,
+            where=key.where,
+            timeout=max(left for _, left in items),
+            with_source=bool(key.exact_prefix),
+        )
 
     def _with_leaves(self, run: RunState, log: StageLog, ranked: list[Ranked]) -> list[Candidate] | None:
         """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
@@ -231,5 +251,5 @@ class RouteSearch:
 
 def _exact_prefix(run: RunState) -> str:
     """The source prefix to check on each hit after the search ("" for none): LIKE wildcards in it over-match."""
-    prefix = run.filters.source_prefix if run.filters else ""
+    prefix = run.inputs.filters.source_prefix if run.inputs.filters else ""
     return prefix if prefix and expr.needs_exact_check(prefix) else ""

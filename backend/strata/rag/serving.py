@@ -14,7 +14,7 @@ one it fails with the reason.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from cachetools import LRUCache
 

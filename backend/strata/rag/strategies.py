@@ -10,8 +10,8 @@ step, fused by N-list RRF, then auto-merged.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from strata.rag.expansion import SynonymDictionary
 from strata.strategy_table import STRATEGY_NAMES, Merge, strategy
@@ -49,7 +49,7 @@ def query_variants(
 
 
 def _synonym_variants(query: str, synonyms: SynonymDictionary) -> list[str]:
-    out = []
+    out: list[str] = []
     for group in synonyms.groups:
         present = next((m for m in group if m.casefold() in query.casefold()), None)
         if present is None:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from strata.errors import StrataError
 
@@ -68,7 +69,9 @@ def lite_analyzer_problem(params: Mapping[str, Any]) -> str | None:
     name = tokenizer.get("type", "standard") if isinstance(tokenizer, Mapping) else tokenizer
     unsupported = [] if name in LITE_TOKENIZERS else [f"tokenizer {name!r}"]
     filters = params.get("filter") or []
-    unsupported += [f"filter {f!r}" for f in (filters if isinstance(filters, list) else [filters]) if not _lite_filter(f)]
+    unsupported += [
+        f"filter {f!r}" for f in (filters if isinstance(filters, list) else [filters]) if not _lite_filter(f)
+    ]
     if not unsupported:
         return None
     return (

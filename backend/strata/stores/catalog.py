@@ -8,9 +8,10 @@ in retrieval. Read-only, on the tables of ``sql_schema``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Engine, and_, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
@@ -19,7 +20,6 @@ from strata.errors import StoreError
 from strata.stores.chunks import chunk_from_row
 from strata.stores.sql_schema import chunks, documents
 from strata.types import ACTIVE, Chunk
-
 
 
 @dataclass(frozen=True)
@@ -113,4 +113,3 @@ def _active(kb_ids: Sequence[str] | None) -> list[Any]:
     if kb_ids is not None:
         clauses.append(documents.c.kb_id.in_(list(kb_ids)))
     return [and_(*clauses)]
-

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import and_, or_, select
 
@@ -26,7 +27,9 @@ class Chunks(SqlPart):
                     found[row.chunk_id] = chunk_from_row(row)
         return found
 
-    def version_chunks(self, kb_id: str, doc_id: str, version: int, *, levels: Sequence[int] = (1, 2, 3)) -> list[Chunk]:
+    def version_chunks(
+        self, kb_id: str, doc_id: str, version: int, *, levels: Sequence[int] = (1, 2, 3)
+    ) -> list[Chunk]:
         query = select(chunks).where(
             chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version, chunks.c.level.in_(levels)
         )
@@ -40,9 +43,11 @@ class Chunks(SqlPart):
             chunks.c.kb_id == kb_id, chunks.c.doc_id == doc_id, chunks.c.version == version
         )
         pages = self._pages(
-            lambda after: of_version.where(chunks.c.chunk_id > after).order_by(chunks.c.chunk_id), "", page,
+            lambda after: of_version.where(chunks.c.chunk_id > after).order_by(chunks.c.chunk_id),
+            "",
+            page,
             lambda row: row.chunk_id,
-        )  # fmt: skip
+        )
         for rows in pages:
             yield [r.chunk_id for r in rows]
 
@@ -79,8 +84,10 @@ class Chunks(SqlPart):
 
     def active_chunk_ids(self, kb_id: str, *, levels: Sequence[int] = (3,)) -> set[str]:
         """Chunk ids of the kb's active versions at ``levels`` (L3: what Milvus must hold)."""
-        query = select(chunks.c.chunk_id).join(documents, _of_active_version()).where(
-            chunks.c.kb_id == kb_id, chunks.c.level.in_(levels)
+        query = (
+            select(chunks.c.chunk_id)
+            .join(documents, _of_active_version())
+            .where(chunks.c.kb_id == kb_id, chunks.c.level.in_(levels))
         )
         with self._connect() as conn:
             return set(conn.execute(query).scalars())
@@ -94,25 +101,49 @@ class Chunks(SqlPart):
 
 
 def _of_active_version() -> Any:
-    return and_(documents.c.kb_id == chunks.c.kb_id, documents.c.doc_id == chunks.c.doc_id,
-                documents.c.version == chunks.c.version, documents.c.status == ACTIVE)  # fmt: skip
+    return and_(
+        documents.c.kb_id == chunks.c.kb_id,
+        documents.c.doc_id == chunks.c.doc_id,
+        documents.c.version == chunks.c.version,
+        documents.c.status == ACTIVE,
+    )
 
 
 def chunk_row(c: Chunk) -> dict[str, Any]:
     """A ``Chunk`` as a row of ``strata_chunks``."""
     return {
-        "chunk_id": c.chunk_id, "kb_id": c.kb_id, "doc_id": c.doc_id, "version": c.version,
-        "level": c.level, "parent_id": c.parent_id, "root_id": c.root_id, "ordinal": c.ordinal,
-        "text": c.text, "heading_path": c.heading_path, "char_start": c.char_start,
-        "char_end": c.char_end, "child_count": c.child_count, "metadata": dict(c.metadata),
-    }  # fmt: skip
+        "chunk_id": c.chunk_id,
+        "kb_id": c.kb_id,
+        "doc_id": c.doc_id,
+        "version": c.version,
+        "level": c.level,
+        "parent_id": c.parent_id,
+        "root_id": c.root_id,
+        "ordinal": c.ordinal,
+        "text": c.text,
+        "heading_path": c.heading_path,
+        "char_start": c.char_start,
+        "char_end": c.char_end,
+        "child_count": c.child_count,
+        "metadata": dict(c.metadata),
+    }
 
 
 def chunk_from_row(row: Any) -> Chunk:
     """A chunk row of ``strata_chunks`` as a ``Chunk``."""
     return Chunk(
-        chunk_id=row.chunk_id, kb_id=row.kb_id, doc_id=row.doc_id, version=row.version,
-        level=row.level, parent_id=row.parent_id, root_id=row.root_id, ordinal=row.ordinal,
-        text=row.text, heading_path=row.heading_path, char_start=row.char_start,
-        char_end=row.char_end, child_count=row.child_count, metadata=row.metadata or {},
-    )  # fmt: skip
+        chunk_id=row.chunk_id,
+        kb_id=row.kb_id,
+        doc_id=row.doc_id,
+        version=row.version,
+        level=row.level,
+        parent_id=row.parent_id,
+        root_id=row.root_id,
+        ordinal=row.ordinal,
+        text=row.text,
+        heading_path=row.heading_path,
+        char_start=row.char_start,
+        char_end=row.char_end,
+        child_count=row.child_count,
+        metadata=row.metadata or {},
+    )

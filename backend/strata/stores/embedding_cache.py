@@ -8,7 +8,7 @@ reconcile --repair`` deletes those no served leaf uses (``drop_embeddings``).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from sqlalchemy import delete, select
@@ -65,5 +65,7 @@ class EmbeddingCache(SqlPart):
                 for start in range(0, len(hashes), IN_BATCH):
                     batch = hashes[start : start + IN_BATCH]
                     conn.execute(
-                        delete(table).where(table.c.kb_id == kb_id, table.c.encoder == encoder, table.c.text_hash.in_(batch))
+                        delete(table).where(
+                            table.c.kb_id == kb_id, table.c.encoder == encoder, table.c.text_hash.in_(batch)
+                        )
                     )

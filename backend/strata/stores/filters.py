@@ -8,8 +8,9 @@ source prefix) can never change the structure of the expression.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
+from strata.errors import InvalidArgumentError
 from strata.types import Filters
 
 STRING_FIELDS = frozenset({"kb_id", "doc_id", "version_key", "parent_id", "root_id", "module", "source", "chunk_id"})
@@ -23,23 +24,23 @@ LIKE_WILDCARDS = frozenset("%_")
 
 def quote(value: str) -> str:
     """A double-quoted Milvus string literal that reads back as ``value``."""
-    if not isinstance(value, str):
+    if not isinstance(value, str):  # ``Filters``' fields are typed (and the API's schema checks them): a caller's bug
         raise TypeError(f"filter value must be a string, got {type(value).__name__}")
     if "\x00" in value:
-        raise ValueError("filter value must not contain NUL characters")
+        raise InvalidArgumentError("filter value must not contain NUL characters")
     return '"' + "".join(_ESCAPES.get(ch, ch) for ch in value) + '"'
 
 
 def _literal(field: str, value: object) -> str:
     if field in INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, int):  # strata's own expressions only: a bug
             raise TypeError(f"{field} takes an integer, got {value!r}")
         return str(value)
     return quote(value)  # type: ignore[arg-type]
 
 
 def _field(name: str, allowed: Iterable[str] = STRING_FIELDS | INT_FIELDS) -> str:
-    if name not in allowed:
+    if name not in allowed:  # field names come from strata's code, never from a caller: a bug, not input
         raise ValueError(f"field {name!r} cannot be filtered on")
     return name
 
@@ -49,7 +50,7 @@ def eq(field: str, value: str | int) -> str:
 
 
 def in_(field: str, values: Sequence[str | int]) -> str:
-    if not values:
+    if not values:  # callers build a clause only for values they have (``filters_expression``): a bug, not input
         raise ValueError(f"{field} in [] matches nothing; refuse to build it")
     return f"{_field(field)} in [{', '.join(_literal(field, v) for v in values)}]"
 
@@ -59,7 +60,7 @@ def not_in(field: str, values: Sequence[str | int]) -> str:
 
 
 def array_contains_any(field: str, values: Sequence[str]) -> str:
-    if not values:
+    if not values:  # as in ``in_``: a bug, not input
         raise ValueError(f"{field} contains none of [] matches nothing")
     return f"array_contains_any({_field(field, ARRAY_FIELDS)}, [{', '.join(quote(v) for v in values)}])"
 
@@ -92,4 +93,3 @@ def filters_expression(filters: Filters | None) -> str:
         in_("doc_id", filters.doc_ids) if filters.doc_ids else None,
         starts_with("source", filters.source_prefix) if filters.source_prefix else None,
     )
-

@@ -10,7 +10,7 @@ version's chunk meanwhile; recording it bounds how long it occupies the cache.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import delete, func, select
 

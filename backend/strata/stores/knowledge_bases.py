@@ -8,8 +8,9 @@ query cache. ``serving_state`` adds the versions not to serve, in one query.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.engine import Connection
@@ -30,7 +31,14 @@ class KnowledgeBases(SqlPart):
             row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).first()
             if row is None:
                 # created_at to the microsecond is the kb's epoch: a kb created anew never repeats a cache key
-                values = dict(kb_id=kb_id, encoder=encoder, dim=dim, chunking=chunking, generation=0, created_at=_now())
+                values = {
+                    "kb_id": kb_id,
+                    "encoder": encoder,
+                    "dim": dim,
+                    "chunking": chunking,
+                    "generation": 0,
+                    "created_at": _now(),
+                }
                 conn.execute(knowledge_bases.insert().values(**values))
                 row = conn.execute(select(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id)).one()
                 return _kb(row)
@@ -44,7 +52,9 @@ class KnowledgeBases(SqlPart):
     def set_encoder(self, kb_id: str, *, encoder: str, dim: int) -> None:
         """Records a new encoder for a kb (a ``--recreate`` with another encoder, at its switch)."""
         with self._begin() as conn:
-            conn.execute(update(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id).values(encoder=encoder, dim=dim))
+            conn.execute(
+                update(knowledge_bases).where(knowledge_bases.c.kb_id == kb_id).values(encoder=encoder, dim=dim)
+            )
 
     def set_chunking(self, kb_id: str, chunking: str) -> None:
         with self._begin() as conn:
@@ -112,7 +122,7 @@ def _kb(row: Any) -> KnowledgeBase:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _generation(row: Any) -> str:
@@ -124,5 +134,5 @@ def _epoch(created_at: datetime | None) -> str:
     if created_at is None:
         return ""
     if created_at.tzinfo is not None:  # PostgreSQL answers in the session's time zone
-        created_at = created_at.astimezone(timezone.utc).replace(tzinfo=None)
+        created_at = created_at.astimezone(UTC).replace(tzinfo=None)
     return created_at.isoformat()

@@ -23,8 +23,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -33,7 +34,15 @@ from pymilvus.exceptions import MilvusException
 from strata.config import MilvusSettings
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
-from strata.stores.milvus import DIM_PROPERTY, ENCODER_PROPERTY, KB_PROPERTY, LeafCollection, analyzer_tokenizer, connect, layout_of
+from strata.stores.milvus import (
+    DIM_PROPERTY,
+    ENCODER_PROPERTY,
+    KB_PROPERTY,
+    LeafCollection,
+    analyzer_tokenizer,
+    connect,
+    layout_of,
+)
 from strata.types import Chunk, RouteHit
 
 LEVELS = ("collection", "partition", "partition_key")
@@ -59,9 +68,14 @@ class LeafIndex:
     """Upserts, deletes and searches the leaves of every kb, at the isolation level Milvus holds them at."""
 
     def __init__(
-        self, settings: MilvusSettings, *, encoder_name: str, dim: int,
-        vocabulary: Callable[[Sequence[str] | None], Iterable[str]] = lambda kb_ids: (), tenants: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        settings: MilvusSettings,
+        *,
+        encoder_name: str,
+        dim: int,
+        vocabulary: Callable[[Sequence[str] | None], Iterable[str]] = lambda kb_ids: (),
+        tenants: bool = False,
+    ) -> None:
         """``vocabulary(kb_ids)`` gives the terms the jieba analyzer of a collection created now keeps whole (the
         front-matter modules and skill points of those kbs; None: of every kb). ``tenants``: the service has
         API keys (``default_level``)."""
@@ -69,7 +83,7 @@ class LeafIndex:
         self._base = settings.collection
         # a kb's collection is looked up on the query path too: cut as a search is
         self._lookup_timeout = min(settings.search_timeout_s, settings.timeout_s)
-        self._encoder = {"encoder_name": encoder_name, "dim": dim}
+        self._encoder: dict[str, Any] = {"encoder_name": encoder_name, "dim": dim}
         self._vocabulary = vocabulary
         self._connection = connect(settings)
         self._client, self._on_lite = self._connection
@@ -84,9 +98,12 @@ class LeafIndex:
             self._shared = None
             if self.isolation != "collection":
                 self._shared = LeafCollection(
-                    settings, **self._encoder, layout=self.isolation, client=self._connection,
+                    settings,
+                    **self._encoder,
+                    layout=self.isolation,
+                    client=self._connection,
                     vocabulary=lambda: vocabulary(None),
-                )  # fmt: skip
+                )
         except BaseException:
             self._client.close()
             raise
@@ -101,13 +118,15 @@ class LeafIndex:
         if self._base in names:
             found = layout_of(self._meta("describe_collection", self._base))
             if found == "single":
-                raise StoreError(f"Milvus collection {self._base!r} is one knowledge base's; STRATA_MILVUS__COLLECTION names the shared one")
+                raise StoreError(
+                    f"Milvus collection {self._base!r} is one knowledge base's; STRATA_MILVUS__COLLECTION names the shared one"
+                )
             if kb_collections:
                 raise StoreError(
                     f"Milvus holds both a shared collection {self._base!r} and {len(kb_collections)} knowledge base "
                     f"collection(s) under its name ({kb_collections[0]}...): drop the ones that are not in use, or "
                     "point STRATA_MILVUS__COLLECTION elsewhere"
-                )  # fmt: skip
+                )
         elif kb_collections:
             found = "collection"
             self._check_encoder(sorted(kb_collections)[0])
@@ -158,7 +177,7 @@ class LeafIndex:
         if not leaves:
             return
         kb_ids = {leaf.kb_id for leaf in leaves}
-        if len(kb_ids) != 1:
+        if len(kb_ids) != 1:  # the pipeline writes a kb at a time: a bug of strata's caller, not input
             raise ValueError("upsert takes leaves of one knowledge base at a time")
         kb_id = kb_ids.pop()
         collection = self._shared or self._kb_collection(kb_id, create=True)
@@ -234,37 +253,66 @@ class LeafIndex:
         return {"collection": f"{self._base}_kb_*", "isolation": self.isolation}
 
     def search_dense_many(
-        self, vectors: Sequence[np.ndarray], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[list[RouteHit]]:  # fmt: skip
+        self,
+        vectors: Sequence[np.ndarray],
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[list[RouteHit]]:
         """Top leaves by inner product for each vector (``LeafCollection.search_dense_many``), over the kbs'
         collections: their hits merged by score."""
         return self._route("search_dense_many", vectors, limit, kb_ids, where, timeout, with_source)
 
     def search_sparse(
-        self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[RouteHit]:  # fmt: skip
-        return self.search_sparse_many([text], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)[0]
+        self,
+        text: str,
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[RouteHit]:
+        return self.search_sparse_many(
+            [text], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source
+        )[0]
 
     def search_sparse_many(
-        self, texts: Sequence[str], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[list[RouteHit]]:  # fmt: skip
+        self,
+        texts: Sequence[str],
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[list[RouteHit]]:
         """Top leaves by BM25 for each text (``LeafCollection.search_sparse_many``). At the ``collection`` level
         each kb's hits are scored by its own statistics, then merged by score."""
         return self._route("search_sparse_many", texts, limit, kb_ids, where, timeout, with_source)
 
     def _route(
-        self, method: str, queries: Sequence[Any], limit: int, kb_ids: Sequence[str] | None, where: str,
-        timeout: float | None, with_source: bool,
-    ) -> list[list[RouteHit]]:  # fmt: skip
+        self,
+        method: str,
+        queries: Sequence[Any],
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str,
+        timeout: float | None,
+        with_source: bool,
+    ) -> list[list[RouteHit]]:
         """One route's search: the shared collection's, or each kb collection's merged (``_merged``)."""
         options = {"limit": limit, "where": where, "with_source": with_source}
         if self._shared is not None:
             return getattr(self._shared, method)(queries, kb_ids=kb_ids, timeout=timeout, **options)
         return self._merged(
-            len(queries), limit, kb_ids, timeout,
+            len(queries),
+            limit,
+            kb_ids,
+            timeout,
             lambda kb_id, c, timeout: getattr(c, method)(queries, kb_ids=[kb_id], timeout=timeout, **options),
         )
 
@@ -275,8 +323,9 @@ class LeafIndex:
         for kb_id, chunk_id in refs:
             by_kb.setdefault(kb_id, []).append((kb_id, chunk_id))
         found: dict[str, Chunk] = {}
+        no_leaves: dict[str, Chunk] = {}
         for kb_id, kb_refs in by_kb.items():
-            found.update(self._on_kb(kb_id, lambda c: c.fetch_leaves(kb_refs, timeout=timeout), {}))
+            found.update(self._on_kb(kb_id, functools.partial(_fetch_leaves, refs=kb_refs, timeout=timeout), no_leaves))
         return found
 
     def close(self) -> None:
@@ -285,9 +334,13 @@ class LeafIndex:
     # -- helpers --------------------------------------------------------------
 
     def _merged(
-        self, queries: int, limit: int, kb_ids: Sequence[str] | None, timeout: float | None,
+        self,
+        queries: int,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        timeout: float | None,
         search: Callable[..., list[list[RouteHit]]],
-    ) -> list[list[RouteHit]]:  # fmt: skip
+    ) -> list[list[RouteHit]]:
         """Each query's hits over the kbs' collections, best first, ``limit`` of them. The kbs' searches run at
         once (each a call to Milvus that waits on the network), all within ``timeout``."""
         merged: list[list[RouteHit]] = [[] for _ in range(queries)]
@@ -295,7 +348,10 @@ class LeafIndex:
         if len(kbs) == 1:
             found_each = [self._on_kb(kbs[0], lambda c: search(kbs[0], c, timeout), None)]
         else:
-            futures = [_SEARCHES.submit(self._on_kb, kb_id, functools.partial(search, kb_id, timeout=timeout), None) for kb_id in kbs]
+            futures = [
+                _SEARCHES.submit(self._on_kb, kb_id, functools.partial(search, kb_id, timeout=timeout), None)
+                for kb_id in kbs
+            ]
             found_each = [future.result() for future in futures]
         for found in found_each:
             for i, hits in enumerate(found or ()):
@@ -310,7 +366,9 @@ class LeafIndex:
         for name in self._meta("list_collections", timeout=self._lookup_timeout):
             if name.startswith(f"{self._base}_kb_"):
                 if name not in self._owners:  # a collection's kb never changes: described once
-                    props = self._meta("describe_collection", name, timeout=self._lookup_timeout).get("properties") or {}
+                    props = (
+                        self._meta("describe_collection", name, timeout=self._lookup_timeout).get("properties") or {}
+                    )
                     self._owners[name] = props.get(KB_PROPERTY) or ""
                 if self._owners[name]:
                     found.append(self._owners[name])
@@ -328,7 +386,9 @@ class LeafIndex:
             return call(collection)
         except StoreError as failed:
             try:
-                gone = not self._meta("has_collection", kb_collection_name(self._base, kb_id), timeout=self._lookup_timeout)
+                gone = not self._meta(
+                    "has_collection", kb_collection_name(self._base, kb_id), timeout=self._lookup_timeout
+                )
             except StoreError:
                 raise failed from None  # Milvus is down: the call's own error says so
             if not gone:
@@ -337,7 +397,9 @@ class LeafIndex:
                 self._kbs.pop(kb_id, None)
             return empty
 
-    def _kb_collection(self, kb_id: str, *, create: bool = False, extra_terms: Sequence[str] = ()) -> LeafCollection | None:
+    def _kb_collection(
+        self, kb_id: str, *, create: bool = False, extra_terms: Sequence[str] = ()
+    ) -> LeafCollection | None:
         with self._lock:
             if kb_id in self._kbs:
                 return self._kbs[kb_id]
@@ -352,11 +414,15 @@ class LeafIndex:
                         f"STRATA_MILVUS__MAX_COLLECTIONS ({self._settings.max_collections:,}; Milvus refuses more "
                         "than rootCoord.maxCollectionNum, 65,536 per cluster by default). Raise it within Milvus's "
                         "limits, or move kbs to the partition level (strata rebuild --to-uri URI --isolation partition)"
-                    )  # fmt: skip
+                    )
             collection = LeafCollection(
-                self._settings, **self._encoder, name=name, kb_id=kb_id, client=self._connection,
+                self._settings,
+                **self._encoder,
+                name=name,
+                kb_id=kb_id,
+                client=self._connection,
                 vocabulary=lambda: [*self._vocabulary([kb_id]), *extra_terms],
-            )  # fmt: skip
+            )
             self._kbs[kb_id] = collection
             return collection
 
@@ -365,3 +431,9 @@ class LeafIndex:
             return getattr(self._client, method)(*args, timeout=timeout or self._settings.timeout_s)
         except (MilvusException, grpc.RpcError) as exc:
             raise StoreError(f"Milvus {method} failed: {exc}") from exc
+
+
+def _fetch_leaves(
+    collection: LeafCollection, *, refs: list[tuple[str, str]], timeout: float | None
+) -> dict[str, Chunk]:
+    return collection.fetch_leaves(refs, timeout=timeout)

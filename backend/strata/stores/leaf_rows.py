@@ -10,9 +10,19 @@ from strata.stores.keys import version_key
 from strata.types import LEAF_LEVEL, Chunk, LeafHit, RouteHit
 
 SCALAR_FIELDS = [
-    "kb_id", "doc_id", "version", "parent_id", "root_id", "ordinal", "content",
-    "heading_path", "source", "char_start", "char_end", "metadata",
-]  # fmt: skip
+    "kb_id",
+    "doc_id",
+    "version",
+    "parent_id",
+    "root_id",
+    "ordinal",
+    "content",
+    "heading_path",
+    "source",
+    "char_start",
+    "char_end",
+    "metadata",
+]
 
 
 def leaf_row(leaf: Chunk, vector: np.ndarray, search_text: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ into the jieba analyzer of a new collection so they stay one token.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from strata.types import Chunk
 
@@ -17,9 +18,16 @@ from strata.types import Chunk
 # whole write group. Lengths are UTF-8 bytes: Milvus Lite counts characters, a Milvus server bytes, and
 # a knowledge base must move from one to the other.
 LIMITS = {
-    "kb_id": 256, "doc_id": 2048, "heading_path": 4096, "module": 512, "source": 2048,
-    "skill_point": 512, "skill_points": 256, "content": 65535, "text": 65535,
-}  # fmt: skip
+    "kb_id": 256,
+    "doc_id": 2048,
+    "heading_path": 4096,
+    "module": 512,
+    "source": 2048,
+    "skill_point": 512,
+    "skill_points": 256,
+    "content": 65535,
+    "text": 65535,
+}
 
 
 def analyzer_with_dictionary(analyzer: dict[str, Any], terms: Iterable[str]) -> dict[str, Any]:
@@ -83,10 +91,14 @@ def leaf_limit_violation(leaf: Chunk, search_text: str) -> str | None:
     meta = leaf.metadata
     skill_points = [str(s) for s in meta.get("skill_points") or []]
     values = {
-        "kb_id": leaf.kb_id, "doc_id": leaf.doc_id, "heading_path": leaf.heading_path,
-        "module": str(meta.get("module") or ""), "source": str(meta.get("source") or ""),
-        "content": leaf.text, "text": search_text,
-    }  # fmt: skip
+        "kb_id": leaf.kb_id,
+        "doc_id": leaf.doc_id,
+        "heading_path": leaf.heading_path,
+        "module": str(meta.get("module") or ""),
+        "source": str(meta.get("source") or ""),
+        "content": leaf.text,
+        "text": search_text,
+    }
     for name, value in values.items():
         size = len(value.encode("utf-8"))
         if size > LIMITS[name]:

@@ -147,7 +147,9 @@ class KbLease:
         if dead:  # a killed indexer on this host: its lease need not run out first
             takeable.append(kb_leases.c.owner == dead)
         with self._store._begin() as conn:
-            taken = conn.execute(update(kb_leases).where(kb_leases.c.kb_id == self.kb_id, or_(*takeable)).values(**values))
+            taken = conn.execute(
+                update(kb_leases).where(kb_leases.c.kb_id == self.kb_id, or_(*takeable)).values(**values)
+            )
         if taken.rowcount == 1 and dead:
             logger.warning("took over the indexing lease of %s from %s, which is no longer running", self.kb_id, dead)
         return taken.rowcount == 1
@@ -177,7 +179,9 @@ class KbLease:
                 logger.warning("could not renew the indexing lease of %s: %s", self.kb_id, exc)
                 continue
             if renewed.rowcount == 0:  # taken by another writer: the run's next write stops it (fenced)
-                logger.error("the indexing lease of %s was taken by another writer: this run stops at its next write", self.kb_id)
+                logger.error(
+                    "the indexing lease of %s was taken by another writer: this run stops at its next write", self.kb_id
+                )
                 return
 
     def _held_error(self) -> LeaseHeldError:
@@ -185,7 +189,9 @@ class KbLease:
             row = conn.execute(select(kb_leases).where(kb_leases.c.kb_id == self.kb_id)).first()
         if row is None:  # released between our attempt and this read: the caller may simply try again
             return LeaseHeldError(_held_text(self.kb_id, "another indexer"), kb_id=self.kb_id, retry_after_s=1.0)
-        holder = f"{row.owner} (since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC, lease until {row.expires_at:%H:%M:%S} UTC)"
+        holder = (
+            f"{row.owner} (since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC, lease until {row.expires_at:%H:%M:%S} UTC)"
+        )
         left_s = max(1, math.ceil((row.expires_at - self._store.now()).total_seconds()))  # when it could next be free
         return LeaseHeldError(_held_text(self.kb_id, holder), kb_id=self.kb_id, retry_after_s=float(left_s))
 

@@ -19,7 +19,8 @@ None and the caller goes through the client.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from strata.errors import StoreError
 
@@ -36,9 +37,17 @@ class LiteEngine:
         return self._database() is not None
 
     def search(
-        self, data: Sequence[Any], *, anns_field: str, metric_type: str, search_params: dict[str, Any] | None,
-        limit: int, expr: str, output_fields: Sequence[str], partition_names: list[str] | None,
-    ) -> list[list[dict[str, Any]]] | None:  # fmt: skip
+        self,
+        data: Sequence[Any],
+        *,
+        anns_field: str,
+        metric_type: str,
+        search_params: dict[str, Any] | None,
+        limit: int,
+        expr: str,
+        output_fields: Sequence[str],
+        partition_names: list[str] | None,
+    ) -> list[list[dict[str, Any]]] | None:
         """Hits per query as the client shapes them (``chunk_id``, ``distance``, ``entity``), or None
         when the engine is not in this process. An engine error is a ``StoreError``, as through the client."""
         db = self._database()
@@ -46,13 +55,20 @@ class LiteEngine:
             return None
         try:
             found = db.get_collection(self._collection).search(
-                list(data), top_k=limit, metric_type=metric_type, partition_names=partition_names,
-                expr=expr or None, output_fields=list(output_fields), anns_field=anns_field,
+                list(data),
+                top_k=limit,
+                metric_type=metric_type,
+                partition_names=partition_names,
+                expr=expr or None,
+                output_fields=list(output_fields),
+                anns_field=anns_field,
                 search_params=search_params,
-            )  # fmt: skip
+            )
         except Exception as exc:  # the engine's errors are its own classes; the client raised MilvusException
             raise StoreError(f"Milvus Lite search on {self._collection!r} failed: {exc}") from exc
-        return [[{"chunk_id": h["id"], "distance": h["distance"], "entity": h["entity"]} for h in hits] for hits in found]
+        return [
+            [{"chunk_id": h["id"], "distance": h["distance"], "entity": h["entity"]} for h in hits] for hits in found
+        ]
 
     def _database(self) -> Any:
         try:

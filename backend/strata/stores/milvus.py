@@ -22,7 +22,8 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -34,8 +35,8 @@ from strata.errors import ConfigError, EncoderMismatchError, IndexLockedError, S
 from strata.stores import filters as expr
 from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
 from strata.stores.keys import partition_name, version_key
-from strata.stores.leaf_schema import analyzer_identity, analyzer_of, analyzer_with_dictionary, dictionary_of
 from strata.stores.leaf_rows import leaf_row
+from strata.stores.leaf_schema import analyzer_identity, analyzer_of, analyzer_with_dictionary, dictionary_of
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus_search import LeafSearch
 from strata.types import Chunk
@@ -53,10 +54,17 @@ class LeafCollection(LeafSearch):
     """Upserts, deletes and searches L3 leaves of one collection (the searches: ``LeafSearch``)."""
 
     def __init__(
-        self, settings: MilvusSettings, *, encoder_name: str, dim: int,
-        vocabulary: Callable[[], Iterable[str]] = lambda: (), layout: str | None = None, name: str | None = None,
-        kb_id: str | None = None, client: tuple[MilvusClient, bool] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        settings: MilvusSettings,
+        *,
+        encoder_name: str,
+        dim: int,
+        vocabulary: Callable[[], Iterable[str]] = lambda: (),
+        layout: str | None = None,
+        name: str | None = None,
+        kb_id: str | None = None,
+        client: tuple[MilvusClient, bool] | None = None,
+    ) -> None:
         """``vocabulary`` (called only when the collection is created) gives the terms the jieba
         analyzer must keep whole: the modules and skill points of the documents' front-matter.
         ``layout`` (``partition`` or ``partition_key``) is how a collection created now keeps its kbs apart
@@ -77,15 +85,18 @@ class LeafCollection(LeafSearch):
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
         self._owns_client = client is None
         self._client, self._on_lite = connect(settings) if client is None else client
-        self._engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
+        self._engine = (
+            LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
+        )
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
         self._ensure_collection()
         if self._engine is not None and not self._engine.available():
             logger.warning(
                 "Milvus Lite's engine for %s is not in this process's milvus-lite (another version?): "
-                "the route searches go through its gRPC server", settings.uri,
-            )  # fmt: skip
+                "the route searches go through its gRPC server",
+                settings.uri,
+            )
 
     # -- collection lifecycle -------------------------------------------------
 
@@ -104,7 +115,9 @@ class LeafCollection(LeafSearch):
             self._check_analyzer(described)
             self._adopt_layout(described)
             self.dictionary = dictionary_of(described)
-            self._client.load_collection(self._name, replica_number=self._settings.replica_number, timeout=self._timeout)
+            self._client.load_collection(
+                self._name, replica_number=self._settings.replica_number, timeout=self._timeout
+            )
             if self._use_partitions:
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
         except MilvusException as exc:
@@ -149,9 +162,10 @@ class LeafCollection(LeafSearch):
         if (self._kb is not None) != (layout == "single"):
             raise StoreError(
                 f"Milvus collection {self._name!r} keeps knowledge bases apart by {layout}, not as the collection of "
-                f"knowledge base {self._kb!r}" if self._kb is not None else
-                f"Milvus collection {self._name!r} is the collection of one knowledge base, not a shared one"
-            )  # fmt: skip
+                f"knowledge base {self._kb!r}"
+                if self._kb is not None
+                else f"Milvus collection {self._name!r} is the collection of one knowledge base, not a shared one"
+            )
         if self._kb is not None and (owner := (described.get("properties") or {}).get(KB_PROPERTY)) != self._kb:
             raise StoreError(f"Milvus collection {self._name!r} holds knowledge base {owner!r}, not {self._kb!r}")
         self._use_partitions = layout == "partition"
@@ -170,8 +184,10 @@ class LeafCollection(LeafSearch):
             self._name,
             schema=self._schema(),
             properties={
-                ENCODER_PROPERTY: self._encoder_name, DIM_PROPERTY: str(self._dim), **({KB_PROPERTY: self._kb} if self._kb else {}),
-            },  # fmt: skip
+                ENCODER_PROPERTY: self._encoder_name,
+                DIM_PROPERTY: str(self._dim),
+                **({KB_PROPERTY: self._kb} if self._kb else {}),
+            },
             timeout=self._timeout,
         )
         # sync=False: the collection is empty, and pymilvus's wait for the build sleeps 0.5 s per index (a new
@@ -198,12 +214,20 @@ class LeafCollection(LeafSearch):
         add("char_end", DataType.INT64)
         add("metadata", DataType.JSON)
         add("content", DataType.VARCHAR, max_length=65535)
-        add("text", DataType.VARCHAR, max_length=65535, enable_analyzer=True, enable_match=True,
-            analyzer_params=analyzer_with_dictionary(self._settings.analyzer, self._vocabulary()))  # fmt: skip
+        add(
+            "text",
+            DataType.VARCHAR,
+            max_length=65535,
+            enable_analyzer=True,
+            enable_match=True,
+            analyzer_params=analyzer_with_dictionary(self._settings.analyzer, self._vocabulary()),
+        )
         add("sparse", DataType.SPARSE_FLOAT_VECTOR)
         add("dense", DataType.FLOAT_VECTOR, dim=self._dim)
         schema.add_function(
-            Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"], output_field_names=["sparse"])
+            Function(
+                name="bm25", function_type=FunctionType.BM25, input_field_names=["text"], output_field_names=["sparse"]
+            )
         )
         return schema
 
@@ -221,10 +245,11 @@ class LeafCollection(LeafSearch):
         """Writes leaves (same kb) with their vectors; the same ids overwrite."""
         if not leaves:
             return
+        # the two checks below guard strata's own callers (the pipeline encodes and groups leaves per kb): a bug, not input
         if len(leaves) != len(vectors) or len(leaves) != len(search_texts):
             raise ValueError("leaves, vectors and search_texts differ in length")
         kb_ids = {leaf.kb_id for leaf in leaves}
-        if len(kb_ids) != 1:
+        if len(kb_ids) != 1:  # as above: a bug, not input
             raise ValueError("upsert takes leaves of one knowledge base at a time")
         partition = self._partition_for_write(kb_ids.pop())
         rows = [leaf_row(leaf, vec, text) for leaf, vec, text in zip(leaves, vectors, search_texts)]
@@ -267,9 +292,14 @@ class LeafCollection(LeafSearch):
             return self._lite_count(where, partitions, whole_kb=doc_id is None)
         # Strong: the indexer counts right after its flush, and a Bounded read on a server may miss those rows
         rows = self._call(
-            "query", self._name, filter=where, output_fields=["count(*)"], partition_names=partitions,
-            consistency_level="Strong", timeout=self._count_timeout,
-        )  # fmt: skip
+            "query",
+            self._name,
+            filter=where,
+            output_fields=["count(*)"],
+            partition_names=partitions,
+            consistency_level="Strong",
+            timeout=self._count_timeout,
+        )
         return int(rows[0]["count(*)"]) if rows else 0
 
     def ping(self) -> dict[str, Any]:
@@ -288,9 +318,13 @@ class LeafCollection(LeafSearch):
         if whole_kb and self._kb is not None:
             return int(self._call("get_collection_stats", self._name)["row_count"])
         rows = self._call(
-            "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
+            "query",
+            self._name,
+            filter=where,
+            output_fields=["chunk_id"],
+            partition_names=partitions,
             timeout=self._count_timeout,
-        )  # fmt: skip
+        )
         return len(rows)
 
     def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
@@ -301,9 +335,14 @@ class LeafCollection(LeafSearch):
         found: dict[str, tuple[str, int]] = {}
         try:
             iterator = self._client.query_iterator(
-                self._name, batch_size=4096, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id", "doc_id", "version"],
-                partition_names=partitions, timeout=self._count_timeout, consistency_level="Strong",
-            )  # fmt: skip
+                self._name,
+                batch_size=4096,
+                filter=expr.eq("kb_id", kb_id),
+                output_fields=["chunk_id", "doc_id", "version"],
+                partition_names=partitions,
+                timeout=self._count_timeout,
+                consistency_level="Strong",
+            )
             while batch := iterator.next():
                 found.update({r["chunk_id"]: (r["doc_id"], int(r["version"])) for r in batch})
             iterator.close()
@@ -322,9 +361,14 @@ class LeafCollection(LeafSearch):
         for start in range(0, len(ids), _UPSERT_BATCH):
             where = self._where([kb_id], expr.in_("chunk_id", ids[start : start + _UPSERT_BATCH]))
             rows = self._call(
-                "query", self._name, filter=where, output_fields=["chunk_id"], partition_names=partitions,
-                consistency_level="Strong", timeout=self._count_timeout,
-            )  # fmt: skip
+                "query",
+                self._name,
+                filter=where,
+                output_fields=["chunk_id"],
+                partition_names=partitions,
+                consistency_level="Strong",
+                timeout=self._count_timeout,
+            )
             found.update(row["chunk_id"] for row in rows)
         return found
 
@@ -335,9 +379,14 @@ class LeafCollection(LeafSearch):
         if partitions == [] or not ids:
             return {}
         rows = self._call(
-            "query", self._name, filter=self._where([kb_id], expr.in_("chunk_id", ids)), output_fields=["chunk_id", "dense"],
-            partition_names=partitions, consistency_level="Strong", timeout=self._count_timeout,
-        )  # fmt: skip
+            "query",
+            self._name,
+            filter=self._where([kb_id], expr.in_("chunk_id", ids)),
+            output_fields=["chunk_id", "dense"],
+            partition_names=partitions,
+            consistency_level="Strong",
+            timeout=self._count_timeout,
+        )
         return {row["chunk_id"]: np.asarray(row["dense"], dtype=np.float32) for row in rows}
 
     def holds_any(self, kb_id: str) -> bool:
@@ -346,9 +395,14 @@ class LeafCollection(LeafSearch):
         if partitions == []:
             return False
         rows = self._call(
-            "query", self._name, filter=expr.eq("kb_id", kb_id), output_fields=["chunk_id"], limit=1,
-            partition_names=partitions, timeout=self._search_timeout,
-        )  # fmt: skip
+            "query",
+            self._name,
+            filter=expr.eq("kb_id", kb_id),
+            output_fields=["chunk_id"],
+            limit=1,
+            partition_names=partitions,
+            timeout=self._search_timeout,
+        )
         return bool(rows)
 
     def drop_collection(self) -> None:
@@ -426,7 +480,9 @@ class LeafCollection(LeafSearch):
             if exc.code != _COLLECTION_NOT_LOADED:
                 raise
             logger.warning("Milvus collection %s is not loaded (%s): loading it again", self._name, exc.message)
-        self._client.load_collection(self._name, replica_number=self._settings.replica_number, timeout=kwargs["timeout"])
+        self._client.load_collection(
+            self._name, replica_number=self._settings.replica_number, timeout=kwargs["timeout"]
+        )
         return call(*args, **kwargs)
 
     def close(self) -> None:
@@ -445,7 +501,7 @@ def layout_of(described: dict[str, Any]) -> str:
     property), ``partition_key`` (``kb_id`` is the partition key) or ``partition`` (a partition per kb)."""
     if (described.get("properties") or {}).get(KB_PROPERTY):
         return "single"
-    kb_field = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
+    kb_field: dict[str, Any] = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
     return "partition_key" if kb_field.get("is_partition_key", False) else "partition"
 
 

@@ -12,7 +12,8 @@ a Milvus Lite file the routes call Lite's engine in this process
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,18 +31,26 @@ class LeafSearch:
     _settings: MilvusSettings
     _engine: LiteEngine | None
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+    if TYPE_CHECKING:  # provided by the class that mixes this in (``LeafCollection``)
 
-    def _partitions_for(self, kb_ids: Sequence[str] | None) -> list[str] | None: ...
+        def _call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
-    def _where(self, kb_ids: Sequence[str] | None, where: str) -> str: ...
+        def _partitions_for(self, kb_ids: Sequence[str] | None) -> list[str] | None: ...
 
-    def _cut(self, timeout: float | None) -> float: ...
+        def _where(self, kb_ids: Sequence[str] | None, where: str) -> str: ...
+
+        def _cut(self, timeout: float | None) -> float: ...
 
     def search_dense_many(
-        self, vectors: Sequence[np.ndarray], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[list[RouteHit]]:  # fmt: skip
+        self,
+        vectors: Sequence[np.ndarray],
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[list[RouteHit]]:
         """Top leaves by inner product for each vector, in one search (ef raised to ``limit``).
 
         ``timeout`` cuts the search timeout; ``with_source`` also returns each leaf's source (for a
@@ -54,31 +63,55 @@ class LeafSearch:
         return [[route_hit(h, h["distance"]) for h in hits] for hits in result]
 
     def search_sparse(
-        self, text: str, *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[RouteHit]:  # fmt: skip
+        self,
+        text: str,
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[RouteHit]:
         """Top leaves by BM25 against ``text``: ids and positive scores (``search_sparse_many`` of one)."""
-        return self.search_sparse_many([text], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source)[0]
+        return self.search_sparse_many(
+            [text], limit=limit, kb_ids=kb_ids, where=where, timeout=timeout, with_source=with_source
+        )[0]
 
     def search_sparse_many(
-        self, texts: Sequence[str], *, limit: int, kb_ids: Sequence[str] | None, where: str = "",
-        timeout: float | None = None, with_source: bool = False,
-    ) -> list[list[RouteHit]]:  # fmt: skip
+        self,
+        texts: Sequence[str],
+        *,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str = "",
+        timeout: float | None = None,
+        with_source: bool = False,
+    ) -> list[list[RouteHit]]:
         """Top leaves by BM25 for each text, in one search (Lite reports negated BM25; scores here
         are positive). A blank text finds nothing."""
         found: list[list[RouteHit]] = [[] for _ in texts]
         asked = [i for i, text in enumerate(texts) if text.strip()]
         if not asked:
             return found
-        result = self._route_search([texts[i] for i in asked], "sparse", "BM25", None, limit, kb_ids, where, timeout, with_source)
+        result = self._route_search(
+            [texts[i] for i in asked], "sparse", "BM25", None, limit, kb_ids, where, timeout, with_source
+        )
         for i, hits in zip(asked, result):
             found[i] = [route_hit(h, abs(h["distance"])) for h in hits]
         return found
 
     def _route_search(
-        self, data: list[Any], field: str, metric: str, params: dict[str, Any] | None, limit: int,
-        kb_ids: Sequence[str] | None, where: str, timeout: float | None, with_source: bool,
-    ) -> list[list[Any]]:  # fmt: skip
+        self,
+        data: list[Any],
+        field: str,
+        metric: str,
+        params: dict[str, Any] | None,
+        limit: int,
+        kb_ids: Sequence[str] | None,
+        where: str,
+        timeout: float | None,
+        with_source: bool,
+    ) -> list[list[Any]]:
         """One search of a route for ``data`` (a query each): on Lite's engine in this process when it is
         here, else through the client (cut at ``timeout``)."""
         partitions = self._partitions_for(kb_ids)
@@ -87,16 +120,29 @@ class LeafSearch:
         fields, full_where = route_fields(with_source), self._where(kb_ids, where)
         if self._engine is not None:
             found = self._engine.search(
-                data, anns_field=field, metric_type=metric, search_params=params, limit=limit, expr=full_where,
-                output_fields=fields, partition_names=partitions,
-            )  # fmt: skip
+                data,
+                anns_field=field,
+                metric_type=metric,
+                search_params=params,
+                limit=limit,
+                expr=full_where,
+                output_fields=fields,
+                partition_names=partitions,
+            )
             if found is not None:
                 return found
         return self._call(
-            "search", self._name, data=data, anns_field=field, limit=limit, filter=full_where, output_fields=fields,
-            search_params={"metric_type": metric, **({"params": params} if params else {})}, partition_names=partitions,
+            "search",
+            self._name,
+            data=data,
+            anns_field=field,
+            limit=limit,
+            filter=full_where,
+            output_fields=fields,
+            search_params={"metric_type": metric, **({"params": params} if params else {})},
+            partition_names=partitions,
             timeout=self._cut(timeout),
-        )  # fmt: skip
+        )
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
         """Leaves by (kb id, chunk id) with their text, from the index itself: the source of leaf
@@ -110,8 +156,12 @@ class LeafSearch:
             if partitions == []:
                 continue
             rows = self._call(
-                "query", self._name, filter=expr.in_("chunk_id", ids), output_fields=["chunk_id", *SCALAR_FIELDS],
-                partition_names=partitions, timeout=self._cut(timeout),
-            )  # fmt: skip
+                "query",
+                self._name,
+                filter=expr.in_("chunk_id", ids),
+                output_fields=["chunk_id", *SCALAR_FIELDS],
+                partition_names=partitions,
+                timeout=self._cut(timeout),
+            )
             found.update((str(r["chunk_id"]), leaf_chunk(r)) for r in rows)
         return found

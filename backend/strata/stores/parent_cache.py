@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import redis
 from cachetools import LRUCache

@@ -7,6 +7,8 @@ cache's policy (``strata.rag.query_cache``). Redis errors surface as
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis
 
 from strata.config import RedisSettings
@@ -23,7 +25,7 @@ class RedisResultStore:
 
     def get(self, key: str) -> bytes | None:
         try:
-            return self._client.get(self._prefix + key)
+            return cast(bytes | None, self._client.get(self._prefix + key))  # a client without decode_responses
         except redis.RedisError as exc:
             raise CacheError(f"Redis GET of a cached result failed: {exc}") from exc
 

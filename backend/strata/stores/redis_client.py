@@ -18,12 +18,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from strata.config import RedisSettings
+from strata.errors import ConfigError
 
 
 def redis_client(settings: RedisSettings) -> redis.Redis:
     """A client (and its connection pool) for ``settings.url`` with short, explicit timeouts and no retries."""
     if not settings.url:
-        raise ValueError("redis_client needs STRATA_REDIS__URL")
+        raise ConfigError("redis_client needs STRATA_REDIS__URL")
     return redis.Redis.from_url(
         str(settings.url),
         socket_connect_timeout=settings.connect_timeout_s,

@@ -29,11 +29,14 @@ from sqlalchemy.engine import Connection
 COMPAT_TABLE = "strata_schema_compat"
 
 _compat = sa.Table(
-    COMPAT_TABLE, sa.MetaData(),
+    COMPAT_TABLE,
+    sa.MetaData(),
     sa.Column("revision", sa.String(64), primary_key=True),
     sa.Column("down_revision", sa.String(64), comment="the revision it upgrades from; null for the baseline"),
-    sa.Column("compatible_with", sa.String(64), comment="oldest revision whose code runs on this schema; null: none older"),
-)  # fmt: skip
+    sa.Column(
+        "compatible_with", sa.String(64), comment="oldest revision whose code runs on this schema; null: none older"
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ def record_step(*, ctx: Any, step: Any, heads: Any, run_args: Any) -> None:
     if step.is_upgrade:
         script = step.up_revision
         mark = getattr(script.module, "compatible_with", None)
-        conn.execute(sa.insert(_compat).values(revision=revision, down_revision=script.down_revision, compatible_with=mark))
+        conn.execute(
+            sa.insert(_compat).values(revision=revision, down_revision=script.down_revision, compatible_with=mark)
+        )
 
 
 def recorded_steps(conn: Connection) -> dict[str, RecordedStep]:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import fcntl
 import functools
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from alembic import command
 from alembic.config import Config
@@ -111,17 +111,23 @@ def downgrade(engine: Engine, target: str | None = None, *, force: bool = False)
             raise StoreError("database schema is at none: nothing to downgrade")
         chain = _chain(scripts, head_revision())
         if current not in chain:
-            raise StoreError(f"database schema is at {current}, newer than this strata knows: run the downgrade "
-                             "with the strata that upgraded it")  # fmt: skip
+            raise StoreError(
+                f"database schema is at {current}, newer than this strata knows: run the downgrade "
+                "with the strata that upgraded it"
+            )
         target = target or (chain[current] or "base")
         undone = _steps_down(chain, current, target)
         if not undone:
             return current, current
-        lossy = [f"{r} {schema_compat.lossy_downgrade(scripts, r)}" for r in undone
-                 if schema_compat.lossy_downgrade(scripts, r)]  # fmt: skip
+        lossy = [
+            f"{r} {schema_compat.lossy_downgrade(scripts, r)}"
+            for r in undone
+            if schema_compat.lossy_downgrade(scripts, r)
+        ]
         if lossy and not force:
-            raise StoreError(f"downgrading {current} to {target} loses data ({'; '.join(lossy)}): "
-                             "take a backup, then pass --force")  # fmt: skip
+            raise StoreError(
+                f"downgrading {current} to {target} loses data ({'; '.join(lossy)}): take a backup, then pass --force"
+            )
         command.downgrade(alembic_config(conn), target)
         return current, _current(conn)
 
@@ -212,7 +218,9 @@ def _steps_down(chain: dict[str, str | None], current: str, target: str) -> list
     revision: str | None = current
     while revision != (None if target == "base" else target):
         if revision is None:
-            raise StoreError(f"cannot downgrade to {target}: the database is at {current} and {target} is not behind it")
+            raise StoreError(
+                f"cannot downgrade to {target}: the database is at {current} and {target} is not behind it"
+            )
         undone.append(revision)
         revision = chain[revision]
     return undone
@@ -220,8 +228,14 @@ def _steps_down(chain: dict[str, str | None], current: str, target: str) -> list
 
 @functools.cache  # once per process and database
 def _warn_newer(url: str, current: str, head: str) -> None:
-    logger.warning("database schema of %s is at %s, newer than this strata (%s); its migrations are marked "
-                   "compatible with %s, so this strata runs on it", url, current, head, head)  # fmt: skip
+    logger.warning(
+        "database schema of %s is at %s, newer than this strata (%s); its migrations are marked "
+        "compatible with %s, so this strata runs on it",
+        url,
+        current,
+        head,
+        head,
+    )
 
 
 @contextmanager

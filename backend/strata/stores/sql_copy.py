@@ -30,7 +30,9 @@ def copy_database(source: Engine, target: Engine) -> dict[str, int]:
     for engine in (source, target):
         current = schema_version.current_revision(engine)
         if current != head:
-            raise StoreError(f"{_url(engine)} is at schema {current}, strata needs {head}: copy with the strata at {current}")
+            raise StoreError(
+                f"{_url(engine)} is at schema {current}, strata needs {head}: copy with the strata at {current}"
+            )
     tables = [t for t in metadata.sorted_tables if t is not kb_leases]
     try:
         with source.connect() as src, target.begin() as dst:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -42,9 +43,10 @@ class SqlDatabase:
     paused past its lease (a stopped process, a long GC, a stalled database) therefore cannot write over the
     run that took the kb: its next transaction fails and writes nothing.
 
-    On PostgreSQL no call waits longer than ``call_timeout_s`` (``_time_calls``, ``_time_pings``): a server that stops answering
-    without closing its sockets (paused, frozen) would otherwise hang the caller for good, and a lease held by
-    a hung run lapses without a word. A late call's connection is cut and the call fails with ``StoreError``.
+    On PostgreSQL no call waits longer than ``call_timeout_s`` (``_time_calls``, ``_time_pings``): a server that
+    stops answering without closing its sockets (paused, frozen) would otherwise hang the caller for good, and a
+    lease held by a hung run lapses without a word. A late call's connection is cut and the call fails with
+    ``StoreError``.
     """
 
     def __init__(self, settings: DatabaseSettings) -> None:
@@ -81,7 +83,7 @@ class SqlDatabase:
         if isinstance(value, str):  # SQLite: 'YYYY-MM-DD HH:MM:SS', UTC
             value = datetime.fromisoformat(value)
         if value.tzinfo is not None:
-            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(UTC).replace(tzinfo=None)
         return value
 
     def check_fences(self) -> None:
@@ -110,7 +112,9 @@ class SqlDatabase:
     def limit_statement_time(self, conn: Connection, timeout_s: float | None = None) -> None:
         """A hung PostgreSQL costs the query path at most the query timeout (or ``timeout_s``), not forever."""
         if self.engine.dialect.name == "postgresql":
-            limit_ms = self._query_timeout_ms if timeout_s is None else min(self._query_timeout_ms, int(timeout_s * 1000))
+            limit_ms = (
+                self._query_timeout_ms if timeout_s is None else min(self._query_timeout_ms, int(timeout_s * 1000))
+            )
             conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, limit_ms)}")
 
     def safe_url(self) -> str:
@@ -122,8 +126,9 @@ class SqlDatabase:
             return None
         return StoreError(
             f"SQL store {self.safe_url()} did not answer a call within {self._watchdog.timeout_s:g} s, so strata cut "
-            "the connection (database.call_timeout_s, STRATA_DATABASE__CALL_TIMEOUT_S): is the server paused or overloaded?"
-        )  # fmt: skip
+            "the connection (database.call_timeout_s, STRATA_DATABASE__CALL_TIMEOUT_S): "
+            "is the server paused or overloaded?"
+        )
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -168,16 +173,14 @@ def untimed(conn: Connection) -> Connection:
 
 def _hold_fence(conn: Connection, kb_id: str, owner: str) -> None:
     """Locks the lease row of ``kb_id`` for this transaction; ``LeaseLostError`` when ``owner`` no longer holds it."""
-    holder = conn.execute(
-        select(kb_leases.c.owner).where(kb_leases.c.kb_id == kb_id).with_for_update()
-    ).scalar()  # fmt: skip
+    holder = conn.execute(select(kb_leases.c.owner).where(kb_leases.c.kb_id == kb_id).with_for_update()).scalar()
     if holder != owner:
         taken = f"it was taken by {holder}" if holder else "it was released or expired and taken since"
         raise LeaseLostError(
             f"this run lost the indexing lease of knowledge base {kb_id!r} ({taken}): it stopped before its next "
             "write, and nothing it left unfinished serves; the run that holds the kb now decides what it serves",
             kb_id=kb_id,
-        )  # fmt: skip
+        )
 
 
 def _create_engine(settings: DatabaseSettings) -> Engine:
@@ -253,7 +256,7 @@ def _time_pings(engine: Engine, watchdog: CallWatchdog[Any], timed_out: Callable
         finally:
             watchdog.disarm(dbapi_conn)
 
-    engine.dialect.do_ping = timed_ping  # type: ignore[method-assign]
+    engine.dialect.do_ping = timed_ping  # type: ignore[method-assign, assignment]
 
 
 def _cut_if_in_call(dbapi_conn: Any) -> bool:

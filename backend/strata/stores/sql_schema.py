@@ -97,7 +97,9 @@ kb_terms = Table(
     metadata,
     Column("kb_id", String(256), primary_key=True),
     Column("term", String(64), primary_key=True),
-    Column("df", Integer, nullable=False, comment="leaves of the kb's active versions whose search text holds the term"),
+    Column(
+        "df", Integer, nullable=False, comment="leaves of the kb's active versions whose search text holds the term"
+    ),
 )
 Index("ix_strata_kb_terms_df", kb_terms.c.kb_id, kb_terms.c.df)
 
@@ -115,7 +117,12 @@ version_marks = Table(
     metadata,
     Column("kb_id", String(256), primary_key=True),
     Column("doc_id", String(2048), primary_key=True),
-    Column("last_version", Integer, nullable=False, comment="highest version of the document ever activated; outlives its deletion"),
+    Column(
+        "last_version",
+        Integer,
+        nullable=False,
+        comment="highest version of the document ever activated; outlives its deletion",
+    ),
 )
 
 cache_invalidations = Table(

@@ -19,8 +19,8 @@ one); ``TermStatistics`` is the store's own reads and backfills.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from sqlalchemy import ColumnElement, and_, delete, exists, func, insert, select
 from sqlalchemy import text as sql_text
@@ -71,9 +71,11 @@ def insert_version_terms(conn: Connection, kb_id: str, doc_id: str, version: int
 def uncounted_versions(conn: Connection, kb_id: str) -> list[tuple[str, int]]:
     """(doc id, version) of the kb's active versions with leaves whose terms were never counted."""
     counted = exists().where(
-        version_terms.c.kb_id == documents.c.kb_id, version_terms.c.doc_id == documents.c.doc_id,
-        version_terms.c.version == documents.c.version, version_terms.c.term == COUNTED,
-    )  # fmt: skip
+        version_terms.c.kb_id == documents.c.kb_id,
+        version_terms.c.doc_id == documents.c.doc_id,
+        version_terms.c.version == documents.c.version,
+        version_terms.c.term == COUNTED,
+    )
     query = select(documents.c.doc_id, documents.c.version).where(
         documents.c.kb_id == kb_id, documents.c.status == ACTIVE, documents.c.leaf_count > 0, ~counted
     )
@@ -82,9 +84,11 @@ def uncounted_versions(conn: Connection, kb_id: str) -> list[tuple[str, int]]:
 
 def _of_active_version() -> ColumnElement[bool]:
     return and_(
-        documents.c.kb_id == version_terms.c.kb_id, documents.c.doc_id == version_terms.c.doc_id,
-        documents.c.version == version_terms.c.version, documents.c.status == ACTIVE,
-    )  # fmt: skip
+        documents.c.kb_id == version_terms.c.kb_id,
+        documents.c.doc_id == version_terms.c.doc_id,
+        documents.c.version == version_terms.c.version,
+        documents.c.status == ACTIVE,
+    )
 
 
 # Both SQLite (3.24+) and PostgreSQL read this upsert; the WHERE keeps SQLite's parser from taking ON for a join.
@@ -192,7 +196,9 @@ class TermStatistics(SqlPart):
         with self._connect() as conn:
             return kb_terms_missing(conn, kb_id)
 
-    def frequent_terms(self, kb_ids: Sequence[str], max_df: float, *, timeout_s: float | None = None) -> TermFrequencies:
+    def frequent_terms(
+        self, kb_ids: Sequence[str], max_df: float, *, timeout_s: float | None = None
+    ) -> TermFrequencies:
         """The active leaves of ``kb_ids`` and the terms in more than ``max_df`` of them (indexed reads
         of the kbs' term sums, under the query timeout)."""
         with self._connect() as conn:

@@ -8,7 +8,8 @@ status change in the transaction that makes it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.engine import Connection
@@ -46,20 +47,30 @@ class DocumentVersions(SqlPart):
             return {row.doc_id: row.last_version for row in conn.execute(query)}
 
     def write_pending(
-        self, version: DocumentVersion, doc_chunks: Sequence[Chunk], term_counts: Mapping[str, int] | None = None,
-        *, chunk_count: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        version: DocumentVersion,
+        doc_chunks: Sequence[Chunk],
+        term_counts: Mapping[str, int] | None = None,
+        *,
+        chunk_count: int | None = None,
+    ) -> None:
         """The document version as ``pending`` plus all its chunks, in one transaction (idempotent);
         with ``term_counts`` (term -> leaves holding it, ``term_stats.count_terms``) its term statistics too.
 
         A document too large to hold its chunks at once passes none and its ``chunk_count``, then adds its
         chunks batch by batch (``add_chunks``): the version stays pending, hidden, until all are written."""
         row = {
-            "kb_id": version.kb_id, "doc_id": version.doc_id, "version": version.version,
-            "source": version.source, "content_hash": version.content_hash, "status": PENDING,
-            "leaf_count": version.leaf_count, "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
-            "metadata": dict(version.metadata), "root": version.root or None,
-        }  # fmt: skip
+            "kb_id": version.kb_id,
+            "doc_id": version.doc_id,
+            "version": version.version,
+            "source": version.source,
+            "content_hash": version.content_hash,
+            "status": PENDING,
+            "leaf_count": version.leaf_count,
+            "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
+            "metadata": dict(version.metadata),
+            "root": version.root or None,
+        }
         with self._begin() as conn:
             _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
             _raise_mark(conn, version.kb_id, version.doc_id, version.version)
@@ -73,7 +84,9 @@ class DocumentVersions(SqlPart):
         """More chunks of a pending version (``write_pending`` with ``chunk_count``), in one transaction;
         ``skip_existing``: chunks the version holds already are left as they are (a resumed version)."""
         with self._begin() as conn:
-            _insert_chunks(conn, doc_chunks, insert=self._db.insert(chunks).on_conflict_do_nothing() if skip_existing else None)
+            _insert_chunks(
+                conn, doc_chunks, insert=self._db.insert(chunks).on_conflict_do_nothing() if skip_existing else None
+            )
 
     def activate(self, kb_id: str, doc_id: str, version: int) -> None:
         """Serve ``version``; every other version of the document becomes ``retired``."""
@@ -101,7 +114,9 @@ class DocumentVersions(SqlPart):
             for start in range(0, len(retire), IN_BATCH):
                 batch = list(retire[start : start + IN_BATCH])
                 conn.execute(
-                    update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(batch)).values(status=RETIRED)
+                    update(documents)
+                    .where(documents.c.kb_id == kb_id, documents.c.doc_id.in_(batch))
+                    .values(status=RETIRED)
                 )
             drop_absent_terms(conn, kb_id)
             bump_generation(conn, kb_id)
@@ -132,13 +147,17 @@ class DocumentVersions(SqlPart):
 
     def stats(self, kb_id: str) -> dict[str, Any]:
         """Documents by status and chunks by level of the active versions."""
-        active = select(documents.c.doc_id, documents.c.version).where(
-            documents.c.kb_id == kb_id, documents.c.status == ACTIVE
-        ).subquery()
+        active = (
+            select(documents.c.doc_id, documents.c.version)
+            .where(documents.c.kb_id == kb_id, documents.c.status == ACTIVE)
+            .subquery()
+        )
         with self._connect() as conn:
             by_status = dict(
                 conn.execute(
-                    select(documents.c.status, func.count()).where(documents.c.kb_id == kb_id).group_by(documents.c.status)
+                    select(documents.c.status, func.count())
+                    .where(documents.c.kb_id == kb_id)
+                    .group_by(documents.c.status)
                 ).all()
             )
             by_level = dict(
@@ -158,9 +177,10 @@ def _serving_versions(conn: Connection, kb_id: str, doc_ids: Sequence[str]) -> d
     wanted = list(dict.fromkeys(doc_ids))
     for start in range(0, len(wanted), IN_BATCH):
         query = select(documents.c.doc_id, documents.c.version).where(
-            documents.c.kb_id == kb_id, documents.c.doc_id.in_(wanted[start : start + IN_BATCH]),
+            documents.c.kb_id == kb_id,
+            documents.c.doc_id.in_(wanted[start : start + IN_BATCH]),
             documents.c.status == ACTIVE,
-        )  # fmt: skip
+        )
         for row in conn.execute(query):
             found.setdefault(row.doc_id, set()).add(row.version)
     return found
@@ -178,7 +198,10 @@ def _raise_mark(conn: Connection, kb_id: str, doc_id: str, version: int) -> None
 
 def _insert_chunks(conn: Connection, doc_chunks: Sequence[Chunk], insert: Any = None) -> None:
     for start in range(0, len(doc_chunks), INSERT_BATCH):
-        conn.execute(chunks.insert() if insert is None else insert, [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]])
+        conn.execute(
+            chunks.insert() if insert is None else insert,
+            [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]],
+        )
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
@@ -188,7 +211,14 @@ def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int
 
 def _version(row: Any) -> DocumentVersion:
     return DocumentVersion(
-        kb_id=row.kb_id, doc_id=row.doc_id, version=row.version, source=row.source,
-        content_hash=row.content_hash, status=row.status, leaf_count=row.leaf_count,
-        chunk_count=row.chunk_count, metadata=row.metadata or {}, root=row.root or "",
-    )  # fmt: skip
+        kb_id=row.kb_id,
+        doc_id=row.doc_id,
+        version=row.version,
+        source=row.source,
+        content_hash=row.content_hash,
+        status=row.status,
+        leaf_count=row.leaf_count,
+        chunk_count=row.chunk_count,
+        metadata=row.metadata or {},
+        root=row.root or "",
+    )

@@ -5,56 +5,70 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Query, UploadFile
+from fastapi import APIRouter, File, Query, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from strata.api import uploads
 from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, not_found
-from strata.api.problems import Problem
 from strata.api.openapi import problems
-from strata.api.schemas import DocumentList, KbCreate, KbCreated, KbList
+from strata.api.problems import Problem
+from strata.api.schemas import DocumentDeleted, DocumentEntryOut, DocumentList, KbCreate, KbCreated, KbList, KbOut
 from strata.indexing.report import IndexReport
 
-router = APIRouter(prefix="/kbs", tags=["knowledge bases"])
+router = APIRouter(prefix="/kbs", tags=["knowledge bases"], default_response_class=JSONResponse)  # json.dumps, as ever
 
 
 @router.get("", summary="the knowledge bases this key may read", response_model=KbList)
-def list_kbs(service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
+def list_kbs(service: ServiceDep, principal: PrincipalDep) -> KbList:
     kbs = [kb for kb in service.resources.documents.list_kbs() if principal.can_read(kb.kb_id)]
-    return {"kbs": [{"kb_id": k.kb_id, "encoder": k.encoder, "dim": k.dim, "generation": k.generation} for k in kbs]}
+    return KbList(kbs=[KbOut.model_validate(kb) for kb in kbs])
 
 
 @router.post(
-    "", summary="create an empty knowledge base", status_code=201, response_model=KbCreated,
-    responses={200: {"model": KbCreated, "description": "the knowledge base existed already"}, **problems(403, 404, 409)},
-)  # fmt: skip
-def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep) -> JSONResponse:
+    "",
+    summary="create an empty knowledge base",
+    status_code=201,
+    response_model=KbCreated,
+    responses={
+        200: {"model": KbCreated, "description": "the knowledge base existed already"},
+        **problems(403, 404, 409),
+    },
+)
+def create_kb(body: KbCreate, service: ServiceDep, principal: PrincipalDep, response: Response) -> KbCreated:
     if not principal.can_read(body.kb_id):
         raise not_found(body.kb_id)
     if not principal.write:
         raise Problem(403, f"this key may not write to {body.kb_id!r}", title="Forbidden")
     created = service.create_kb(body.kb_id)
-    return JSONResponse({"kb_id": body.kb_id, "created": created}, status_code=201 if created else 200)
+    if not created:
+        response.status_code = 200
+    return KbCreated(kb_id=body.kb_id, created=created)
 
 
 @router.get(
-    "/{kb}/documents", summary="the documents a knowledge base serves", response_model=DocumentList, responses=problems(404)
+    "/{kb}/documents",
+    summary="the documents a knowledge base serves",
+    response_model=DocumentList,
+    responses=problems(404),
 )
-def list_documents(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
+def list_documents(kb: ReadableKb, service: ServiceDep) -> DocumentList:
     entries = service.catalog.documents(kb)
-    return {"kb": kb, "documents": [uploads.entry_dict(e) for e in entries]}
+    return DocumentList(kb=kb, documents=[DocumentEntryOut.model_validate(e) for e in entries])
 
 
 @router.post(
-    "/{kb}/documents", summary="upload files and index them (the report of strata index)",
+    "/{kb}/documents",
+    summary="upload files and index them (the report of strata index)",
     responses=problems(403, 404, 409, 503),
-)  # fmt: skip
+)
 async def upload_documents(
     kb: WritableKb,
     service: ServiceDep,
     files: Annotated[list[UploadFile], File(description="files; a name may be a relative path (folder/file.md)")],
-    delete_missing: Annotated[bool, Query(description="delete documents of this root whose files were not sent")] = False,
+    delete_missing: Annotated[
+        bool, Query(description="delete documents of this root whose files were not sent")
+    ] = False,
     recreate: Annotated[bool, Query(description="drop the knowledge base first")] = False,
     dry_run: Annotated[bool, Query(description="report what would change, write nothing")] = False,
     root: Annotated[str, Query(max_length=uploads.MAX_NAME_CHARS, description=uploads.ROOT_HELP)] = "",
@@ -67,24 +81,34 @@ async def upload_documents(
 
     def index(folder: Path) -> IndexReport:
         return service.index_folder(
-            kb, folder, delete_missing=delete_missing, recreate=recreate, dry_run=dry_run,
-            root=uploads.root_name(root), keep=kept, max_delete=max_delete, force_delete=force,
-        )  # fmt: skip
+            kb,
+            folder,
+            delete_missing=delete_missing,
+            recreate=recreate,
+            dry_run=dry_run,
+            root=uploads.root_name(root),
+            keep=kept,
+            max_delete=max_delete,
+            force_delete=force,
+        )
 
     report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)  # errors: ERROR_TABLE
     return report.to_dict()
 
 
 @router.delete(
-    "/{kb}/documents/{doc_id:path}", summary="delete a document from every store", responses=problems(403, 404, 409)
+    "/{kb}/documents/{doc_id:path}",
+    summary="delete a document from every store",
+    response_model=DocumentDeleted,
+    responses=problems(403, 404, 409),
 )
-def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal: PrincipalDep) -> dict[str, Any]:
+def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal: PrincipalDep) -> DocumentDeleted:
     if not principal.can_write(kb):
         raise Problem(403, f"this key may not write to {kb!r}", title="Forbidden")
     uploads.check_name(doc_id, "document id")
     if not service.delete_document(kb, doc_id):
         raise Problem(404, f"no document {doc_id!r} in knowledge base {kb!r}", title="Not Found")
-    return {"kb": kb, "deleted": doc_id}
+    return DocumentDeleted(kb=kb, deleted=doc_id)
 
 
 @router.get(

@@ -5,15 +5,22 @@ tile it: consecutive ``Section`` spans from offset 0 to ``len(text)``, each
 starting at its heading line (or page). Problems are reported as ``LoaderError``
 with a short reason; text is never truncated.
 
-Formats: Markdown with optional YAML front matter (ATX headings give sections),
-plain text (one section, heading path ``()``), HTML (``<h1>``-``<h3>`` give
-sections), PDF (one section per page) and DOCX ("Title"/"Heading n" paragraph
-styles give sections).
+Formats: Markdown with optional YAML front matter (ATX headings give sections;
+MkDocs admonitions and content tabs read as text), reStructuredText (docutils'
+section nesting gives the same heading paths; Sphinx roles and directives
+tolerated), plain text (one section, heading path ``()``), HTML
+(``<h1>``-``<h3>`` give sections), PDF (one section per page) and DOCX
+("Title"/"Heading n" paragraph styles give sections).
+
+No loader reads another file: an include (reStructuredText's ``include``,
+``literalinclude``, ``:file:`` options; MkDocs' ``--8<--`` snippets) is left
+out of the text and reported as a note (``Parsed.notes``), which
+``load_document`` logs as a warning naming the file.
 
 Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
 and what it decompresses to; its elements (paragraphs, pages, tags, comments,
-headings); and, since every format parses in a child process (``_isolated``),
-the parse's time and memory. Its text's UTF-8 is bounded by
+headings, reStructuredText lines); and, since every format parses in a child
+process (``_isolated``), the parse's time and memory. Its text's UTF-8 is bounded by
 ``max_document_bytes`` in the child, before the text comes back, and a .txt or
 .md file, whose text is its bytes, before it is read: over twice that bound
 (``LoaderLimits.check_text_file``). A file over a bound fails with one line naming
@@ -21,14 +28,16 @@ the setting. ``stop``, when set, ends a parse in progress with
 ``IndexingStoppedError``: a stopping service does not wait for a parser.
 
 Everything strata applies to the text (normalization, headings, front matter,
-the HTML breaks) is linear in its length: each regular expression starts a
-match only where a run of what it rescans begins, or the line is scanned by
-hand; ``tests/indexing/test_linear_text.py`` feeds each a megabyte of its
-worst input.
+the HTML breaks, MkDocs markers) is linear in its length: each regular
+expression starts a match only where a run of what it rescans begins, or the
+line is scanned by hand; ``tests/indexing/test_linear_text.py`` and
+``tests/indexing/test_mkdocs_markdown.py`` feed each a megabyte of its worst
+input. docutils is not linear in a paragraph's length; ``_rst`` parses inline
+text in bounded pieces (``tests/indexing/test_rst_loader.py``).
 
 The private modules hold the pieces: ``_text`` (normalization and section
 assembly shared by every format), ``_markdown`` (Markdown and plain text),
-``_html``, ``_pdf`` and ``_docx``, with ``_limits`` and ``_isolated``.
+``_rst``, ``_html``, ``_pdf`` and ``_docx``, with ``_limits`` and ``_isolated``.
 """
 
 from __future__ import annotations
@@ -39,8 +48,9 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.loaders._docx import parse_docx
@@ -49,17 +59,25 @@ from strata.indexing.loaders._isolated import Parse, parse_isolated
 from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.loaders._markdown import parse_markdown, parse_text
 from strata.indexing.loaders._pdf import parse_pdf
+from strata.indexing.loaders._rst import parse_rst
 from strata.indexing.loaders._text import Parsed, normalize_text
 from strata.types import SourceDocument
 
 __all__ = [
-    "SUPPORTED_SUFFIXES", "FolderWalk", "LoaderLimits", "is_supported", "iter_source_files", "load_document", "normalize_text",
-    "unreadable_reason", "walk_folder",
-]  # fmt: skip
+    "SUPPORTED_SUFFIXES",
+    "FolderWalk",
+    "LoaderLimits",
+    "is_supported",
+    "iter_source_files",
+    "load_document",
+    "normalize_text",
+    "unreadable_reason",
+    "walk_folder",
+]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_SUFFIXES: frozenset[str] = frozenset({".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx"})
+SUPPORTED_SUFFIXES: frozenset[str] = frozenset({".md", ".markdown", ".rst", ".txt", ".html", ".htm", ".pdf", ".docx"})
 
 
 def is_supported(path: Path) -> bool:
@@ -120,9 +138,12 @@ def unreadable_reason(path: Path) -> str | None:
 
 
 _FILE_KINDS = {
-    stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder",
-}  # fmt: skip
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a folder",
+}
 
 
 def _walk(folder: Path, walk: FolderWalk | None = None) -> Iterator[Path]:
@@ -167,6 +188,8 @@ def load_document(
     if not parsed.text:
         raise LoaderError("empty file")
     doc_id = str(parsed.metadata.get("doc_id") or "").strip() or source
+    for note in parsed.notes:
+        logger.warning("%s: %s", source, note)
     logger.debug("loaded %s: %d characters, %d sections", source, len(parsed.text), len(parsed.sections))
     return SourceDocument(
         doc_id=doc_id,
@@ -220,6 +243,7 @@ _TEXT_IS_THE_FILE = frozenset({".md", ".markdown", ".txt"})
 _PARSERS: dict[str, Parse] = {
     ".md": parse_markdown,
     ".markdown": parse_markdown,
+    ".rst": parse_rst,
     ".txt": _parse_text,
     ".html": parse_html,
     ".htm": parse_html,

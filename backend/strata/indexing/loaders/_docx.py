@@ -17,7 +17,8 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from typing import IO, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 import docx
 from docx.enum.style import WD_STYLE_TYPE
@@ -123,8 +124,9 @@ def _heading_levels(document: Any) -> Callable[[Paragraph], int | None]:
     styles = document.styles
     levels = {
         style.style_id: _style_level(style.name)
-        for style in styles if style.type == WD_STYLE_TYPE.PARAGRAPH and style.style_id is not None
-    }  # fmt: skip
+        for style in styles
+        if style.type == WD_STYLE_TYPE.PARAGRAPH and style.style_id is not None
+    }
     default = styles.default(WD_STYLE_TYPE.PARAGRAPH)  # what python-docx gives a paragraph of an unknown style
     fallback = _style_level(default.name) if default is not None else None
     return lambda paragraph: levels.get(paragraph._p.style, fallback)

@@ -17,7 +17,8 @@ first listed.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 _CONFIDENT = 0.9
 
@@ -57,7 +58,9 @@ _CANDIDATES = (
     # level 1, so Korean text also reads as plausible GB18030, while Chinese text reaches past 0xC8.
     _Candidate("euc_kr", "EUC-KR (Korean)", _lead_byte_in("euc_kr", _rows((0xA1, 0xA3), (0xB0, 0xC8)))),
     # GB2312 rows: punctuation 0xA1-0xA3, level-1 hanzi 0xB0-0xD7
-    _Candidate("gb18030", "GB18030 (Simplified Chinese, GBK)", _lead_byte_in("gb18030", _rows((0xA1, 0xA3), (0xB0, 0xD7)))),
+    _Candidate(
+        "gb18030", "GB18030 (Simplified Chinese, GBK)", _lead_byte_in("gb18030", _rows((0xA1, 0xA3), (0xB0, 0xD7)))
+    ),
     # Big5 rows: punctuation 0xA1-0xA3, level-1 hanzi 0xA4-0xC6
     _Candidate("big5", "BIG5 (Traditional Chinese)", _lead_byte_in("big5", _rows((0xA1, 0xC6)))),
     # Shift_JIS rows: punctuation and kana 0x81-0x83, level-1 kanji 0x88-0x98

@@ -30,8 +30,31 @@ from strata.indexing.loaders._text import Parsed, assemble, heading_parts
 _HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "head", "title", "iframe", "svg"})
 _HTML_HEADINGS = {"h1": 1, "h2": 2, "h3": 3}
 _HTML_PARAGRAPHS = frozenset(
-    {"p", "pre", "blockquote", "table", "ul", "ol", "dl", "h4", "h5", "h6", "hr", "section", "article",
-     "header", "footer", "figure", "main", "aside", "nav", "address", "details", "form", "fieldset"}
+    {
+        "p",
+        "pre",
+        "blockquote",
+        "table",
+        "ul",
+        "ol",
+        "dl",
+        "h4",
+        "h5",
+        "h6",
+        "hr",
+        "section",
+        "article",
+        "header",
+        "footer",
+        "figure",
+        "main",
+        "aside",
+        "nav",
+        "address",
+        "details",
+        "form",
+        "fieldset",
+    }
 )
 _HTML_LINES = frozenset({"div", "li", "tr", "td", "th", "dt", "dd", "caption", "figcaption", "summary", "br", "body"})
 # Private-use marks stand for breaks while rendering, so that the whitespace

@@ -26,6 +26,7 @@ take PyYAML 0.7 s, and one rule for every file needs no size to be trusted.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.util
 import resource
@@ -34,9 +35,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.loaders._limits import LoaderLimits, setting
@@ -45,7 +47,7 @@ from strata.indexing.loaders._text import Parsed, reason
 Parse = Callable[[bytes, LoaderLimits], Parsed]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
-_PARSERS = [f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown")]
+_PARSERS = [f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown", "_rst")]
 _POLL_S = 0.1  # how soon a set stop event is seen
 
 
@@ -54,7 +56,9 @@ def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threadi
     _CONTEXT.set_forkserver_preload(_preload())  # takes effect when the first parse starts the forkserver
     _short_socket_folder()
     receiver, sender = _CONTEXT.Pipe(duplex=False)
-    child = _CONTEXT.Process(target=_parse_in_child, args=(parse, raw, limits, sender), name="strata-parse", daemon=True)
+    child = _CONTEXT.Process(
+        target=_parse_in_child, args=(parse, raw, limits, sender), name="strata-parse", daemon=True
+    )
     child.start()
     sender.close()  # the child holds the only writer: its death reads as end of file
     try:
@@ -77,7 +81,7 @@ def _short_socket_folder() -> None:
     test's own) starting it failed with "AF_UNIX path too long" and so did every parse. Then the folder is made
     under ``/tmp`` (or the shortest writable of the usual places) and removed at exit.
     """
-    config = multiprocessing.current_process()._config  # what multiprocessing.util.get_temp_dir() reads
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]  # what multiprocessing.util.get_temp_dir() reads
     if config.get("tempdir") or len(tempfile.gettempdir()) <= _SOCKET_FOLDER_MAX:
         return
     for parent in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -130,14 +134,23 @@ def _answer(child: Any, receiver: Connection, limits: LoaderLimits, stop: thread
 
 def _parse_in_child(parse: Parse, raw: bytes, limits: LoaderLimits, sender: Connection) -> None:
     cap = _cap_address_space(limits.parse_max_memory_bytes)
+    failure = ""
     try:
         answer: tuple[str, Any] = ("parsed", parse(raw, limits))
-    except (LoaderError, MemoryError) as exc:
-        # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
-        answer = ("failed", _out_of_memory(limits) if _reached(cap) else str(exc) or "out of memory")
+    except MemoryError:
+        failure = "out of memory"
+    except LoaderError as exc:
+        failure = str(exc) or "out of memory"
     except Exception as exc:  # a parser bug: the file fails with it, the run goes on
-        answer = ("failed", _out_of_memory(limits) if _reached(cap) else f"parser error: {type(exc).__name__}: {reason(exc)}")
+        failure = f"parser error: {type(exc).__name__}: {reason(exc)}"
     del raw
+    if failure:
+        # Outside the except clause: the traceback, and the parse's objects its frames held, are let go, and
+        # what is left in reference cycles (docutils' tree: each node points to its parent) collected, so
+        # that the answer can be built and sent at all (it died with MemoryError in the handler before).
+        gc.collect()
+        # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
+        answer = ("failed", _out_of_memory(limits) if _reached(cap) else failure)
     if answer[0] == "parsed":
         answer = _within_document_limit(answer[1], limits)
     sender.send(answer)

@@ -31,10 +31,12 @@ class LoaderLimits:
     @classmethod
     def from_settings(cls, settings: IndexingSettings) -> LoaderLimits:
         return cls(
-            max_document_bytes=settings.max_document_bytes, max_decompressed_bytes=settings.max_decompressed_bytes,
-            max_elements=settings.max_elements, parse_timeout_s=settings.parse_timeout_s,
+            max_document_bytes=settings.max_document_bytes,
+            max_decompressed_bytes=settings.max_decompressed_bytes,
+            max_elements=settings.max_elements,
+            parse_timeout_s=settings.parse_timeout_s,
             parse_max_memory_bytes=settings.parse_max_memory_bytes,
-        )  # fmt: skip
+        )
 
     def check_document(self, text: str) -> None:
         """``LoaderError`` when the UTF-8 of a parsed document's ``text`` is over ``max_document_bytes``."""
@@ -83,7 +85,9 @@ def utf8_size(text: str) -> int:
     if text.isascii():
         return len(text)
     # surrogatepass: a lone surrogate (a PDF's broken text) is measured as the 3 bytes it takes, not an error here
-    return sum(len(text[i : i + _SLICE_CHARS].encode("utf-8", "surrogatepass")) for i in range(0, len(text), _SLICE_CHARS))
+    return sum(
+        len(text[i : i + _SLICE_CHARS].encode("utf-8", "surrogatepass")) for i in range(0, len(text), _SLICE_CHARS)
+    )
 
 
 def setting(field: str) -> str:

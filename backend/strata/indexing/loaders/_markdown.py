@@ -4,6 +4,15 @@ Markdown may open with YAML front matter (its values become the metadata) and
 is split into sections at ATX headings outside fenced code blocks; plain text
 is one section with heading path ``()``.
 
+MkDocs (Material, pymdownx) markup reads as text: an admonition's marker line
+``!!! note "Title"`` (or ``??? warning``, ``???+ tip``) becomes ``Note: Title``
+and a content tab's ``=== "Linux"`` becomes ``Tab: Linux``, each over its
+indented body, kept as it is; in fenced code they stay as written. A snippet
+(``--8<-- "file.md"``, or a ``--8<--`` block of file names) names another
+file, which strata does not read: its lines are dropped from the text and each
+file is reported as an unresolved note. As in pymdownx, snippets are found in
+code too, and ``;--8<--`` is the escaped marker, kept with one ``;`` less.
+
 Front matter is untrusted input: it is bounded (``FRONT_MATTER_MAX_BYTES``)
 and may not use YAML aliases. ``yaml.safe_load`` shares an aliased value
 rather than copying it, but the metadata is plain JSON, where each alias is a
@@ -16,7 +25,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 
@@ -31,6 +41,12 @@ FRONT_MATTER_MAX_BYTES = 64 * 1024  # generous: real front matter is a few hundr
 # line; a fence is matched at a line's start only.
 _FRONT_MATTER = re.compile(r"\A---[ \t]*+\n(.*?)^---[ \t]*+$\n?", re.DOTALL | re.MULTILINE)
 _FENCE = re.compile(r"^ {0,3}(`{3,}+|~{3,}+)")
+# MkDocs markers, each matched whole against one line; every run is possessive and the runs that follow
+# one another are of disjoint characters, so a line is scanned once.
+_ADMONITION = re.compile(r"( *+)(!!!|\?\?\?\+?)[ \t]++([\w-]++)(?:[ \t]++[\w-]++)*+(?:[ \t]++\"([^\"\n]*+)\")?[ \t]*+")
+_TAB = re.compile(r"( *+)===[!+]?[ \t]++\"([^\"\n]*+)\"[ \t]*+")
+_SNIPPET = re.compile(r" *+(;*+)-++8<-++[ \t]++(\"[^\"\n]++\"|'[^'\n]++')[ \t]*+")
+_SNIPPET_BLOCK = re.compile(r" *+(;*+)-++8<-++[ \t]*+")
 
 
 def parse_text(raw: bytes) -> Parsed:
@@ -45,12 +61,12 @@ def parse_markdown(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     """Markdown: front matter as metadata, one section per ATX heading (and one for a preamble)."""
     text = LINE_BREAKS.sub("\n", decode_text(raw))
     metadata, body = _split_front_matter(text)
-    body = normalize_text(body)
+    body, notes = _mkdocs_markup(normalize_text(body))
     title = metadata.get("title")
     preamble_path = (str(title).strip(),) if title not in (None, "") else ()
     sections = _markdown_sections(body, preamble_path)
     limits.check_elements("Markdown sections", len(sections))  # the parse is linear; what follows is per section
-    return Parsed(body, sections, metadata)
+    return Parsed(body, sections, metadata, notes)
 
 
 def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -64,14 +80,14 @@ def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
     if not isinstance(loaded, dict):
         raise LoaderError("front matter is not a mapping of keys to values")
     try:
-        return _normalized_front_matter(loaded), text[match.end() :]
+        return normalized_metadata(loaded), text[match.end() :]
     except RecursionError:
         raise LoaderError("front matter nested too deeply") from None
 
 
 def _load_front_matter(yaml_text: str) -> Any:
     try:
-        return yaml.load(yaml_text, Loader=_FrontMatterLoader) or {}  # noqa: S506 - a SafeLoader without aliases
+        return yaml.load(yaml_text, Loader=_FrontMatterLoader) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""  # +2: 1-based, after the '---'
@@ -93,8 +109,10 @@ class _FrontMatterLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _normalized_front_matter(loaded: dict[Any, Any]) -> dict[str, Any]:
-    """JSON-safe values; ``module`` a string, point lists lists of strings; nulls dropped for those."""
+def normalized_metadata(loaded: dict[Any, Any]) -> dict[str, Any]:
+    """JSON-safe values; ``module`` a string, point lists lists of strings; nulls dropped for those.
+
+    Front matter's rules, shared by reStructuredText's opening field list."""
     metadata = {str(k): _json_value(v) for k, v in loaded.items()}
     if metadata.get("module") is not None:
         if isinstance(metadata["module"], (list, dict)):
@@ -126,7 +144,8 @@ def _markdown_sections(body: str, preamble_path: tuple[str, ...]) -> tuple[Secti
     if not body:
         return ()
     headings = list(_atx_headings(body))
-    sections, stack = [], []  # stack: (level, title) of the enclosing headings
+    sections: list[Section] = []
+    stack: list[tuple[int, str]] = []  # stack: (level, title) of the enclosing headings
     if not headings or headings[0][0] > 0:
         sections.append(Section(preamble_path, 0, 0))
     for start, level, title in headings:
@@ -136,16 +155,78 @@ def _markdown_sections(body: str, preamble_path: tuple[str, ...]) -> tuple[Secti
 
 def _atx_headings(body: str) -> Iterator[tuple[int, int, str]]:
     """(offset, level, title) of each ATX heading outside fenced code blocks."""
-    fence, offset = "", 0
-    for line in body.split("\n"):
+    offset = 0
+    for line, in_code in _fenced(body.split("\n")):
+        if not in_code and (heading := _atx_heading(line)) and heading[1]:
+            yield offset, heading[0], heading[1]
+        offset += len(line) + 1
+
+
+def _fenced(lines: list[str]) -> Iterator[tuple[str, bool]]:
+    """Each line, and whether it is fenced code (the fences included)."""
+    fence = ""
+    for line in lines:
         opener = _FENCE.match(line)
         if fence and opener and opener.group(1)[0] == fence[0] and len(opener.group(1)) >= len(fence):
             fence = ""
+            yield line, True
         elif not fence and opener:
             fence = opener.group(1)
-        elif not fence and (heading := _atx_heading(line)) and heading[1]:
-            yield offset, heading[0], heading[1]
-        offset += len(line) + 1
+            yield line, True
+        else:
+            yield line, bool(fence)
+
+
+def _mkdocs_markup(body: str) -> tuple[str, tuple[str, ...]]:
+    """``body`` with MkDocs' markers as text and its snippets dropped; the snippets' notes (module docstring)."""
+    if "!!!" not in body and "???" not in body and "===" not in body and "8<" not in body:
+        return body, ()
+    notes: list[str] = []
+    lines = []
+    for line, in_code in _fenced(_without_snippets(body.split("\n"), notes)):
+        lines.append(line if in_code else _marker_as_text(line))
+    return normalize_text("\n".join(lines)), tuple(notes)
+
+
+def _marker_as_text(line: str) -> str:
+    if (admonition := _ADMONITION.fullmatch(line)) is not None:
+        indent, _, kind, title = admonition.groups()
+        label = kind[:1].upper() + kind[1:]
+        return f"{indent}{label}: {title.strip()}" if title and title.strip() else f"{indent}{label}:"
+    if (tab := _TAB.fullmatch(line)) is not None:
+        return f"{tab.group(1)}Tab: {tab.group(2).strip()}".rstrip()
+    return line
+
+
+def _without_snippets(lines: list[str], notes: list[str]) -> list[str]:
+    """``lines`` without snippet lines and blocks (a block's unclosed last marker stays text); one note a file."""
+    markers = [i for i, line in enumerate(lines) if "8<" in line and _bare_marker(line)]
+    closing = dict(zip(markers[::2], markers[1::2]))  # opener -> closer; an odd last one opens nothing
+    kept, skip_to = [], -1
+    for i, line in enumerate(lines):
+        if i <= skip_to:
+            continue
+        if i in closing:
+            names = (name.strip() for name in lines[i + 1 : closing[i]])
+            notes.extend(_snippet_note(name) for name in names if name and not name.startswith(";"))
+            skip_to = closing[i]
+        elif "8<" not in line:
+            kept.append(line)
+        elif (snippet := _SNIPPET.fullmatch(line)) is not None and not snippet.group(1):
+            notes.append(_snippet_note(snippet.group(2)[1:-1]))
+        else:
+            kept.append(line.replace(";", "", 1) if (snippet or _SNIPPET_BLOCK.fullmatch(line)) else line)
+    return kept
+
+
+def _bare_marker(line: str) -> bool:
+    """A block snippet's opening or closing line (``--8<--`` alone), not escaped."""
+    marker = _SNIPPET_BLOCK.fullmatch(line)
+    return marker is not None and not marker.group(1)
+
+
+def _snippet_note(name: str) -> str:
+    return f"unresolved snippet {name!r} (--8<--): not indexed (strata reads no other file)"
 
 
 def _atx_heading(line: str) -> tuple[int, str] | None:

@@ -20,16 +20,20 @@ from strata.indexing.loaders._text import Parsed, Part, assemble, clean, reason
 logger = logging.getLogger(__name__)
 
 _OUTPUT_LIMITS = (
-    "maximum_declared_stream_length", "array_based_stream_maximum_output_length", "jbig2_maximum_output_length",
-    "lzw_maximum_output_length", "run_length_maximum_output_length", "zlib_maximum_output_length",
+    "maximum_declared_stream_length",
+    "array_based_stream_maximum_output_length",
+    "jbig2_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "zlib_maximum_output_length",
     "brotli_maximum_output_length",
-)  # fmt: skip
+)
 
 
 def parse_pdf(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     """PDF: sections ``(title, "p. n")`` per page; title, author and page count as metadata."""
     try:
-        with apply_configuration(**_stream_limits(limits)):
+        with apply_configuration(**_stream_limits(limits)):  # type: ignore[arg-type]  # pypdf's keyword form
             title, author, pages = _read_pdf(raw, limits)
     except LoaderError:
         raise

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from strata.errors import LoaderError
 from strata.indexing.loaders._encoding import guess_encoding
@@ -33,11 +34,17 @@ class Part(NamedTuple):
 
 
 class Parsed(NamedTuple):
-    """What a format loader returns: normalized text, the sections tiling it, metadata."""
+    """What a format loader returns: normalized text, the sections tiling it, metadata, and notes.
+
+    A note is something a user should know that does not fail the file: what it names and strata did not
+    index (an include or snippet of another file, which no loader reads). ``load_document`` logs each one
+    as a warning naming the file.
+    """
 
     text: str
     sections: tuple[Section, ...]
     metadata: dict[str, Any]
+    notes: tuple[str, ...] = ()
 
 
 def normalize_text(text: str) -> str:
@@ -67,7 +74,9 @@ def decode_text(raw: bytes) -> str:
 
 def assemble(parts: Sequence[Part]) -> tuple[str, tuple[Section, ...]]:
     """Join normalized parts with blank lines; each non-empty part is a section."""
-    texts, sections, offset = [], [], 0
+    texts: list[str] = []
+    sections: list[Section] = []
+    offset = 0
     for part in parts:
         text = normalize_text(part.text)
         if not text:

@@ -27,7 +27,9 @@ def include_name(name: str | None, type_: str, _parent_names: Any) -> bool:
 def run_migrations() -> None:
     connection = context.config.attributes.get("connection")
     if connection is None:
-        raise RuntimeError("strata's migrations run through `strata db upgrade` (strata.stores.schema), not alembic's CLI")
+        raise RuntimeError(
+            "strata's migrations run through `strata db upgrade` (strata.stores.schema), not alembic's CLI"
+        )
     context.configure(
         connection=connection,
         target_metadata=metadata,
@@ -35,7 +37,7 @@ def run_migrations() -> None:
         include_name=include_name,
         render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters a table by copying it
         compare_type=True,
-        on_version_apply=record_step,
+        on_version_apply=record_step,  # type: ignore[arg-type]  # alembic calls it with keyword arguments
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -42,16 +42,18 @@ def _timestamps() -> list[sa.Column]:
 def _baseline() -> sa.MetaData:
     meta = sa.MetaData()
     sa.Table(
-        "strata_knowledge_bases", meta,
+        "strata_knowledge_bases",
+        meta,
         sa.Column("kb_id", sa.String(256), primary_key=True),
         sa.Column("encoder", sa.String(512), nullable=False),
         sa.Column("dim", sa.Integer, nullable=False),
         sa.Column("chunking", sa.String(64), nullable=False, comment="signature of the chunking settings"),
         sa.Column("generation", sa.Integer, nullable=False, comment="bumped by every change; keys the query cache"),
         *_timestamps(),
-    )  # fmt: skip
+    )
     documents = sa.Table(
-        "strata_documents", meta,
+        "strata_documents",
+        meta,
         sa.Column("kb_id", sa.String(256), primary_key=True),
         sa.Column("doc_id", sa.String(2048), primary_key=True),
         sa.Column("version", sa.Integer, primary_key=True),
@@ -63,10 +65,11 @@ def _baseline() -> sa.MetaData:
         sa.Column("metadata", _Json, nullable=False),
         sa.Column("root", sa.String(4096), comment=_ROOT_COMMENT),
         *_timestamps(),
-    )  # fmt: skip
+    )
     sa.Index("ix_strata_documents_status", documents.c.kb_id, documents.c.status)
     chunks = sa.Table(
-        "strata_chunks", meta,
+        "strata_chunks",
+        meta,
         sa.Column("chunk_id", sa.String(64), primary_key=True),
         sa.Column("kb_id", sa.String(256), nullable=False),
         sa.Column("doc_id", sa.String(2048), nullable=False),
@@ -81,37 +84,50 @@ def _baseline() -> sa.MetaData:
         sa.Column("char_end", sa.Integer, nullable=False),
         sa.Column("child_count", sa.Integer, nullable=False),
         sa.Column("metadata", _Json, nullable=False),
-    )  # fmt: skip
+    )
     sa.Index("ix_strata_chunks_doc", chunks.c.kb_id, chunks.c.doc_id, chunks.c.version)
     version_terms = sa.Table(
-        "strata_version_terms", meta,
+        "strata_version_terms",
+        meta,
         sa.Column("kb_id", sa.String(256), primary_key=True),
         sa.Column("doc_id", sa.String(2048), primary_key=True),
         sa.Column("version", sa.Integer, primary_key=True),
-        sa.Column("term", sa.String(64), primary_key=True, comment='a BM25 analyzer token; "" marks the version as counted'),
-        sa.Column("leaf_df", sa.Integer, nullable=False, comment="leaves of the version whose search text holds the term"),
-    )  # fmt: skip
+        sa.Column(
+            "term", sa.String(64), primary_key=True, comment='a BM25 analyzer token; "" marks the version as counted'
+        ),
+        sa.Column(
+            "leaf_df", sa.Integer, nullable=False, comment="leaves of the version whose search text holds the term"
+        ),
+    )
     sa.Index("ix_strata_version_terms_term", version_terms.c.kb_id, version_terms.c.term)
     kb_terms = sa.Table(
-        "strata_kb_terms", meta,
+        "strata_kb_terms",
+        meta,
         sa.Column("kb_id", sa.String(256), primary_key=True),
         sa.Column("term", sa.String(64), primary_key=True),
-        sa.Column("df", sa.Integer, nullable=False, comment="leaves of the kb's active versions whose search text holds the term"),
-    )  # fmt: skip
+        sa.Column(
+            "df",
+            sa.Integer,
+            nullable=False,
+            comment="leaves of the kb's active versions whose search text holds the term",
+        ),
+    )
     sa.Index("ix_strata_kb_terms_df", kb_terms.c.kb_id, kb_terms.c.df)
     sa.Table(
-        "strata_embedding_cache", meta,
+        "strata_embedding_cache",
+        meta,
         sa.Column("encoder", sa.String(512), primary_key=True),
         sa.Column("text_hash", sa.String(64), primary_key=True),
         sa.Column("vector", sa.LargeBinary, nullable=False),
-    )  # fmt: skip
+    )
     sa.Table(
-        "strata_kb_leases", meta,
+        "strata_kb_leases",
+        meta,
         sa.Column("kb_id", sa.String(256), primary_key=True),
         sa.Column("owner", sa.String(512), nullable=False, comment="host:pid:token of the indexer holding the kb"),
         sa.Column("acquired_at", sa.DateTime, nullable=False),
         sa.Column("expires_at", sa.DateTime, nullable=False, comment="UTC; a holder renews it while it works"),
-    )  # fmt: skip
+    )
     return meta
 
 

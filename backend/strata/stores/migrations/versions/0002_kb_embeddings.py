@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import sqlalchemy as sa
 from alembic import op
@@ -33,20 +33,28 @@ _BATCH = 400  # leaves per page: at most 800 hashes in one IN (...), under SQLit
 _LEAF_LEVEL = 3
 
 _shared = sa.table(
-    "strata_embedding_cache", sa.column("encoder", sa.String), sa.column("text_hash", sa.String),
+    "strata_embedding_cache",
+    sa.column("encoder", sa.String),
+    sa.column("text_hash", sa.String),
     sa.column("vector", sa.LargeBinary),
-)  # fmt: skip
+)
 _chunks = sa.table(
-    "strata_chunks", sa.column("chunk_id", sa.String), sa.column("kb_id", sa.String), sa.column("level", sa.Integer),
-    sa.column("text", sa.Text), sa.column("heading_path", sa.Text),
-)  # fmt: skip
+    "strata_chunks",
+    sa.column("chunk_id", sa.String),
+    sa.column("kb_id", sa.String),
+    sa.column("level", sa.Integer),
+    sa.column("text", sa.Text),
+    sa.column("heading_path", sa.Text),
+)
 _kbs = sa.table("strata_knowledge_bases", sa.column("kb_id", sa.String), sa.column("encoder", sa.String))
 
 
 def upgrade() -> None:
     per_kb = op.create_table(
         "strata_kb_embeddings",
-        sa.Column("kb_id", sa.String(256), primary_key=True, comment="a vector is reused only by the kb that encoded it"),
+        sa.Column(
+            "kb_id", sa.String(256), primary_key=True, comment="a vector is reused only by the kb that encoded it"
+        ),
         sa.Column("encoder", sa.String(512), primary_key=True),
         sa.Column("text_hash", sa.String(64), primary_key=True),
         sa.Column("vector", sa.LargeBinary, nullable=False),
@@ -83,7 +91,7 @@ def _leaf_hash_batches(bind: sa.Connection, kb_id: str) -> Iterator[list[str]]:
         if not page:
             return
         hashes = {hashlib.sha256(text.encode("utf-8")).hexdigest() for _, text, _ in page}
-        hashes |= {hashlib.sha256(f"{path}\n{text}".encode("utf-8")).hexdigest() for _, text, path in page if path}
+        hashes |= {hashlib.sha256(f"{path}\n{text}".encode()).hexdigest() for _, text, path in page if path}
         yield sorted(hashes)
         after = page[-1].chunk_id
 

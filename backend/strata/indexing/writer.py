@@ -1,0 +1,158 @@
+"""The one write loop: every document, whatever its size, written a batch at a time, then served.
+
+A group of documents (``source.groups``) is written as: each version's ``pending`` row with its counts;
+then, batch by batch (``ChunkSource.batches``: at most ``group_leaves`` leaves, held chunks or chunked
+again), the batch's chunks into SQL (``sql_pending``), its leaves embedded and upserted into Milvus and its
+parents into the cache; then one flush (``milvus_upsert``, ``milvus_flush``) and each version's leaf count
+checked in Milvus. ``write`` yields each group's outcome; the run then serves it (``serve``: one
+``activate``) or, for ``--recreate``, gathers every group's and serves them all in one switch at the end.
+
+Parents are cached as their batch is written, before their version serves: their ids are the pending
+version's own and SQL holds them, so a version that never serves has them invalidated with its rows
+(``Removal.remove_versions``), and a version that serves finds them there.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from strata.indexing.embedding import upsert_leaves
+from strata.indexing.plan import DocumentPlan, Scan
+from strata.indexing.report import record_failure
+from strata.indexing.run import IndexRun, WriteStep
+from strata.indexing.source import ChunkSource, PreparedDocument, groups
+from strata.resources import Resources
+from strata.types import Chunk, DocumentVersion
+
+
+@dataclass(frozen=True)
+class WrittenVersion:
+    """A version written and verified, still pending: its row's fields and counts, none of its chunks or text
+    (``--recreate`` keeps one per document until its switch)."""
+
+    row: DocumentVersion
+    chunk_count: int
+    replaces: bool  # the document had a version before: "updated", else "added"
+
+
+@dataclass(frozen=True)
+class WrittenGroup:
+    """What writing one group did: the versions verified, and every document it wrote (verified or not: the
+    versions of these that do not serve are removed once the verified ones serve)."""
+
+    verified: tuple[WrittenVersion, ...]
+    doc_ids: frozenset[str]
+
+
+class VersionWriter:
+    """Writes a run's documents as pending versions, group by group, and serves written versions."""
+
+    def __init__(
+        self, resources: Resources, run: IndexRun, source: ChunkSource, *, group_leaves: int, signature: str
+    ) -> None:
+        self._res = resources
+        self._run = run
+        self._source = source
+        self._group_leaves = group_leaves
+        self._signature = signature
+
+    def write(self, scan: Scan, items: Iterable[DocumentPlan]) -> Iterator[WrittenGroup]:
+        """Each group of ``items`` prepared, written and checked, as the caller asks for the next: a group's
+        chunks are let go as the next group is prepared, so a run holds one group's at a time."""
+        docs = self._source.prepared(scan, items, self._run.report)
+        for group in groups(docs, self._group_leaves):
+            yield self._write_group(group)
+
+    def serve(self, versions: Sequence[WrittenVersion], *, retire: Sequence[str] = ()) -> None:
+        """In one SQL transaction ``versions`` serve (their documents' other versions are retired) and the
+        documents in ``retire`` stop serving (``--recreate``'s switch); the kb records the encoder they were
+        encoded with (the one it had, but after a ``--recreate`` with another). Then the report counts them."""
+        documents, encoder = self._res.documents, self._res.encoder
+        documents.switch(self._run.kb_id, [(v.row.doc_id, v.row.version) for v in versions], retire=retire)
+        documents.set_encoder(self._run.kb_id, encoder=encoder.name, dim=encoder.dim)
+        self._run.checkpoint(WriteStep.ACTIVATE)
+        for version in versions:
+            self._served(version)
+
+    def _write_group(self, group: list[PreparedDocument]) -> WrittenGroup:
+        resume = any(doc.item.resumes for doc in group)
+        for doc in group:
+            if not doc.item.resumes:  # a resumed version keeps its row and the chunks it has
+                row = doc.version_row(self._run.kb_id, self._signature)
+                self._res.documents.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
+        tally = _LeafTally(group)
+        for batch in self._source.batches(group):
+            self._write_batch(batch, tally, resume=resume)
+        self._run.checkpoint(WriteStep.MILVUS_UPSERT)
+        self._res.leaf_index.flush()
+        self._run.checkpoint(WriteStep.MILVUS_FLUSH)
+        verified = tuple(self._written(doc) for doc in group if self._verified(doc))
+        return WrittenGroup(verified, frozenset(doc.item.doc.doc_id for doc in group))
+
+    def _write_batch(self, batch: list[Chunk], tally: _LeafTally, *, resume: bool) -> None:
+        """One batch into SQL, Milvus and the cache, with progress after it; ``resume``: what a stopped run
+        wrote of a resumed version is kept, not written again."""
+        self._res.documents.add_chunks(batch, skip_existing=resume)
+        self._run.checkpoint(WriteStep.SQL_PENDING)
+        leaves = [c for c in batch if c.is_leaf]
+        if leaves:
+            self._upsert(leaves, resume=resume)
+        self._res.parents.put_many([c for c in batch if not c.is_leaf])
+        tally.written(leaves, self._run)
+
+    def _upsert(self, leaves: list[Chunk], *, resume: bool) -> None:
+        """Embeds (the embedding cache, then the encoder) and upserts ``leaves``."""
+        run = self._run
+        embedded = upsert_leaves(
+            self._res,
+            self._res.leaf_index,
+            run.kb_id,
+            leaves,
+            progress=run.progress,
+            batch_cached=lambda: run.checkpoint(WriteStep.ENCODER_BATCH),
+            keep_present=resume,
+        )
+        run.report.passages_encoded += embedded.encoded
+        run.report.embeddings_reused += embedded.reused
+        run.report.leaves_kept += embedded.kept
+        run.report.encode_seconds += embedded.seconds
+
+    def _verified(self, doc: PreparedDocument) -> bool:
+        """Whether Milvus (a Strong count) holds every leaf of the version; else it is reported failed."""
+        item = doc.item
+        found = self._res.leaf_index.count(self._run.kb_id, doc_id=item.doc.doc_id, version=item.version)
+        if found != doc.leaf_count:
+            message = f"Milvus holds {found} leaves, expected {doc.leaf_count}; version not activated"
+            record_failure(self._run.report, item.doc.source, message)
+        return found == doc.leaf_count
+
+    def _written(self, doc: PreparedDocument) -> WrittenVersion:
+        row = doc.version_row(self._run.kb_id, self._signature)
+        return WrittenVersion(row, doc.chunk_count, replaces=doc.item.previous is not None)
+
+    def _served(self, version: WrittenVersion) -> None:
+        report = self._run.report
+        report.chunks_written += version.chunk_count
+        report.leaves_written += version.row.leaf_count
+        if version.replaces:
+            report.updated += 1
+        else:
+            report.added += 1
+        outcome = "updated" if version.replaces else "added"
+        self._run.progress.file_done(version.row.source, outcome, version.chunk_count)
+
+
+class _LeafTally:
+    """The leaves of each document of a group written so far, for progress after every batch."""
+
+    def __init__(self, group: Sequence[PreparedDocument]) -> None:
+        self._docs = {doc.item.doc.doc_id: (doc.item.doc.source, doc.leaf_count) for doc in group}
+        self._written: Counter[str] = Counter()
+
+    def written(self, leaves: Sequence[Chunk], run: IndexRun) -> None:
+        for doc_id, count in Counter(leaf.doc_id for leaf in leaves).items():
+            self._written[doc_id] += count
+            source, total = self._docs[doc_id]
+            run.progress.leaves_written(source, self._written[doc_id], total)

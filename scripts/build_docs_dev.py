@@ -1,0 +1,289 @@
+"""Build the documentation dev set (eval/docs-dev/, issue 36) from its sources.
+
+Two steps, both reproducible:
+
+``pages``
+    Writes the page files, one Markdown file per documentation page:
+
+    - ``eval/docs-dev/zh/pages/NAME.SECTION.md``: Chinese manual pages of
+      Debian's ``manpages-zh`` (GFDL-1.2+), read from ``/usr/share/man/zh_CN/``
+      (``apt-get install manpages-zh``; the set was built from 1.6.4.0-1).
+      Each page is rendered by groff (``groff -k -t -Tutf8 -man``: tables by tbl, no hyphenation,
+      2,000-column lines so that paragraphs stay on one line, no bold or
+      underline) and turned into Markdown by ``man_to_markdown``: the page's
+      sections (``.SH``, flush left in groff's output) become ``##`` headings,
+      its subsections (``.SS``, indented three columns) ``###`` headings, every
+      other line is kept with its indentation removed. The groff header and
+      footer lines are dropped, and so are a table's ruling lines (only box-drawing
+      characters); the title is ``# name(section)``.
+    - ``eval/docs-dev/en/pages/PACKAGE-NAME.md``: Markdown pages of the
+      ``docs/`` folder of PyPI source distributions (``click`` 8.5.1,
+      BSD-3-Clause; ``attrs`` 26.1.0, MIT), fetched with
+      ``pip download --no-deps --no-binary :all: PACKAGE==VERSION`` and copied
+      verbatim (line endings normalised to ``\\n``).
+
+``questions``
+    Reads the hand-written questions (``eval/docs-dev/LANG/questions.yaml``:
+    a list of ``{page, question, answer[, after]}``; ``after`` is a string of
+    the page that the answer follows, to pick one of several occurrences) and
+    writes the SQuAD-style set ``eval/docs-dev/LANG/docs_dev_LANG.json`` that
+    ``strata eval`` reads: one article per page (``id`` = the page file's
+    stem, ``title`` = the page's ``#`` title), one paragraph whose ``context``
+    is the whole page file, and its questions with ``answer_start``.
+
+    python scripts/build_docs_dev.py pages [--sdist-dir DIR]
+    python scripts/build_docs_dev.py questions
+    python scripts/check_docs_dev.py          # the rules, see its docstring
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "eval" / "docs-dev"
+MAN_ROOT = Path("/usr/share/man/zh_CN")
+
+# (section folder, file stem): long Chinese pages with real section structure.
+ZH_PAGES = [
+    ("man1", "systemctl.1"),
+    ("man8", "tcpdump.8"),
+    ("man1", "psql.1"),
+    ("man1", "ftp.1"),
+    ("man1", "systemd.1"),
+    ("man1", "ssh.1"),
+    ("man1", "man.1"),
+    ("man1", "ld.1"),
+    ("man5", "proc.5"),
+    ("man1", "journalctl.1"),
+    ("man1", "tar.1"),
+    ("man1", "grep.1"),
+    ("man1", "find.1"),
+    ("man1", "bzip2.1"),
+    ("man1", "gzip.1"),
+    ("man7", "file-hierarchy.7"),
+    ("man1", "vim.1"),
+    ("man7", "regex.7"),
+]
+
+# (package, version, path inside the sdist's top folder)
+EN_PAGES = [
+    ("click", "8.5.1", "docs/options.md"),
+    ("click", "8.5.1", "docs/commands.md"),
+    ("click", "8.5.1", "docs/advanced.md"),
+    ("click", "8.5.1", "docs/complex.md"),
+    ("click", "8.5.1", "docs/utils.md"),
+    ("click", "8.5.1", "docs/commands-and-groups.md"),
+    ("click", "8.5.1", "docs/faqs.md"),
+    ("click", "8.5.1", "docs/shell-completion.md"),
+    ("click", "8.5.1", "docs/documentation.md"),
+    ("click", "8.5.1", "docs/parameter-types.md"),
+    ("click", "8.5.1", "docs/testing.md"),
+    ("attrs", "26.1.0", "docs/examples.md"),
+    ("attrs", "26.1.0", "docs/init.md"),
+    ("attrs", "26.1.0", "docs/why.md"),
+    ("attrs", "26.1.0", "docs/extending.md"),
+    ("attrs", "26.1.0", "docs/names.md"),
+    ("attrs", "26.1.0", "docs/hashing.md"),
+]
+
+# The sdists the set was built from; a different file is refused.
+SDIST_SHA256 = {
+    ("click", "8.5.1"): "9bbfada76703fd1d784b83eea012e3e8c6a001a876543ef104fa56aaaeb072b4",
+    ("attrs", "26.1.0"): "d03ceb89cb322a8fd706d4fb91940737b6642aa36998fe130a9bc96c985eff32",
+}
+
+GROFF = ["groff", "-k", "-t", "-Tutf8", "-man", "-P-cbou", "-rLL=2000n", "-rHY=0", "-rcR=1"]
+
+
+_TABLE_RULE = re.compile(r"[\u2500-\u257f ]+")
+
+
+def render_man(path: Path) -> str:
+    """groff's plain-text rendering of a gzipped manual page."""
+    source = gzip.decompress(path.read_bytes())
+    result = subprocess.run(GROFF, input=source, capture_output=True, check=True, timeout=120)
+    return result.stdout.decode("utf-8")
+
+
+def man_to_markdown(rendered: str, title: str) -> str:
+    """Markdown with the page's own sections as headings (see the module docstring)."""
+    lines = [line.rstrip() for line in rendered.split("\n")]
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if filled:  # groff's running header and footer
+        lines[filled[0]] = ""
+        lines[filled[-1]] = ""
+    out: list[str] = []
+    for line in lines:
+        text = line.strip()
+        if not text:
+            out.append("")
+            continue
+        if _TABLE_RULE.fullmatch(text):
+            continue  # a table's ruling line (tbl's box drawing): no words, only noise for a retriever
+        indent = len(line) - len(line.lstrip(" "))
+        text = re.sub(r"(?<=\S) {2,}(?=\S)", " ", text)
+        if indent == 0:
+            out += ["", f"## {text}", ""]
+        elif indent == 3:
+            out += ["", f"### {text}", ""]
+        else:
+            if text.startswith("#"):
+                text = "\\" + text  # a shell comment or prompt, not a heading
+            out.append(text)
+    body = re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+    return f"# {title}\n\n{body}\n"
+
+
+def build_zh() -> None:
+    folder = OUT / "zh" / "pages"
+    folder.mkdir(parents=True, exist_ok=True)
+    for section, stem in ZH_PAGES:
+        path = MAN_ROOT / section / f"{stem}.gz"
+        if not path.is_file():
+            sys.exit(f"{path} is missing: apt-get install manpages-zh")
+        name, number = stem.rsplit(".", 1)
+        markdown = man_to_markdown(render_man(path), f"{name}({number})")
+        (folder / f"{stem}.md").write_text(markdown, encoding="utf-8", newline="")
+        print(f"zh {stem}: {len(markdown)} characters")
+
+
+def fetch_sdist(package: str, version: str, into: Path) -> Path:
+    found = sorted(into.glob(f"{package}-{version}.tar.gz"))
+    if not found:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"{package}=={version}",
+                "-d",
+                str(into),
+            ],
+            check=True,
+            timeout=600,
+        )
+        found = sorted(into.glob(f"{package}-{version}.tar.gz"))
+    if not found:
+        sys.exit(f"no sdist {package}-{version}.tar.gz in {into}")
+    digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
+    if digest != SDIST_SHA256[(package, version)]:
+        sys.exit(f"{found[0]}: sha256 {digest} is not the one the set was built from")
+    return found[0]
+
+
+def build_en(sdist_dir: Path) -> None:
+    folder = OUT / "en" / "pages"
+    folder.mkdir(parents=True, exist_ok=True)
+    for package, version, inner in EN_PAGES:
+        archive = fetch_sdist(package, version, sdist_dir)
+        with tarfile.open(archive) as tar:
+            member = tar.extractfile(f"{package}-{version}/{inner}")
+            assert member is not None, inner
+            text = member.read().decode("utf-8").replace("\r\n", "\n")
+        name = f"{package}-{Path(inner).stem}.md"
+        (folder / name).write_text(text, encoding="utf-8", newline="")
+        print(f"en {name}: {len(text)} characters")
+
+
+def page_title(text: str, fallback: str) -> str:
+    for line in text.split("\n"):
+        if line.startswith("# "):
+            return line[2:].strip()
+    return fallback
+
+
+def build_questions(lang: str) -> None:
+    """The SQuAD-style file of one language from its pages and questions.yaml."""
+    base = OUT / lang
+    pages = {p.stem: p.read_text(encoding="utf-8") for p in sorted((base / "pages").glob("*.md"))}
+    entries = yaml.safe_load((base / "questions.yaml").read_text(encoding="utf-8")) or []
+    qas: dict[str, list[dict]] = {name: [] for name in pages}
+    errors = []
+    for n, entry in enumerate(entries):
+        page, answer = entry["page"], str(entry["answer"])
+        if page not in pages:
+            errors.append(f"#{n}: no page {page!r}")
+            continue
+        text = pages[page]
+        start = 0
+        if entry.get("after"):
+            anchor = text.find(str(entry["after"]))
+            if anchor < 0:
+                errors.append(f"#{n}: anchor {entry['after']!r} not in {page}")
+                continue
+            start = anchor
+        position = text.find(answer, start)
+        if position < 0:
+            errors.append(f"#{n}: answer {answer!r} not in {page}")
+            continue
+        qas[page].append(
+            {
+                "id": f"{lang}-{n:04d}",
+                "question": str(entry["question"]),
+                "answers": [{"text": answer, "answer_start": position}],
+            }
+        )
+    if errors:
+        sys.exit("\n".join(errors))
+    data = [
+        {
+            "title": page_title(text, name),
+            "id": name,
+            "paragraphs": [{"id": f"{name}_0", "context": text, "qas": qas[name]}],
+        }
+        for name, text in pages.items()
+    ]
+    target = base / f"docs_dev_{lang}.json"
+    payload = {"version": "docs-dev-1", "language": lang, "data": data}
+    target.write_text(json.dumps(payload, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{target.relative_to(ROOT)}: {len(pages)} pages, {len(entries)} questions")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    pages = sub.add_parser("pages", help="write the page files from manpages-zh and the sdists")
+    pages.add_argument(
+        "--sdist-dir",
+        type=Path,
+        default=None,
+        help="folder holding (or receiving) the sdists; a temporary one by default",
+    )
+    pages.add_argument("--lang", choices=["zh", "en", "all"], default="all")
+    questions = sub.add_parser("questions", help="write docs_dev_LANG.json from pages + questions.yaml")
+    questions.add_argument("--lang", choices=["zh", "en", "all"], default="all")
+    args = parser.parse_args()
+    langs = ["zh", "en"] if args.lang == "all" else [args.lang]
+    if args.step == "pages":
+        if "zh" in langs:
+            build_zh()
+        if "en" in langs:
+            if args.sdist_dir is not None:
+                args.sdist_dir.mkdir(parents=True, exist_ok=True)
+                build_en(args.sdist_dir)
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    build_en(Path(tmp))
+    else:
+        for lang in langs:
+            build_questions(lang)
+
+
+if __name__ == "__main__":
+    main()

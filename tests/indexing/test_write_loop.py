@@ -1,0 +1,145 @@
+"""The pieces of the one write loop (issue 35): the write steps, the checkpoint, the chunk source's batches
+for held and re-chunked documents, groups, a plan that writes nothing, and one loop writing a run that
+mixes small and large documents, in place and with ``--recreate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from strata.config import ChunkingSettings
+from strata.errors import InvalidArgumentError
+from strata.indexing.chunking import chunk_document
+from strata.indexing.loaders import load_document
+from strata.indexing.pipeline import Indexer
+from strata.indexing.plan import DeleteLimit, DocumentPlan, Scan
+from strata.indexing.planning import RunOptions, plan_run
+from strata.indexing.report import IndexReport
+from strata.indexing.run import ENCODER_BATCH, WRITE_STEPS, Checkpoint, WriteStep
+from strata.indexing.source import ChunkSource, PreparedDocument, groups
+from tests.indexing.test_large_documents import (
+    HashEncoder,
+    RecordingLeafIndex,
+    RecordingProgress,
+    _settings,
+    many_leaves,
+)
+from tests.strata_support import opened, store_state, write_files
+
+
+def test_the_write_steps_keep_the_names_the_crash_tests_kill_at() -> None:
+    assert WRITE_STEPS == ("sql_pending", "milvus_upsert", "milvus_flush", "activate", "retire_milvus", "retire_sql")
+    assert ENCODER_BATCH == "encoder_batch"
+    assert [step.value for step in WriteStep] == [*WRITE_STEPS, ENCODER_BATCH]
+
+
+def test_a_checkpoint_passes_the_step_name_then_checks_the_fence_but_not_after_an_encoder_batch() -> None:
+    calls: list[str] = []
+    checkpoint = Checkpoint(fences=lambda: calls.append("fence"), after_write_step=calls.append)
+    checkpoint(WriteStep.SQL_PENDING)
+    checkpoint(WriteStep.ENCODER_BATCH)
+    checkpoint(WriteStep.ACTIVATE)
+    assert calls == ["sql_pending", "fence", "encoder_batch", "activate", "fence"]
+    assert all(type(call) is str for call in calls)  # the seam gets plain names, as tests/kill_at_launcher.py compares
+
+
+def _prepared(doc_id: str, leaves: int) -> PreparedDocument:
+    item = DocumentPlan(doc=None, version=1, previous=None)  # type: ignore[arg-type]  # groups read counts only
+    return PreparedDocument(item=item, held=None, leaf_count=leaves, chunk_count=leaves, term_counts=None)
+
+
+def test_groups_close_once_they_reach_the_leaf_budget_and_a_larger_document_is_its_own() -> None:
+    docs = [_prepared(name, leaves) for name, leaves in [("a", 3), ("b", 4), ("c", 25), ("d", 2), ("e", 9), ("f", 1)]]
+    sizes = [[doc.leaf_count for doc in group] for group in groups(docs, 10)]
+    assert sizes == [[3, 4], [25], [2, 9], [1]]
+
+
+def _source(tmp_path: Path, group_leaves: int) -> tuple[ChunkSource, ChunkingSettings, Path]:
+    settings = _settings(tmp_path / "data").chunking
+    docs = write_files(tmp_path / "docs", {"small.md": many_leaves(4, "export"), "big.md": many_leaves(23)})
+    load = lambda path, root: load_document(path, root=root)  # noqa: E731
+    return ChunkSource("kb", settings, group_leaves=group_leaves, load=load, tokenize=None), settings, docs
+
+
+def test_held_and_re_chunked_documents_come_out_as_the_same_bounded_batches_parents_first(tmp_path: Path) -> None:
+    source, settings, docs = _source(tmp_path, group_leaves=5)
+    loaded = [load_document(docs / name, root=docs) for name in ("small.md", "big.md")]
+    report = IndexReport(kb="kb")
+    prepared = list(source.prepared(Scan(docs=tuple(loaded)), [DocumentPlan(d, 1, None) for d in loaded], report))
+    small, big = prepared
+    assert small.held is not None and big.held is None  # 4 leaves are held; 23 are chunked again as written
+    batches = list(source.batches(prepared))
+    whole = [c for d in loaded for c in chunk_document(d, kb_id="kb", version=1, settings=settings)]
+    written = [c for batch in batches for c in batch]
+    assert sorted(c.chunk_id for c in written) == sorted(c.chunk_id for c in whole)  # each chunk once
+    assert all(sum(c.is_leaf for c in batch) <= 5 for batch in batches)
+    assert len(batches) >= 23 // 5
+    seen: set[str] = set()
+    for batch in batches:  # a chunk's parent is written in its batch or an earlier one
+        seen |= {c.chunk_id for c in batch}
+        assert all(c.parent_id is None or c.parent_id in seen for c in batch)
+    assert (small.leaf_count, big.leaf_count, report.failed) == (4, 23, 0)
+
+
+def test_planning_writes_nothing_not_even_the_kb(tmp_path: Path) -> None:
+    docs = write_files(tmp_path / "docs", {"a.md": many_leaves(2)})
+    with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
+        doc = load_document(docs / "a.md", root=docs)
+        options = RunOptions(delete_missing=True, recreate=False, dry_run=False, limit=DeleteLimit(10))
+        plan = plan_run(resources, "fresh", Scan(docs=(doc,)), IndexReport(kb="fresh"), options, signature="sig")
+        assert [item.doc.doc_id for item in plan.to_write] == ["a.md"]
+        assert resources.documents.get_kb("fresh") is None
+        assert resources.documents.versions("fresh") == []
+
+
+class StepLog:
+    def __init__(self) -> None:
+        self.steps: list[str] = []
+
+    def __call__(self, step: str) -> None:
+        if step != ENCODER_BATCH:
+            self.steps.append(step)
+
+
+@pytest.mark.parametrize("recreate", [False, True], ids=["index", "recreate"])
+def test_one_loop_writes_small_and_large_documents_together(tmp_path: Path, recreate: bool) -> None:
+    files = {"a.md": many_leaves(2, "export"), "b.md": many_leaves(3, "sync"), "big.md": many_leaves(12)}
+    files["c.md"] = many_leaves(1, "tags")
+    docs = write_files(tmp_path / "docs", files)
+    log, progress = StepLog(), RecordingProgress()
+    with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
+        if recreate:
+            Indexer(resources).index_paths([docs], kb_id="kb")
+        recording = RecordingLeafIndex(resources.leaf_index)
+        resources.__dict__["leaf_index"] = recording
+        indexer = Indexer(resources, group_leaves=5, after_write_step=log)
+        report = indexer.index_paths([docs], kb_id="kb", recreate=recreate, progress=progress)
+        resources.__dict__["leaf_index"] = recording._inner
+        state = store_state(resources, "kb")
+    state.assert_consistent()
+    assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 4
+    assert (report.added + report.updated, report.failed, report.leaves_written) == (4, 0, 18)
+    assert max(recording.upserts) <= 5 and sum(recording.upserts) == 18
+    # a.md and b.md (held) are one group of 5 leaves; big.md (chunked again) is a group of its own, written in
+    # batches; c.md the last group. Each serves once written, or the --recreate switch serves them all at the end.
+    steps = [step for i, step in enumerate(log.steps) if i == 0 or log.steps[i - 1] != step]
+    group = ["sql_pending", "milvus_upsert", "milvus_flush"]
+    if recreate:
+        assert steps == [*group, *group, *group, "activate", "retire_milvus", "retire_sql"]
+    else:
+        assert steps == [*group, "activate", *group, "activate", *group, "activate"]
+    assert log.steps.count("sql_pending") >= 1 + 3 + 1
+    written = [e[2:] for e in progress.events if e[0] == "written" and e[1] == "big.md"]
+    assert written[-1] == (12, 12) and len(written) >= 3
+
+
+def test_an_empty_or_oversized_kb_id_is_refused_as_an_invalid_argument(tmp_path: Path) -> None:
+    with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
+        indexer = Indexer(resources)
+        with pytest.raises(InvalidArgumentError, match="must not be empty"):
+            indexer.index_paths([tmp_path], kb_id=" ")
+        with pytest.raises(InvalidArgumentError, match="over the limit"):
+            indexer.index_paths([tmp_path], kb_id="k" * 10_000)
+    with pytest.raises(InvalidArgumentError, match="--max-delete"):
+        DeleteLimit(-1)
