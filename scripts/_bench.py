@@ -17,7 +17,8 @@ from strata.encoders import tune_openmp
 if TYPE_CHECKING:
     import numpy as np
 
-    from strata.stores.milvus import LeafCollection as LeafIndex
+    from strata.stores.leaf_index import LeafIndex
+    from strata.stores.milvus import LeafCollection
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -76,19 +77,22 @@ def native_hybrid_search(
 
     from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit, route_fields, route_hit
 
-    partitions, where = index._partitions_for([kb]), index._where([kb], "")
-    ef = max(index._settings.search_ef, route_limit)
-    requests = [
-        AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=where),
-        AnnSearchRequest([text], "sparse", {}, route_limit, expr=where),
-    ]
-    hits = index._client.hybrid_search(
-        index._name,
-        requests,
-        RRFRanker(rrf_k),
-        limit=limit,
-        partition_names=partitions,
-        output_fields=SCALAR_FIELDS if with_text else route_fields(False),
-        timeout=index._search_timeout,
-    )[0]
+    def search(collection: LeafCollection) -> list[Any]:  # the kb's collection, whatever the isolation level
+        partitions, where = collection._partitions_for([kb]), collection._where([kb], "")
+        ef = max(collection._settings.search_ef, route_limit)
+        requests = [
+            AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=where),
+            AnnSearchRequest([text], "sparse", {}, route_limit, expr=where),
+        ]
+        return collection._client.hybrid_search(
+            collection._name,
+            requests,
+            RRFRanker(rrf_k),
+            limit=limit,
+            partition_names=partitions,
+            output_fields=SCALAR_FIELDS if with_text else route_fields(False),
+            timeout=collection._search_timeout,
+        )[0]
+
+    hits = index._on_kb(kb, search, [])
     return [leaf_hit(h, h["distance"]) if with_text else route_hit(h, h["distance"]) for h in hits]

@@ -484,38 +484,9 @@ STORE_FIXTURES = frozenset(
         "indexed",  # a kb indexed on Milvus Lite (tests/integrations, tests/indexing/test_rebuild.py, tests/rag)
     }
 )
-# Modules whose tests open stores in their own bodies, without one of those fixtures. (Slow tests are all
-# integration tests too.)
-INTEGRATION_MODULES = frozenset(
-    {
-        "tests/indexing/test_large_documents.py",
-        "tests/indexing/test_roots.py",
-        "tests/indexing/test_vocabulary.py",
-        "tests/rag/test_index_locked.py",
-        "tests/stores/test_filters.py",
-        "tests/stores/test_schema_version.py",
-    }
-)
-# ``slow``: where the suite's minutes go. Every test of these modules runs ``strata`` (or another model-loading
-# program) in a process of its own, starts ``strata serve``, a browser or a Milvus server, or fuzzes the API.
-SLOW_MODULES = frozenset(
-    {
-        "tests/api/test_fuzz.py",  # schemathesis
-        "tests/api/test_serve_process.py",  # strata serve
-        "tests/cli/test_first_runs.py",
-        "tests/cli/test_index_cli.py",
-        "tests/cli/test_index_hostile_cli.py",
-        "tests/cli/test_query_cli.py",
-        "tests/cli/test_rebuild_cli.py",
-        "tests/cli/test_several_processes.py",
-        "tests/evaluation/test_runner.py",  # strata eval
-        "tests/faults/test_indexer_faults.py",  # the crash matrix: strata index SIGKILLed at each write step
-        "tests/faults/test_milvus_server_faults.py",  # a Milvus server killed under strata serve
-        "tests/server/test_backup_restore.py",
-        "tests/server/test_retrieval_server.py",  # a Milvus server
-        "tests/ui/test_console.py",  # a browser driving strata serve
-    }
-)
+# A module whose tests open stores in their own bodies says so itself (``pytestmark = pytest.mark.integration``),
+# as one whose every test runs ``strata`` (or another model-loading program) in a process of its own, starts
+# ``strata serve``, a browser or a Milvus server, or fuzzes the API says ``pytest.mark.slow``.
 # Fixtures that start such processes for the tests of otherwise quick modules.
 SLOW_FIXTURES = frozenset(
     {
@@ -532,19 +503,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test is ``unit`` or ``integration``; the slow ones are ``slow`` as well. The ``milvus_server`` copy
     of a suite is slow (CI runs it; the quick loop runs the Lite copy). Explicit marks in a module add to these."""
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
         fixtures = set(getattr(item, "fixturenames", ()))
-        slow = (
-            module in SLOW_MODULES
-            or fixtures & SLOW_FIXTURES
-            or item.get_closest_marker("milvus_server")
-            or item.get_closest_marker("slow")
-        )
+        slow = fixtures & SLOW_FIXTURES or item.get_closest_marker("milvus_server") or item.get_closest_marker("slow")
         if slow and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("integration") or item.get_closest_marker("unit"):
             continue
-        integration = slow or fixtures & STORE_FIXTURES or module in INTEGRATION_MODULES
+        integration = slow or fixtures & STORE_FIXTURES
         item.add_marker(pytest.mark.integration if integration else pytest.mark.unit)
 
 

@@ -312,10 +312,10 @@ def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL,
     return Settings(_env_file=None, **base)
 
 
-def retriever(settings: Settings, memo_encoder, **parts: Any) -> Retriever:
+def retriever(settings: Settings, memo_encoder, *, warm_up_first: bool = True, **parts: Any) -> Retriever:
     resources = Resources(settings, encoder=parts.pop("encoder", memo_encoder))
     resources.__dict__.update(parts)  # replaces cached parts (leaf_index, reranker, ...) for fault injection
-    return Retriever(resources)
+    return Retriever(resources, warm_up_first=warm_up_first)
 
 
 def texts(result: RetrievalResult) -> list[str]:

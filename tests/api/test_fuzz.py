@@ -30,6 +30,8 @@ from strata.config import ApiKeyGrant, Settings
 from strata.resources import Resources
 from tests.api.conftest import KEYS, auth
 
+pytestmark = pytest.mark.slow  # schemathesis fuzzes the API
+
 EXAMPLES_PER_OPERATION = 8
 DEADLINE_RAN_OUT = TYPE_BASE + "deadline-exceeded"
 # what `schemathesis run --checks all --phases examples,coverage` does; fuzzing is the hypothesis test below

@@ -25,6 +25,8 @@ from strata.indexing.report import IndexReport
 from tests.conftest import MilvusTarget, free_port
 from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
 
+pytestmark = pytest.mark.slow  # strata serve in a process of its own
+
 NOTES = {
     "lighthouse.md": "---\nmodule: coast\nskill_points: [lamp]\n---\n# Lighthouse\n\n"
     "The keeper polishes the Fresnel lens every Tuesday at dawn and writes it in the brass ledger.\n",

@@ -5,8 +5,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from strata.stores.sql import DocumentStore
 from tests.strata_support import REPO, STRATA, settings_for, strata_env
+
+pytestmark = pytest.mark.slow  # strata in processes of its own
 
 
 def test_two_first_runs_at_once_both_open_the_new_database(tmp_path: Path) -> None:

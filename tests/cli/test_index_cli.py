@@ -21,6 +21,8 @@ from strata.stores.sql import ACTIVE, DocumentStore
 from tests.conftest import MilvusTarget
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
 
+pytestmark = pytest.mark.slow  # strata in processes of its own
+
 EXAMPLES_KB = REPO / "examples" / "kb"
 REPORT_KEYS = {
     "added",

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pymilvus import MilvusClient
 
 from strata.stores.leaf_index import kb_collection_name
@@ -27,6 +28,8 @@ from tests.strata_support import (
     strata_env,
     write_files,
 )
+
+pytestmark = pytest.mark.slow  # strata in processes of its own
 
 # The CLI runs under this address-space limit, so an expanding bomb is stopped by the kernel instead of taking the
 # machine's memory; the bound that is asserted is its peak RSS. The limit is twice the run's own need: unlimited, it

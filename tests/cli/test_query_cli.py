@@ -10,6 +10,8 @@ from strata.types import RetrievalResult
 from tests.conftest import EXAMPLES_KB
 from tests.strata_support import run_strata, strata_env
 
+pytestmark = pytest.mark.slow  # strata in processes of its own
+
 QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
 
 

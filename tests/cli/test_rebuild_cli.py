@@ -16,6 +16,8 @@ from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env
 
+pytestmark = pytest.mark.slow  # strata in processes of its own
+
 EXAMPLES_KB = REPO / "examples" / "kb"
 QUERIES = 100
 

@@ -31,6 +31,8 @@ from strata.stores.sql_schema import kb_leases
 from tests.conftest import free_port, fresh_pg_database, milvus_answers, server_collection
 from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
 
+pytestmark = pytest.mark.slow  # several strata processes at once
+
 T = TypeVar("T")
 
 KEY = "several-processes-test-key-0123456789"

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import CMRC2018_SUBSET, REPO
 
+pytestmark = pytest.mark.slow  # strata eval
+
 
 @pytest.fixture(scope="module")
 def small_set(tmp_path_factory: pytest.TempPathFactory) -> Path:

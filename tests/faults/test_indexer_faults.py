@@ -45,6 +45,8 @@ from tests.strata_support import (
     write_files,
 )
 
+pytestmark = pytest.mark.slow  # the crash matrix: strata index SIGKILLed at each write step
+
 
 def index_in_process(docs: Path, env: dict[str, str], encoder: Any) -> StoreState:
     with opened(settings_for(env), encoder) as resources:

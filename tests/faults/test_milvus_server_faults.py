@@ -43,7 +43,7 @@ from tests import conftest
 from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port
 from tests.strata_support import REPO, RESET_QUERY, STRATA, make_settings, opened, settings_for, strata_env
 
-pytestmark = pytest.mark.milvus_server
+pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server killed under strata serve
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

@@ -178,8 +178,9 @@ def test_encoder_hanging_costs_its_query_timeout_then_bm25(demo_kb: Settings, me
     """The ``openai`` provider's own ``query_timeout_s`` fires (well inside the request deadline)."""
     with RerankServer(path="/v1/embeddings") as server:
         server.behaviour = hang(30.0, then=raw("{}"))
-        service = retriever(demo_kb, memo_encoder, encoder=HttpQueryEncoder(memo_encoder, server.base_url + "/v1", 0.3))
-        service._warm = True  # the warm-up (outside any deadline) would wait for the hung encoder too
+        # the warm-up (outside any deadline) would wait for the hung encoder too
+        encoder = HttpQueryEncoder(memo_encoder, server.base_url + "/v1", 0.3)
+        service = retriever(demo_kb, memo_encoder, encoder=encoder, warm_up_first=False)
         result = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
         received = len(server.requests)
     assert_bm25_only(result)
@@ -192,8 +193,8 @@ def test_encoder_hanging_gives_bm25_within_the_request_deadline(demo_kb: Setting
     with RerankServer(path="/v1/embeddings") as server:
         server.behaviour = hang(30.0, then=raw("{}"))
         settings = with_sections(demo_kb, retrieval={"deadline_ms": 1500})
-        service = retriever(settings, memo_encoder, encoder=HangingQueryEncoder(memo_encoder, server.base_url + "/v1"))
-        service._warm = True
+        encoder = HangingQueryEncoder(memo_encoder, server.base_url + "/v1")
+        service = retriever(settings, memo_encoder, encoder=encoder, warm_up_first=False)
         result = service.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert_bm25_only(result, "deadline_exceeded")
     assert any(e.error == "DeadlineExceeded" for e in result.meta.errors)

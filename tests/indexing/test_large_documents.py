@@ -39,6 +39,8 @@ from strata.types import Chunk, DocumentVersion, SourceDocument
 from tests.conftest import MilvusTarget
 from tests.strata_support import opened, run_strata, run_strata_killed_at, store_state, strata_env, write_files
 
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+
 
 class HashEncoder:
     """Deterministic unit vectors from each text's SHA-256: an encoder that costs nothing."""

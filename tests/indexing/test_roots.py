@@ -6,10 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from strata.config import Settings, load_settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from tests.strata_support import opened, texts, write_files
+
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 
 
 def settings(data_dir: Path) -> Settings:

@@ -11,6 +11,8 @@ from strata.config import load_settings
 from strata.indexing.pipeline import Indexer
 from tests.strata_support import opened, run_strata, strata_env, write_files
 
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+
 PAGE = """---
 module: 账号安全中心
 skill_points: [两步验证, 登录保护]

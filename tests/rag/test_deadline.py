@@ -51,8 +51,8 @@ def test_a_hanging_encoder_gives_bm25_results_within_the_deadline(demo: Settings
     with RerankServer(path="/v1/embeddings") as server:
         server.behaviour = hang(HANG_S, then=raw("{}"))
         encoder = HangingQueryEncoder(memo_encoder, server.base_url + "/v1")
-        engine = Retriever(Resources(with_deadline(demo, 1000), encoder=encoder))
-        engine._warm = True  # the warm-up would wait for the hung encoder too; this test is about the query
+        # the warm-up would wait for the hung encoder too; this test is about the query
+        engine = Retriever(Resources(with_deadline(demo, 1000), encoder=encoder), warm_up_first=False)
         result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     meta = result.meta
     assert (meta.status, meta.mode) == ("degraded", "sparse_fallback") and result.docs
@@ -66,8 +66,7 @@ def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: 
     resources = Resources(with_deadline(demo, 800), encoder=memo_encoder)
     stalled = HangingIndex(resources.leaf_index)
     resources.__dict__["leaf_index"] = stalled
-    engine = Retriever(resources)
-    engine._warm = True
+    engine = Retriever(resources, warm_up_first=False)
     result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")
     assert "deadline_exceeded" in result.meta.degraded

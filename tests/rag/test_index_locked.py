@@ -21,6 +21,8 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.strata_support import opened, write_files
 
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+
 HOLD = """
 import sys, time
 from strata.config import load_settings

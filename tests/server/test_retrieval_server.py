@@ -21,7 +21,7 @@ from tests.conftest import EXAMPLES_KB
 from tests.server.conftest import settled
 from tests.strata_support import QUERIES, cut_queries, leaf_texts, top10
 
-pytestmark = pytest.mark.milvus_server
+pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server
 
 
 def _settings(data_dir: Path, milvus: MilvusSettings | None = None) -> Settings:

@@ -13,6 +13,8 @@ from pymilvus import DataType, MilvusClient
 from strata.stores import filters as F
 from strata.types import Filters
 
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+
 INJECTIONS = [
     '" or kb_id != "',
     '\\" or 1 == 1 or \\"',

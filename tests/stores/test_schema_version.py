@@ -25,6 +25,8 @@ from strata.stores.sql_schema import chunks, documents, knowledge_bases
 from tests.conftest import fresh_pg_database
 from tests.strata_support import run_strata, strata_env
 
+pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+
 MIGRATIONS = Path(schema_version.__file__).parent / "migrations" / "versions"
 
 

@@ -24,6 +24,8 @@ import pytest
 from tests.conftest import EXAMPLES_KB, free_port, stop_process
 from tests.strata_support import REPO, STRATA, strata_env, write_files
 
+pytestmark = pytest.mark.slow  # a browser driving strata serve
+
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
     pytest.skip(
