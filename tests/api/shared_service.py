@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import REDIS_URL, free_port, stop_process
-from tests.strata_support import REPO, STRATA, strata_env
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, stop_process, strata_env
+from tests.support.stores import REDIS_URL
 
 TENANT_A_READ = "tenant-a-read-key-0123456789"
 TENANT_A_WRITE = "tenant-a-write-key-0123456789"

@@ -6,7 +6,7 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import auth
+from tests.support.api import auth
 
 DEMO = auth("demo-reader-key")  # kbs: demo, read only
 GARDEN = auth("garden-writer-key")  # kbs: garden, garden-uploads, write
@@ -92,7 +92,7 @@ def test_keys_from_a_file_and_the_single_full_access_key(make_client, tmp_path) 
 
 
 def test_no_answer_of_the_service_shows_a_configured_key(client: TestClient) -> None:
-    from tests.api.conftest import KEYS
+    from tests.support.api import KEYS
 
     client.post("/retrieve", json={"query": "tomatoes", "top_k": 2}, headers=GARDEN)
     answers = [

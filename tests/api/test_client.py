@@ -24,9 +24,8 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument, StageError
-from tests.api.conftest import KEYS
-from tests.conftest import free_port
-from tests.strata_support import run_strata, strata_env
+from tests.support.api import KEYS
+from tests.support.processes import free_port, run_strata, strata_env
 
 RESET_QUERY = "密码重置链接多久失效？"
 

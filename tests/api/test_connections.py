@@ -31,8 +31,7 @@ from strata.api.connections import (
 )
 from strata.api.metrics import Metrics
 from strata.config import ApiSettings
-from tests.conftest import free_port
-from tests.strata_support import wait_for
+from tests.support.processes import free_port, wait_for
 
 WAIT_S = 20.0  # an upper bound for the server to act
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from tests.api.conftest import auth
+from tests.support.api import auth
 
 ADMIN = auth("admin-key")
 RESET_QUERY = "密码重置链接多久失效？"

@@ -15,8 +15,8 @@ from strata.api import create_app
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.api.conftest import AppFactory, auth, make_settings
-from tests.conftest import free_port
+from tests.support.api import AppFactory, auth, make_settings
+from tests.support.processes import free_port
 
 ADMIN = auth("admin-key")
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.api.shared_service import METRICS, TENANT_A_READ, TENANT_B_READ, SharedService, auth, shared_service
-from tests.conftest import fresh_pg_database
-from tests.strata_support import wait_for
+from tests.support.processes import wait_for
+from tests.support.stores import fresh_pg_database
 
 WAIT_S = 60.0  # an upper bound for the service to act
 BODY_TIMEOUT_S = 4  # the service's, so that the attack's slot holders time out while the test runs

@@ -28,7 +28,7 @@ from strata.api import create_app
 from strata.api.problems import TYPE_BASE
 from strata.config import ApiKeyGrant, Settings
 from strata.resources import Resources
-from tests.api.conftest import KEYS, auth
+from tests.support.api import KEYS, auth
 
 pytestmark = pytest.mark.slow  # schemathesis fuzzes the API
 

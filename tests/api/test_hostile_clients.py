@@ -27,9 +27,8 @@ from pydantic import SecretStr
 from strata.api import create_app
 from strata.config import ApiKeyGrant, ConfigError, Settings
 from strata.resources import Resources
-from tests.api.conftest import KEYS, AppFactory, auth
-from tests.conftest import free_port
-from tests.strata_support import run_strata, strata_env
+from tests.support.api import KEYS, AppFactory, auth
+from tests.support.processes import free_port, run_strata, strata_env
 
 WAIT_S = 20.0  # an upper bound for an answer to arrive
 READER = "demo-reader-key"

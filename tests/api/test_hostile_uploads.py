@@ -10,8 +10,8 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import auth
 from tests.hostile_documents import empty_paragraphs_docx, zip_bomb_docx
+from tests.support.api import auth
 
 ADMIN = auth("admin-key")
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"

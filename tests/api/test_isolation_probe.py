@@ -22,7 +22,7 @@ from tests.api.shared_service import (
     TENANT_B_WRITE,
     shared_service,
 )
-from tests.conftest import fresh_pg_database
+from tests.support.stores import fresh_pg_database
 
 pytestmark = pytest.mark.slow  # strata serve --workers N in a process of its own
 

@@ -25,8 +25,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from strata.logs import LogSetup, configure
-from tests.conftest import free_port
-from tests.strata_support import REPO, STRATA, strata_env, wait_for
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, strata_env, wait_for
 
 QUERY = f"which lighthouse keeper polished the lens {uuid.uuid4().hex}"
 

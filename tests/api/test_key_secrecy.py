@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.strata_support import run_strata, strata_env
+from tests.support.processes import run_strata, strata_env
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

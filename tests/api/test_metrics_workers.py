@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from strata.api.metrics import MULTIPROC_DIR, Metrics, multiprocess_dir
 from tests.api.shared_service import METRICS, TENANT_A_READ, TENANT_B_READ, SharedService, auth, shared_service
-from tests.strata_support import wait_for
+from tests.support.processes import wait_for
 
 Series = tuple[str, tuple[tuple[str, str], ...]]  # sample name and labels
 MONOTONIC = {"counter", "histogram"}  # a histogram's buckets, count and sum only grow too (no negative latency)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import AppFactory
+from tests.support.api import AppFactory
 
 
 def test_the_document_declares_the_bearer_key_and_each_routes_problems(client: TestClient) -> None:

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from tests.api.shared_service import TENANT_A_WRITE, TENANT_B_WRITE, SharedService, shared_service
-from tests.conftest import fresh_pg_database
 from tests.pathological_text import pathology
+from tests.support.stores import fresh_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -17,8 +17,8 @@ from strata.api.readiness import Readiness
 from strata.api.service import Service
 from strata.config import ApiKeyGrant, Settings
 from strata.resources import Resources
-from tests.api.conftest import KEYS, AppFactory, auth
-from tests.conftest import free_port
+from tests.support.api import KEYS, AppFactory, auth
+from tests.support.processes import free_port
 
 COMPONENTS = {"milvus", "sql", "redis", "reranker", "encoder"}
 GRANTS = {**KEYS, "metrics-key": {"kbs": [], "metrics": True}}

@@ -25,9 +25,9 @@ from sqlalchemy.engine import Engine
 from strata.api.problems import MEDIA_TYPE, TYPE_BASE
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_leases
-from tests.api.conftest import auth
 from tests.api.shared_service import SharedService, shared_service
 from tests.api.test_serve_process import slow_document
+from tests.support.api import auth
 
 ADMIN = auth("admin-key")
 T = TypeVar("T")

@@ -26,7 +26,7 @@ from strata.types import (
     StageError,
 )
 from strata.wire import adapter
-from tests.api.conftest import auth
+from tests.support.api import auth
 
 ADMIN = auth("admin-key")
 RECORDS = (RetrievedDocument, RetrievalMeta, MergeRound, RerankOutcome, StageError, RetrievalResult)

@@ -22,8 +22,10 @@ import pytest
 
 from strata.client import StrataClient
 from strata.indexing.report import IndexReport
-from tests.conftest import MilvusTarget, free_port
-from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, run_strata, strata_env
 
 pytestmark = pytest.mark.slow  # strata serve in a process of its own
 

@@ -20,9 +20,9 @@ import httpx
 import psutil
 
 from strata.stores.sql_schema import kb_leases
-from tests.conftest import free_port
 from tests.hostile_documents import empty_paragraphs_docx
-from tests.strata_support import REPO, STRATA, strata_env
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, strata_env
 
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import AppFactory, auth
-from tests.conftest import EXAMPLES_KB
+from tests.support.api import AppFactory, auth
+from tests.support.paths import EXAMPLES_KB
 
 WRITER_KEY = "tenant-writer-key-0123456789"
 

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from strata.api.problems import TYPE_BASE
-from tests.api.conftest import auth
 from tests.api.test_client import served_url  # noqa: F401 - the fixture: a real local HTTP server
+from tests.support.api import auth
 
 ADMIN = auth("admin-key")
 PAGES = {

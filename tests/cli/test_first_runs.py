@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from strata.stores.sql import DocumentStore
-from tests.strata_support import REPO, STRATA, settings_for, strata_env
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, strata_env
+from tests.support.stores import settings_for
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

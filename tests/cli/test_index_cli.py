@@ -18,8 +18,12 @@ import pytest
 
 from strata.config import DatabaseSettings
 from strata.stores.sql import ACTIVE, DocumentStore
-from tests.conftest import MilvusTarget
-from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.paths import REPO
+from tests.support.processes import run_strata, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened, settings_for
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

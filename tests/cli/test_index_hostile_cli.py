@@ -17,17 +17,11 @@ import pytest
 from pymilvus import MilvusClient
 
 from strata.stores.leaf_index import kb_collection_name
-from tests.strata_support import (
-    REPO,
-    STRATA,
-    alias_bomb,
-    opened,
-    run_strata,
-    settings_for,
-    store_state,
-    strata_env,
-    write_files,
-)
+from tests.support.documents import alias_bomb, write_files
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, run_strata, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened, settings_for
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

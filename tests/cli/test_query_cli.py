@@ -7,8 +7,8 @@ import json
 import pytest
 
 from strata.types import RetrievalResult
-from tests.conftest import EXAMPLES_KB
-from tests.strata_support import run_strata, strata_env
+from tests.support.paths import EXAMPLES_KB
+from tests.support.processes import run_strata, strata_env
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

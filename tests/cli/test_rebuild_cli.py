@@ -14,7 +14,10 @@ import pytest
 
 from strata.config import Settings
 from strata.rag.retrieve import Retriever
-from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env
+from tests.support.paths import REPO
+from tests.support.processes import run_strata, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened, settings_for
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 

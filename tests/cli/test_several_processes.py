@@ -28,8 +28,11 @@ from sqlalchemy import create_engine, select
 
 from strata.cli.serve import _tcp_listener
 from strata.stores.sql_schema import kb_leases
-from tests.conftest import free_port, fresh_pg_database, milvus_answers, server_collection
-from tests.strata_support import REPO, STRATA, run_strata, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import milvus_answers, server_collection
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, run_strata, strata_env
+from tests.support.stores import fresh_pg_database
 
 pytestmark = pytest.mark.slow  # several strata processes at once
 

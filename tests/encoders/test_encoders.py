@@ -27,8 +27,9 @@ import pytest
 from strata.config import EmbeddingSettings
 from strata.encoders import Encoder, create_encoder
 from strata.errors import EncoderError
-from tests.conftest import free_port
-from tests.strata_support import REPO, STRATA, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, free_port, strata_env
 
 ZH_QUERY = "如何重置登录密码？"
 ZH_PASSAGES = [

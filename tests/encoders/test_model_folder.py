@@ -14,7 +14,7 @@ from strata.config import EmbeddingSettings
 from strata.encoders import create_encoder
 from strata.encoders.model_folder import check_encoder_loads, check_model_folder, local_model_folder
 from strata.errors import ConfigError, EncoderError
-from tests.strata_support import run_strata, strata_env
+from tests.support.processes import run_strata, strata_env
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from strata.evaluation.dataset import (
     subsample,
     write_corpus,
 )
-from tests.conftest import CMRC2018_SUBSET
+from tests.support.paths import CMRC2018_SUBSET
 
 TINY_SQUAD = {
     "version": "test",

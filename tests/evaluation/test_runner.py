@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CMRC2018_SUBSET, REPO
+from tests.support.paths import CMRC2018_SUBSET, REPO
 
 pytestmark = pytest.mark.slow  # strata eval
 

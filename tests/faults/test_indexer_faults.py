@@ -26,24 +26,12 @@ import pytest
 
 from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
-from tests.conftest import MilvusTarget
-from tests.strata_support import (
-    BEFORE_ACTIVATION,
-    CRASH_KB,
-    CRASH_QUERY,
-    CRASH_UPDATE,
-    CRASH_V1,
-    StoreState,
-    assert_equal_but_renumbered,
-    crash_copy,
-    opened,
-    run_strata,
-    run_strata_killed_at,
-    settings_for,
-    store_state,
-    strata_env,
-    write_files,
-)
+from tests.support.crash import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_UPDATE, CRASH_V1, crash_copy
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.processes import run_strata, run_strata_killed_at, strata_env
+from tests.support.snapshots import StoreState, assert_equal_but_renumbered, store_state
+from tests.support.stores import opened, settings_for
 
 pytestmark = pytest.mark.slow  # the crash matrix: strata index SIGKILLed at each write step
 

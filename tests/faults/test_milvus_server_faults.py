@@ -39,9 +39,12 @@ from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
-from tests import conftest
-from tests.conftest import EXAMPLES_KB, MilvusServerProcess, free_port
-from tests.strata_support import REPO, RESET_QUERY, STRATA, make_settings, opened, settings_for, strata_env
+from tests.support import milvus as support_milvus
+from tests.support.documents import RESET_QUERY
+from tests.support.milvus import MilvusServerProcess
+from tests.support.paths import EXAMPLES_KB, REPO
+from tests.support.processes import STRATA, free_port, strata_env
+from tests.support.stores import make_settings, opened, settings_for
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server killed under strata serve
 logger = logging.getLogger(__name__)
@@ -92,7 +95,7 @@ def answers_yet(uri: str, token: str = "") -> bool:
 
 @pytest.fixture
 def milvus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RestartableMilvus]:
-    monkeypatch.setattr(conftest, "milvus_answers", answers_yet)  # MilvusServerProcess.start polls it
+    monkeypatch.setattr(support_milvus, "milvus_answers", answers_yet)  # MilvusServerProcess.start polls it
     server = RestartableMilvus(tmp_path / "milvus-server")
     server.server.start()
     yield server

@@ -19,8 +19,10 @@ from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
-from tests.faults.conftest import PrivatePostgres, with_sections
-from tests.strata_support import RESET_QUERY, texts
+from tests.support.documents import RESET_QUERY
+from tests.support.retrieval import texts
+from tests.support.servers import PrivatePostgres
+from tests.support.stores import with_sections
 
 UNCACHED_QUERY = "How do I filter search results by tag?"
 

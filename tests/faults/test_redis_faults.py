@@ -15,8 +15,10 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.parents import ParentStore
 from strata.types import RetrievalResult
-from tests.faults.conftest import with_sections
-from tests.strata_support import RESET_QUERY, texts, wait_for
+from tests.support.documents import RESET_QUERY
+from tests.support.processes import wait_for
+from tests.support.retrieval import texts
+from tests.support.stores import with_sections
 
 OTHER_QUERY = "How do I filter search results by tag?"
 THIRD_QUERY = "How are backups restored?"

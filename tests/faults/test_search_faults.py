@@ -27,17 +27,11 @@ from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
-from tests.faults.conftest import with_sections
 from tests.rag.rerank_server import RerankServer, hang, raw, status, unused_port
-from tests.strata_support import (
-    RESET_QUERY,
-    HangingQueryEncoder,
-    RefusedQueryEncoder,
-    RejectingSparseIndex,
-    make_settings,
-    retriever,
-    texts,
-)
+from tests.support.documents import RESET_QUERY
+from tests.support.fakes import HangingQueryEncoder, RefusedQueryEncoder, RejectingSparseIndex
+from tests.support.retrieval import retriever, texts
+from tests.support.stores import make_settings, with_sections
 
 
 def assert_clean(result: RetrievalResult) -> None:

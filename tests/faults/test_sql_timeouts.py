@@ -31,9 +31,10 @@ from strata.resources import Resources
 from strata.stores.lease import KbLease
 from strata.stores.sql import DocumentStore
 from strata.stores.sql_database import SqlDatabase
-from tests.conftest import EXAMPLES_KB
-from tests.faults.conftest import PrivatePostgres, with_sections
-from tests.strata_support import wait_for
+from tests.support.paths import EXAMPLES_KB
+from tests.support.processes import wait_for
+from tests.support.servers import PrivatePostgres
+from tests.support.stores import with_sections
 
 SETTING = "STRATA_DATABASE__CALL_TIMEOUT_S"
 HANG_S = 60.0  # far past every timeout here: a call still blocked then would block forever

@@ -20,8 +20,12 @@ from strata.rag.retrieve import Retriever
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_leases
 from strata.types import Filters
-from tests.conftest import MilvusTarget
-from tests.strata_support import REPO, opened, run_strata, settings_for, store_state, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.paths import REPO
+from tests.support.processes import run_strata, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened, settings_for
 
 EXAMPLES_KB = REPO / "examples" / "kb"
 PAGES = {

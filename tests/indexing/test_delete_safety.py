@@ -15,7 +15,10 @@ from strata.errors import DeleteRefusedError
 from strata.indexing.pipeline import Indexer
 from strata.indexing.plan import DeleteLimit, Scan, refuse_deletions
 from strata.types import ACTIVE, DocumentVersion
-from tests.strata_support import opened, run_strata, store_state, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.processes import run_strata, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened
 
 PAGES = {
     f"{name}.md": f"# {name.title()}\n\nThe {name} page tells how the {name} harbour works.\n"

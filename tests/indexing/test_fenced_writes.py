@@ -21,8 +21,11 @@ import psycopg
 import pytest
 
 from strata.rag.retrieve import Retriever
-from tests.conftest import fresh_pg_database
-from tests.strata_support import REPO, opened, run_strata, settings_for, strata_env, texts, wait_for, write_files
+from tests.support.documents import write_files
+from tests.support.paths import REPO
+from tests.support.processes import run_strata, strata_env, wait_for
+from tests.support.retrieval import texts
+from tests.support.stores import fresh_pg_database, opened, settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.milvus_server]
 

@@ -23,7 +23,8 @@ from strata.indexing.loaders._markdown import FRONT_MATTER_MAX_BYTES
 from strata.indexing.report import IndexReport
 from strata.indexing.scan import scan_paths
 from tests.hostile_documents import empty_paragraphs_docx, zip_bomb_docx
-from tests.strata_support import alias_bomb, pdf_bytes, run_strata, strata_env, write_files
+from tests.support.documents import alias_bomb, pdf_bytes, write_files
+from tests.support.processes import run_strata, strata_env
 
 # The default bounds (STRATA_INDEXING__*), as the messages print them
 MAX_ELEMENTS = r"STRATA_INDEXING__MAX_ELEMENTS \(100,000\)"

@@ -36,8 +36,11 @@ from strata.indexing.rebuild import Rebuilder
 from strata.indexing.report import NoProgress
 from strata.stores.sql import DocumentStore
 from strata.types import Chunk, DocumentVersion, SourceDocument
-from tests.conftest import MilvusTarget
-from tests.strata_support import opened, run_strata, run_strata_killed_at, store_state, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.processes import run_strata, run_strata_killed_at, strata_env
+from tests.support.snapshots import store_state
+from tests.support.stores import opened
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 

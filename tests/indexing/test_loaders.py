@@ -21,7 +21,7 @@ from strata.indexing.loaders import (
     load_document,
     normalize_text,
 )
-from tests.strata_support import pdf_bytes
+from tests.support.documents import pdf_bytes
 
 
 def _write(path: Path, content: str | bytes) -> Path:

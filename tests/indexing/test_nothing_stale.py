@@ -14,7 +14,10 @@ from typing import Any
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.strata_support import make_settings, opened, redis_chunk_ids, texts, write_files
+from tests.support.documents import write_files
+from tests.support.retrieval import texts
+from tests.support.snapshots import redis_chunk_ids
+from tests.support.stores import make_settings, opened
 
 QUESTION = "How long are records kept?"
 

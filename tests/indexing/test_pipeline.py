@@ -25,23 +25,13 @@ from strata.indexing.pipeline import WRITE_STEPS, Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import Chunk
-from tests.conftest import MilvusTarget
-from tests.strata_support import (
-    BEFORE_ACTIVATION,
-    CRASH_KB,
-    CRASH_QUERY,
-    CRASH_V1,
-    CountingEncoder,
-    StoreState,
-    crash_copy,
-    opened,
-    run_strata,
-    run_strata_killed_at,
-    settings_for,
-    store_state,
-    strata_env,
-    write_files,
-)
+from tests.support.crash import BEFORE_ACTIVATION, CRASH_KB, CRASH_QUERY, CRASH_V1, crash_copy
+from tests.support.documents import write_files
+from tests.support.fakes import CountingEncoder
+from tests.support.milvus import MilvusTarget
+from tests.support.processes import run_strata, run_strata_killed_at, strata_env
+from tests.support.snapshots import StoreState, store_state
+from tests.support.stores import opened, settings_for
 
 GUIDE_V1 = """# Guide
 

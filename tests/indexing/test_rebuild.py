@@ -24,7 +24,8 @@ from strata.resources import Resources
 from strata.stores.leaf_index import LeafIndex
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_embeddings
-from tests.strata_support import REPO, CountingEncoder
+from tests.support.fakes import CountingEncoder
+from tests.support.paths import REPO
 
 EXAMPLES_KB = REPO / "examples" / "kb"
 

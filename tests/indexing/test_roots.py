@@ -11,7 +11,9 @@ import pytest
 from strata.config import Settings, load_settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.strata_support import opened, texts, write_files
+from tests.support.documents import write_files
+from tests.support.retrieval import texts
+from tests.support.stores import opened
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 

@@ -420,7 +420,7 @@ def test_the_fixture_licences_are_noted() -> None:
 
 
 def test_strata_index_indexes_an_rst_page_end_to_end(tmp_path: Path) -> None:
-    from tests.strata_support import run_strata, strata_env
+    from tests.support.processes import run_strata, strata_env
 
     docs = tmp_path / "docs"
     docs.mkdir()

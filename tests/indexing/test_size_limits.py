@@ -26,7 +26,9 @@ from strata.errors import LoaderError
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
-from tests.strata_support import opened, pdf_bytes, store_state, write_files
+from tests.support.documents import pdf_bytes, write_files
+from tests.support.snapshots import store_state
+from tests.support.stores import opened
 
 MIB = 1024 * 1024
 SPARSE_BYTES = 3 * 1024 * MIB

@@ -9,7 +9,9 @@ import pytest
 
 from strata.config import load_settings
 from strata.indexing.pipeline import Indexer
-from tests.strata_support import opened, run_strata, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.processes import run_strata, strata_env
+from tests.support.stores import opened
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 

@@ -25,7 +25,9 @@ from tests.indexing.test_large_documents import (
     _settings,
     many_leaves,
 )
-from tests.strata_support import opened, store_state, write_files
+from tests.support.documents import write_files
+from tests.support.snapshots import store_state
+from tests.support.stores import opened
 
 
 def test_the_write_steps_keep_the_names_the_crash_tests_kill_at() -> None:

@@ -17,7 +17,7 @@ from strata.errors import EncoderError
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB
+from tests.support.paths import EXAMPLES_KB
 
 GARDEN_DOC = """---
 module: garden

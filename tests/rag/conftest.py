@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from strata.config import Settings
-from strata.indexing.pipeline import Indexer
-from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB, MilvusTarget
 from tests.rag.rerank_server import RerankServer, unused_port
-from tests.strata_support import make_settings
-
-
-def examples_kb(root: Path, encoder: Any, target: MilvusTarget = MilvusTarget("lite")) -> Resources:
-    """examples/kb indexed as kb 'demo' into stores of its own under ``root`` (SQLite, the Milvus of
-    ``target``, in-process cache), by the ``Resources`` returned: a test that serves from them keeps the
-    same Milvus Lite client open throughout."""
-    settings = make_settings(root, f"sqlite:///{root / 'strata.sqlite3'}", redis_url=None, **target.overrides())
-    resources = Resources(settings, encoder=encoder)
-    assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
-    return resources
+from tests.support.stores import examples_kb
 
 
 @pytest.fixture(scope="module")

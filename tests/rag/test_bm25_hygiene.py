@@ -21,8 +21,9 @@ from strata.rag.retrieve import Retriever
 from strata.rag.run_state import RunInputs, RunState
 from strata.resources import Resources
 from strata.types import ServingState
-from tests.conftest import fresh_pg_database, migrated
-from tests.strata_support import term_frequencies, write_files
+from tests.support.documents import write_files
+from tests.support.snapshots import term_frequencies
+from tests.support.stores import fresh_pg_database, migrated
 
 DOCS = {
     "warranty.md": "# Acme warranty\n\n## Coverage\n\nThe warranty covers manufacturing defects for two years from the "

@@ -15,7 +15,8 @@ from strata.errors import StoreError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.strata_support import HANG_S, RESET_QUERY, HangingQueryEncoder
+from tests.support.documents import RESET_QUERY
+from tests.support.fakes import HANG_S, HangingQueryEncoder
 
 
 def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:

@@ -19,7 +19,8 @@ from strata.config import load_settings
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from tests.strata_support import opened, write_files
+from tests.support.documents import write_files
+from tests.support.stores import opened
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 

@@ -14,9 +14,10 @@ from sqlalchemy import event
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB
-from tests.rag.conftest import examples_kb
-from tests.strata_support import GARDEN, RESET_QUERY, cut_sql, make_settings, own_db, wait_for, write
+from tests.support.documents import GARDEN, RESET_QUERY, write
+from tests.support.paths import EXAMPLES_KB
+from tests.support.processes import wait_for
+from tests.support.stores import cut_sql, examples_kb, make_settings, own_db
 
 
 class Statements:

@@ -23,17 +23,13 @@ from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks as chunks_table
 from strata.types import Filters
-from tests.conftest import EXAMPLES_KB, MilvusTarget, fresh_pg_database
 from tests.rag.rerank_server import RerankServer, hang, raw, results, status
-from tests.strata_support import (
-    OTHER_KB_DOC,
-    RESET_QUERY,
-    RefusedQueryEncoder,
-    RejectingSparseIndex,
-    make_settings,
-    retriever,
-    texts,
-)
+from tests.support.documents import OTHER_KB_DOC, RESET_QUERY
+from tests.support.fakes import RefusedQueryEncoder, RejectingSparseIndex
+from tests.support.milvus import MilvusTarget
+from tests.support.paths import EXAMPLES_KB
+from tests.support.retrieval import retriever, texts
+from tests.support.stores import fresh_pg_database, make_settings
 
 
 @pytest.fixture(scope="module")

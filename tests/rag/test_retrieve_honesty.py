@@ -23,18 +23,12 @@ from strata.rag.fingerprint import config_fingerprint
 from strata.rag.retrieve import DEFAULT_ENGINES, Retriever, close_default_engines, default_engine
 from strata.resources import Resources
 from strata.stores.sql import DocumentVersion
-from tests.conftest import EXAMPLES_KB, REDIS_URL
 from tests.rag.rerank_server import RerankServer, hang, raw
-from tests.strata_support import (
-    GARDEN,
-    RESET_QUERY,
-    RejectingSparseIndex,
-    cut_sql,
-    make_settings,
-    own_db,
-    retriever,
-    write,
-)
+from tests.support.documents import GARDEN, RESET_QUERY, write
+from tests.support.fakes import RejectingSparseIndex
+from tests.support.paths import EXAMPLES_KB
+from tests.support.retrieval import retriever
+from tests.support.stores import REDIS_URL, cut_sql, make_settings, own_db
 
 # -- item 6: a kb created after the process opened the index -------------------------
 

@@ -15,9 +15,10 @@ from strata.rag.expansion import SynonymDictionary
 from strata.rag.retrieve import Retriever
 from strata.rag.strategies import STRATEGIES, plan_for, query_variants
 from strata.resources import Resources
-from tests.conftest import MilvusTarget
-from tests.rag.conftest import examples_kb
-from tests.strata_support import RESET_QUERY, retriever, texts
+from tests.support.documents import RESET_QUERY
+from tests.support.milvus import MilvusTarget
+from tests.support.retrieval import retriever, texts
+from tests.support.stores import examples_kb
 
 
 @pytest.fixture(scope="module")

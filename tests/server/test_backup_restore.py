@@ -26,8 +26,10 @@ from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
 from strata.stores.sql_schema import metadata
-from tests.conftest import CMRC2018_SUBSET, EXAMPLES_KB, fresh_pg_database
-from tests.strata_support import QUERIES, cut_queries, leaf_texts, run_strata, strata_env, top10
+from tests.support.paths import CMRC2018_SUBSET, EXAMPLES_KB
+from tests.support.processes import run_strata, strata_env
+from tests.support.retrieval import QUERIES, cut_queries, leaf_texts, top10
+from tests.support.stores import fresh_pg_database
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]
 KB = "docs"

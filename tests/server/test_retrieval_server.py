@@ -17,9 +17,9 @@ from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from tests.conftest import EXAMPLES_KB
-from tests.server.conftest import settled
-from tests.strata_support import QUERIES, cut_queries, leaf_texts, top10
+from tests.support.milvus import settled
+from tests.support.paths import EXAMPLES_KB
+from tests.support.retrieval import QUERIES, cut_queries, leaf_texts, top10
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server
 

@@ -10,7 +10,7 @@ from milvus_lite.analyzer.factory import create_analyzer
 from strata.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation, lite_analyzer_problem
 from strata.stores.leaf_index import LeafIndex
 from strata.stores.leaf_schema import analyzer_with_dictionary
-from tests.conftest import MILVUS_SERVER_RUN, MilvusTarget
+from tests.support.milvus import MILVUS_SERVER_RUN, MilvusTarget
 
 TEXTS = [
     "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？",

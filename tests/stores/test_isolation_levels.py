@@ -28,8 +28,9 @@ from strata.indexing.pipeline import Indexer
 from strata.stores.leaf_index import LeafIndex, kb_collection_name
 from strata.stores.milvus import milvus_client
 from strata.types import Chunk
-from tests.conftest import MilvusTarget
-from tests.strata_support import opened, write_files
+from tests.support.documents import write_files
+from tests.support.milvus import MilvusTarget
+from tests.support.stores import opened
 
 A_DOC = "# Field notes\n\nnightjar quenvit Contoso merger wibblefrotz\n"
 SHARED, OWN = ("nightjar", "contoso"), ("quenvit", "merger", "wibblefrotz")

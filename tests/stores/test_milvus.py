@@ -23,8 +23,9 @@ from strata.stores.leaf_index import LeafIndex, kb_collection_name
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import milvus_client
 from strata.types import Chunk
-from tests.conftest import CMRC2018_SUBSET as CMRC
-from tests.conftest import MILVUS_TARGETS, REPO, MilvusTarget, server_collection
+from tests.support.milvus import MILVUS_TARGETS, MilvusTarget, server_collection
+from tests.support.paths import CMRC2018_SUBSET as CMRC
+from tests.support.paths import REPO
 
 PER_KB = 200
 

@@ -12,7 +12,7 @@ from strata.config import DatabaseSettings, RedisSettings
 from strata.stores.parent_cache import LocalParentCache, RedisParentCache
 from strata.stores.parents import ParentStore
 from strata.stores.sql import DocumentStore, DocumentVersion
-from tests.strata_support import make_chunks
+from tests.support.documents import make_chunks
 
 
 @pytest.fixture

@@ -29,8 +29,9 @@ from strata.errors import StoreError
 from strata.stores import schema_version
 from strata.stores.sql import DocumentStore
 from strata.stores.sql_schema import chunks, documents, kb_embeddings, knowledge_bases
-from tests.conftest import fresh_pg_database
-from tests.strata_support import REPO, STRATA, run_strata, strata_env
+from tests.support.paths import REPO
+from tests.support.processes import STRATA, run_strata, strata_env
+from tests.support.stores import fresh_pg_database
 
 pytestmark = pytest.mark.integration
 

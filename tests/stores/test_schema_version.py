@@ -22,8 +22,8 @@ from strata.errors import StoreError
 from strata.stores import schema_version
 from strata.stores.sql import DocumentStore
 from strata.stores.sql_schema import chunks, documents, knowledge_bases
-from tests.conftest import fresh_pg_database
-from tests.strata_support import run_strata, strata_env
+from tests.support.processes import run_strata, strata_env
+from tests.support.stores import fresh_pg_database
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 

@@ -10,7 +10,7 @@ from strata.errors import EncoderMismatchError, StoreError
 from strata.stores.keys import version_key
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.types import Chunk
-from tests.strata_support import make_chunks
+from tests.support.documents import make_chunks
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from sqlalchemy import inspect, select
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.stores.sql_schema import version_terms
 from strata.stores.term_stats import MAX_TERM_CHARS, TermFrequencies, count_terms
-from tests.strata_support import make_chunks, term_frequencies
+from tests.support.documents import make_chunks
+from tests.support.snapshots import term_frequencies
 
 
 @pytest.fixture

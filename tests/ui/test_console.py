@@ -21,8 +21,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.conftest import EXAMPLES_KB, free_port, stop_process
-from tests.strata_support import REPO, STRATA, strata_env, write_files
+from tests.support.documents import write_files
+from tests.support.paths import EXAMPLES_KB, REPO
+from tests.support.processes import STRATA, free_port, stop_process, strata_env
 
 pytestmark = pytest.mark.slow  # a browser driving strata serve
 
