@@ -16,6 +16,7 @@ from strata.api.service import Service
 from strata.errors import InvalidArgumentError
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import DeadlineExceeded
+from strata.rag.retrieve import evidence_metadata
 from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 
 CLOSEST_SHOWN = 5
@@ -152,17 +153,4 @@ def module_listing(
 
 def _listed(chunk: Chunk) -> RetrievedDocument:
     """A listed chunk as evidence; it has no score (NaN: ``null`` on the wire)."""
-    metadata = {
-        **dict(chunk.metadata),
-        "chunk_id": chunk.chunk_id,
-        "doc_id": chunk.doc_id,
-        "kb_id": chunk.kb_id,
-        "version": chunk.version,
-        "level": chunk.level,
-        "heading_path": chunk.heading_path,
-        "source": chunk.metadata.get("source", ""),
-        "char_start": chunk.char_start,
-        "char_end": chunk.char_end,
-        "ordinal": chunk.ordinal,
-    }
-    return RetrievedDocument(chunk.text, math.nan, metadata)
+    return RetrievedDocument(chunk.text, math.nan, {**evidence_metadata(chunk), "ordinal": chunk.ordinal})

@@ -40,7 +40,7 @@ from strata.rag.serving import LastServingStates
 from strata.rag.strategies import StrategyPlan, plan_for, query_variants
 from strata.resources import Resources
 from strata.stores import filters as expr
-from strata.types import Filters, RetrievalResult, RetrievedDocument, ServingState
+from strata.types import Chunk, Filters, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -382,9 +382,9 @@ def _cache_outcome(run: RunState, lookup: Lookup) -> CacheOutcome:
     return log.outcome(CacheOutcome, source=lookup.source, reused=reused)
 
 
-def _document(cand: Candidate) -> RetrievedDocument:
-    chunk = cand.chunk
-    metadata = {
+def evidence_metadata(chunk: Chunk) -> dict[str, Any]:
+    """The metadata a chunk carries as evidence: its own, then where it stands (ids, level, headings, offsets)."""
+    return {
         **dict(chunk.metadata),
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
@@ -395,6 +395,13 @@ def _document(cand: Candidate) -> RetrievedDocument:
         "source": chunk.metadata.get("source", ""),
         "char_start": chunk.char_start,
         "char_end": chunk.char_end,
+    }
+
+
+def _document(cand: Candidate) -> RetrievedDocument:
+    chunk = cand.chunk
+    metadata = {
+        **evidence_metadata(chunk),
         "merged_from": list(cand.merged_from),
         "trace": cand.trace.to_dict(),
     }
