@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.cli.milvus_server import server_command
 from strata.config import MilvusSettings
 from strata.indexing.chunking import chunk_id
 from strata.stores.milvus import LeafCollection as LeafIndex
@@ -47,9 +47,8 @@ def milvus_server(uri: str | None) -> Iterator[str]:
         return
     folder = Path(tempfile.mkdtemp(prefix="bench-counts-"))
     port = free_port()
-    binary = shutil.which("milvus-lite", path=os.path.dirname(sys.executable)) or "milvus-lite"
     process = subprocess.Popen(
-        [binary, "server", "--data-dir", str(folder), "--host", "127.0.0.1", "--port", str(port)],
+        server_command(folder, host="127.0.0.1", port=port),  # what `strata milvus-server` runs
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -1,6 +1,6 @@
 """Parent fetch: round trips per auto-merge round and latency at 10 / 50 / 200 parents.
 
-Each auto-merge round fetches its parents with one ``ParentStore.get_many``:
+Each auto-merge round fetches its parents with one ``CachedChunks.get_many``:
 one cache round trip (Redis MGET) and at most one SQL query for the misses.
 Counted on the real servers (Redis INFO commandstats, SQLAlchemy statement
 events) and timed cold (cache empty: cache miss + SQL + backfill) and warm
@@ -22,8 +22,8 @@ from sqlalchemy import event
 
 from _bench import machine, p, quiet_logging, timed_ms
 from strata.config import DatabaseSettings, RedisSettings
-from strata.stores.parent_cache import LocalParentCache, RedisParentCache
-from strata.stores.parents import ParentStore
+from strata.stores.cached_chunks import CachedChunks
+from strata.stores.chunk_cache import LocalChunkCache, RedisChunkCache
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.types import Chunk
 
@@ -54,12 +54,12 @@ def parents(kb: str, n: int) -> list[Chunk]:
 
 def setup(store: DocumentStore, kb: str, n: int) -> list[tuple[str, str]]:
     chunks = parents(kb, n)
-    store.ensure_kb(kb, encoder="bench", dim=1, chunking="x")
+    store.kbs.ensure_kb(kb, encoder="bench", dim=1, chunking="x")
     by_doc: dict[str, list[Chunk]] = {}
     for c in chunks:
         by_doc.setdefault(c.doc_id, []).append(c)
     for doc_id, doc_chunks in by_doc.items():
-        store.write_pending(DocumentVersion(kb, doc_id, 1, f"{doc_id}.md", "h"), doc_chunks)
+        store.versions.write_pending(DocumentVersion(kb, doc_id, 1, f"{doc_id}.md", "h"), doc_chunks)
     return [(kb, c.chunk_id) for c in chunks]
 
 
@@ -71,16 +71,16 @@ def run(label: str, store: DocumentStore, cache_factory, redis_client) -> None:
         for _ in range(REPEATS):
             kb = f"bench-{uuid.uuid4().hex[:6]}"
             refs = setup(store, kb, n)
-            parent_store = ParentStore(cache_factory(), store)
+            cached = CachedChunks(cache_factory(), store.chunks)
             statements.clear()
             mget_before = _mgets(redis_client)
-            t, fetch = timed_ms(lambda: parent_store.get_many(refs))
+            t, fetch = timed_ms(lambda: cached.get_many(refs))
             selects = sum(1 for s in statements if s.lstrip().upper().startswith("SELECT"))
             trips.add((fetch.cache_round_trips, _mgets(redis_client) - mget_before if redis_client else "no Redis"))
             sql.add(selects)
             cold.append(t)
-            warm.append(timed_ms(lambda: parent_store.get_many(refs))[0])
-            store.drop_kb(kb)
+            warm.append(timed_ms(lambda: cached.get_many(refs))[0])
+            store.kbs.drop_kb(kb)
         print(
             f"{label:26} {n:4d} parents: cold p50 {p(cold, 50):6.2f} ms (p95 {p(cold, 95):6.2f}), "
             f"warm p50 {p(warm, 50):6.2f} ms; cache round trips {sorted(trips)}, SQL queries {sorted(sql)}"
@@ -106,9 +106,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sqlite = DocumentStore(DatabaseSettings(url=f"sqlite:///{Path(tmp) / 'b.sqlite3'}"))
         pg = DocumentStore(DatabaseSettings(url=args.pg))
-        run("Redis + PostgreSQL", pg, lambda: RedisParentCache(redis_settings), client)
-        run("Redis + SQLite", sqlite, lambda: RedisParentCache(redis_settings), client)
-        run("in-process + SQLite", sqlite, lambda: LocalParentCache(10000), None)
+        run("Redis + PostgreSQL", pg, lambda: RedisChunkCache(redis_settings), client)
+        run("Redis + SQLite", sqlite, lambda: RedisChunkCache(redis_settings), client)
+        run("in-process + SQLite", sqlite, lambda: LocalChunkCache(10000), None)
     keys = list(client.scan_iter(match=f"{prefix}:*"))
     if keys:
         client.delete(*keys)

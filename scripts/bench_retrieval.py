@@ -52,9 +52,11 @@ from strata.evaluation.runner import build_index, eval_settings, sampled_queries
 from strata.rag.retrieve import Retriever
 from strata.rag.route_fusion import rrf_fuse
 from strata.resources import Resources
+from strata.stores import leaf_index
 from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus import LeafCollection as LeafIndex
+from strata.stores.milvus_search import LeafSearch
 
 WARMUP = 5
 ALL_FIELDS = [
@@ -166,7 +168,7 @@ def search_stage(
                 with_text=False,
             )
         )
-        t_client, _ = timed_ms(lambda: two_routes(client, vector, question, route_limit, kb))
+        t_client, _ = timed_ms(lambda: two_routes(client.searches, vector, question, route_limit, kb))
         t_in_process, _ = timed_ms(lambda: two_routes(index, vector, question, route_limit, kb))
         result = retriever.retrieve(question, top_k, kb_ids=[kb])
         if n >= WARMUP:
@@ -186,9 +188,12 @@ def search_stage(
     print(f"  engine / before at p50: {p(engine, 50) / p(before, 50):.3f}")
 
 
-def two_routes(index: LeafIndex, vector: np.ndarray, question: str, limit: int, kb: str) -> None:
-    index.search_dense_many([vector], limit=limit, kb_ids=[kb])
-    index.search_sparse(question, limit=limit, kb_ids=[kb])
+def two_routes(
+    routes: LeafSearch | leaf_index.LeafIndex, vector: np.ndarray, question: str, limit: int, kb: str
+) -> None:
+    """The two route searches of a collection's ``LeafSearch`` or of the engine's ``LeafIndex`` (alike)."""
+    routes.search_dense_many([vector], limit=limit, kb_ids=[kb])
+    routes.search_sparse(question, limit=limit, kb_ids=[kb])
 
 
 def before_change(index: LeafIndex, vector: np.ndarray, question: str, candidate_k: int, kb: str) -> list:

@@ -121,8 +121,8 @@ def main() -> None:
             now.append(
                 timed_ms(
                     lambda: rrf_rank(
-                        index.search_dense_many([v], limit=route_limit, kb_ids=["scale"])[0],
-                        index.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
+                        index.searches.search_dense_many([v], limit=route_limit, kb_ids=["scale"])[0],
+                        index.searches.search_sparse(bm25, limit=route_limit, kb_ids=["scale"]),
                         k=defaults.rrf_k,
                         limit=CANDIDATE_K,
                     )

@@ -59,10 +59,10 @@ sys.path.insert(0, str(REPO))
 
 from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
 
+from strata.cli.milvus_server import server_command  # noqa: E402
 from strata.client import StrataClient  # noqa: E402
 
 STRATA = Path(sys.executable).with_name("strata")
-MILVUS_LITE = Path(sys.executable).with_name("milvus-lite")
 PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 QUERIES = [
     "密码重置链接多久失效？",
@@ -109,11 +109,25 @@ class Postgres:
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
-class Redis:
+class _Signalled:
+    """A server process of the soak's own, to signal (SIGSTOP, SIGCONT) and SIGKILL."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    def signal(self, sig: int) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process:
+            self.process.wait(10)
+
+
+class Redis(_Signalled):
     def __init__(self, root: Path) -> None:
         self.root, self.port = root, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -140,15 +154,6 @@ class Redis:
             except OSError:
                 time.sleep(0.05)
 
-    def signal(self, sig: int) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.process:
-            self.process.wait(10)
-
     def stop(self) -> None:
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGTERM)
@@ -156,29 +161,19 @@ class Redis:
             self.process.wait(10)
 
 
-class MilvusServer:
+class MilvusServer(_Signalled):
     """A private ``milvus-lite server``: SIGKILLed and started again on the same port and data dir, or paused."""
 
     def __init__(self, root: Path) -> None:
         self.data_dir, self.port = root / "milvus", free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = root / "milvus.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Starts the server and returns once it answers."""
+        """Starts the server (what ``strata milvus-server`` runs) and returns once it answers."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [
-                    str(MILVUS_LITE),
-                    "server",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
+                server_command(self.data_dir, host="127.0.0.1", port=self.port),
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
@@ -207,15 +202,6 @@ class MilvusServer:
             return False
         finally:
             client.close()
-
-    def signal(self, sig: int) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.process:
-            self.process.wait(10)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)

@@ -19,7 +19,7 @@ TOP_FOLDERS = ("docs", "backend", "tests", "scripts", "deploy", "examples", "eva
 # character no path of the repository holds.
 PATH = re.compile(r"(?<![\w./@:-])((?:{})/[\w.+/-]*)".format("|".join(re.escape(f) for f in TOP_FOLDERS)))
 GLOB_OR_TEMPLATE = frozenset("*{<")
-# Modules named from inside the package (``stores/parents.py``, ``rag/run_state.py``) are files of backend/strata.
+# Modules named from inside the package (``stores/sql.py``, ``rag/run_state.py``) are files of backend/strata.
 PACKAGE = REPO / "backend" / "strata"
 SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("_"))
 MODULE = re.compile(r"(?<![\w./@:-])((?:{})/[\w/]+\.py)\b".format("|".join(SUBPACKAGES)))

@@ -25,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from strata.api import create_app
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.support.api import GARDEN_DOC, make_settings
+from tests.support.documents import GARDEN_DOC
 from tests.support.processes import free_port
-from tests.support.stores import REDIS_URL
+from tests.support.stores import REDIS_URL, make_settings
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "deploy" / "monitoring"
@@ -215,7 +215,8 @@ def scrape(tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, memo_en
     settings = make_settings(
         root,
         module_pg_url,
-        redis_prefix,
+        redis_prefix=redis_prefix,
+        query_cache=True,
         api={"max_upload_bytes": 4096},
         rerank={"url": f"http://127.0.0.1:{free_port()}/rerank", "max_retries": 0, "connect_timeout_s": 1.0},
     )

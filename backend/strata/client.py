@@ -85,13 +85,15 @@ class StrataClient:
         strategy: str | None = None,
         queries: Sequence[str] | None = None,
         deadline_ms: int | None = None,
+        max_chars: int | None = None,
         timeout: float | None = None,
     ) -> RetrievalResult:
         """The library's ``retrieve_documents`` over HTTP (see the module docstring for what it raises).
 
         ``deadline_ms`` is the service's time budget for this query (never past its own
         ``STRATA_RETRIEVAL__DEADLINE_MS``); ``timeout`` bounds the whole call in seconds (default:
-        ``deadline_ms`` plus ``ANSWER_MARGIN_S`` when given, else the client's timeout).
+        ``deadline_ms`` plus ``ANSWER_MARGIN_S`` when given, else the client's timeout). ``max_chars`` caps the
+        evidence's characters as the library's does (``strata.rag.budget``).
         """
         body: dict[str, Any] = {"query": query, "top_k": top_k, "kb_ids": kb_ids, "explain": True}
         if filters is not None and not filters.is_empty():
@@ -100,6 +102,7 @@ class StrataClient:
             "strategy": strategy,
             "queries": list(queries) if queries is not None else None,
             "deadline_ms": deadline_ms,
+            "max_chars": max_chars,
         }
         body.update({"rerank": rerank, "expand": expand, **{k: v for k, v in optional.items() if v is not None}})
         if timeout is None and deadline_ms is not None:

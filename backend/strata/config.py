@@ -285,7 +285,10 @@ class IndexingSettings(_Section):
     max_elements: int = Field(
         100_000,
         ge=1,
-        description="most paragraphs or table cells (.docx), pages (PDF), tags (HTML) or headings (Markdown) in one file",
+        description=(
+            "most paragraphs or table cells (.docx), pages (PDF), tags (HTML), headings (Markdown), "
+            "or lines, blank ones included, and titles (reStructuredText) in one file"
+        ),
     )
     parse_timeout_s: float = Field(
         60.0, gt=0, description="how long parsing one file (in a child process, any format) may take"
@@ -335,6 +338,12 @@ class RetrievalSettings(_Section):
     merge_min_children: int = Field(3, ge=1, description="children that must hit before their parent replaces them")
     merge_min_ratio: float = Field(0.0, ge=0, le=1)
     merge_score: Literal["max", "mean"] = "max"
+    merge_max_chars: int | None = Field(
+        None,
+        ge=1,
+        description="a parent longer than this (characters) is not merged: its hit children stay the evidence; "
+        "unset = no bound (docs/evaluation.md)",
+    )
     min_score: float | None = Field(None, description="cut on rerank scores (only when rerank succeeded)")
     min_fused_score: float | None = Field(
         None,

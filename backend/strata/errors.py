@@ -12,7 +12,7 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
     │   ├── EncoderMismatchError a collection/kb was built with another encoder
     │   ├── LeavesMissingError   the configured collection lacks leaves a kb serves in SQL
-    │   └── CacheError           the parent cache (Redis) failed
+    │   └── CacheError           the chunk cache (Redis) failed
     ├── LoaderError              a source file could not be read
     ├── IndexingError            a document could not be indexed consistently
     │   └── IndexingStoppedError an indexing run was stopped (the service is shutting down)
@@ -71,7 +71,7 @@ class LeavesMissingError(StoreError):
 
 
 class CacheError(StoreError):
-    """The parent cache failed; callers fall back to SQL."""
+    """The chunk cache failed; callers fall back to SQL."""
 
 
 class LoaderError(StrataError):

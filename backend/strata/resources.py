@@ -2,96 +2,134 @@
 
 ``Resources`` wires the encoder and the three stores that both ``indexing``
 and ``rag`` use (rag builds its own reranker and query cache), and the one
-``RedisBreaker`` that the parent store and the query cache share. Every part is
+``RedisBreaker`` that the chunk cache and the query cache share. Every part is
 created on first use, so building a ``Resources`` opens no connection and
 loads no model.
+
+Each part is a property over an attribute that stays None until the part is
+built; the build holds the lock, so concurrent first uses build it once. A
+part assigned (``resources.leaf_index = other``, as tests do to inject a
+fault) is used as it is, and ``close`` releases whatever was built or assigned.
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Iterable
 
 from strata.config import Settings
 from strata.encoders import Encoder, create_encoder
+from strata.stores.cached_chunks import CachedChunks
 from strata.stores.catalog import Catalog
+from strata.stores.chunk_cache import create_chunk_cache
 from strata.stores.keys import database_namespace
 from strata.stores.leaf_index import LeafIndex
-from strata.stores.parent_cache import create_parent_cache
-from strata.stores.parents import ParentStore
 from strata.stores.redis_client import RedisBreaker
 from strata.stores.sql import DocumentStore
 
 
 class Resources:
-    """Lazily built encoder, stores and reranker for one ``Settings``."""
+    """Lazily built encoder, stores and Redis breaker for one ``Settings``."""
 
     def __init__(self, settings: Settings, *, encoder: Encoder | None = None) -> None:
+        """``encoder``: the encoder to use instead of building the configured one."""
         self.settings = settings
-        self._encoder = encoder
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # re-entrant: a part's build uses the parts it needs
+        self._given_encoder = encoder
+        self._encoder: Encoder | None = None
+        self._documents: DocumentStore | None = None
+        self._leaf_index: LeafIndex | None = None
+        self._redis_breaker: RedisBreaker | None = None
+        self._cached_chunks: CachedChunks | None = None
 
-    @functools.cached_property
+    @property
     def encoder(self) -> Encoder:
-        with self._lock:
-            return self._encoder or create_encoder(self.settings.embedding)
+        if self._encoder is None:
+            with self._lock:
+                if self._encoder is None:
+                    self._encoder = self._given_encoder or create_encoder(self.settings.embedding)
+        return self._encoder
 
-    @functools.cached_property
+    @property
     def documents(self) -> DocumentStore:
-        with self._lock:
-            return DocumentStore(self.settings.database)
+        """The SQL store: ``documents.kbs``, ``.versions``, ``.chunks``, ``.terms``, ``.embeddings``,
+        ``.invalidations``."""
+        if self._documents is None:
+            with self._lock:
+                if self._documents is None:
+                    self._documents = DocumentStore(self.settings.database)
+        return self._documents
 
-    @functools.cached_property
+    @documents.setter
+    def documents(self, store: DocumentStore) -> None:
+        self._documents = store
+
+    @property
     def leaf_index(self) -> LeafIndex:
-        return self.open_leaf_index()
+        if self._leaf_index is None:
+            return self.open_leaf_index()
+        return self._leaf_index
+
+    @leaf_index.setter
+    def leaf_index(self, index: LeafIndex) -> None:
+        self._leaf_index = index
 
     def open_leaf_index(self, extra_terms: Iterable[str] = ()) -> LeafIndex:
         """The leaf index; a collection created now gets the front-matter terms SQL knows, plus
         ``extra_terms`` (those of documents about to be indexed), in its BM25 dictionary."""
         with self._lock:
-            if "leaf_index" not in self.__dict__:
+            if self._leaf_index is None:
                 encoder = self.encoder
                 terms = lambda kb_ids: [*Catalog(self.documents.engine).vocabulary(kb_ids).terms, *extra_terms]  # noqa: E731
-                self.__dict__["leaf_index"] = LeafIndex(
+                self._leaf_index = LeafIndex(
                     self.settings.milvus,
                     encoder_name=encoder.name,
                     dim=encoder.dim,
                     vocabulary=terms,
                     tenants=self.tenants,
                 )
-            return self.__dict__["leaf_index"]
+            return self._leaf_index
 
     @property
     def tenants(self) -> bool:
         """Whether the service has API keys with grants: kbs of teams kept apart (``leaf_index.default_level``)."""
         return bool(self.settings.api.keys or self.settings.api.keys_file)
 
-    @functools.cached_property
+    @property
     def redis_breaker(self) -> RedisBreaker:
-        """Opened by a Redis error of any user (parent store, query cache); all of them skip Redis meanwhile."""
-        with self._lock:
-            return RedisBreaker.from_settings(self.settings.redis)
+        """Opened by a Redis error of any user (chunk cache, query cache); all of them skip Redis meanwhile."""
+        if self._redis_breaker is None:
+            with self._lock:
+                if self._redis_breaker is None:
+                    self._redis_breaker = RedisBreaker.from_settings(self.settings.redis)
+        return self._redis_breaker
 
-    @functools.cached_property
-    def parents(self) -> ParentStore:
-        with self._lock:
-            cache = create_parent_cache(
-                self.settings.redis, namespace=database_namespace(str(self.settings.database.url))
-            )
-            return ParentStore(cache, self.documents, breaker=self.redis_breaker)
+    @property
+    def cached_chunks(self) -> CachedChunks:
+        """Chunk texts through the chunk cache (Redis or in-process), SQL for the misses."""
+        if self._cached_chunks is None:
+            with self._lock:
+                if self._cached_chunks is None:
+                    cache = create_chunk_cache(
+                        self.settings.redis, namespace=database_namespace(str(self.settings.database.url))
+                    )
+                    self._cached_chunks = CachedChunks(cache, self.documents.chunks, breaker=self.redis_breaker)
+        return self._cached_chunks
+
+    @cached_chunks.setter
+    def cached_chunks(self, chunks: CachedChunks) -> None:
+        self._cached_chunks = chunks
 
     def close(self) -> None:
         """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.
 
         Milvus Lite keeps its file until the process exits or the server is released.
         """
-        for name, closer in (
-            ("leaf_index", "close"),
-            ("documents", "dispose"),
-            ("parents", "close"),
-            ("encoder", "close"),
+        for part, closer in (
+            (self._leaf_index, "close"),
+            (self._documents, "dispose"),
+            (self._cached_chunks, "close"),
+            (self._encoder, "close"),
         ):
-            part = self.__dict__.get(name)
             if part is not None and hasattr(part, closer):
                 getattr(part, closer)()

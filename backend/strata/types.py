@@ -40,7 +40,12 @@ class Section:
 
 @dataclass(frozen=True)
 class SourceDocument:
-    """One loaded file: normalized text, its sections and its metadata."""
+    """One loaded file: normalized text, its sections, its metadata, and its loader's notes.
+
+    A note is something its user should know that did not fail the file, one line each: what the file
+    names and strata did not read (an include, a snippet), markup its parser refused (a docutils error, an
+    unclosed MkDocs admonition). An indexing run reports them per document (``IndexReport.warnings``).
+    """
 
     doc_id: str
     source: str
@@ -48,6 +53,7 @@ class SourceDocument:
     sections: tuple[Section, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     content_hash: str = ""
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,10 @@ class RetrievedDocument:
     score: JsonFloat
     """final score, higher is better; null when not finite or not ranked"""
     metadata: JsonMapping = field(default_factory=dict)
-    """chunk_id, doc_id, kb_id, version, level, heading_path, source, char_start, char_end, the document's own
-    metadata and, with explain, the score trace"""
+    """chunk_id, doc_id, kb_id, version, level, heading_path, source, char_start, char_end, hit_start and
+    hit_end (the offsets of the leaves that hit: a merged parent's first hit leaf's start to its last one's end),
+    cut (true when a character budget cut the text to the part that answered), the document's own metadata and,
+    with explain, the score trace"""
 
     def to_dict(self) -> dict[str, Any]:
         return to_json(self)

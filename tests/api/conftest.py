@@ -8,7 +8,6 @@ Milvus Lite lets one process hold the file, and the service holds one
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,10 @@ from strata.api import create_app
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.support.api import GARDEN_DOC, KEYS, AppFactory, make_settings
+from tests.support.api import KEYS, AppFactory
+from tests.support.documents import GARDEN_DOC
 from tests.support.paths import EXAMPLES_KB
-from tests.support.stores import fresh_pg_database
+from tests.support.stores import fresh_pg_database, make_settings
 
 
 @pytest.fixture(scope="package")
@@ -42,7 +42,7 @@ def _indexed_stores(root: Path, pg_url: str, memo_encoder: Any) -> Iterator[tupl
     (garden / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")
     synonyms = root / "synonyms.yaml"
     synonyms.write_text("浇水: [watering, irrigation]\nTokenManagement: [Token, JWT]\n", encoding="utf-8")
-    settings = make_settings(root, pg_url, f"strata-test-{uuid.uuid4().hex[:8]}", retrieval={"synonyms": str(synonyms)})
+    settings = make_settings(root, pg_url, query_cache=True, retrieval={"synonyms": str(synonyms)})
     resources = Resources(settings, encoder=memo_encoder)
     indexer = Indexer(resources)
     assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
@@ -64,7 +64,8 @@ def make_client(stores: tuple[Settings, Resources]) -> Iterator[AppFactory]:
         engine = resources
         if set(sections) - {"api"}:  # the engine reads its settings from Resources: same stores, new settings
             engine = Resources(changed, encoder=resources.encoder)
-            engine.__dict__.update({k: resources.__dict__[k] for k in ("leaf_index", "documents", "parents")})
+            for part in ("leaf_index", "documents", "cached_chunks"):
+                setattr(engine, part, getattr(resources, part))
         client = TestClient(create_app(changed, resources=engine), raise_server_exceptions=False)
         client.__enter__()
         opened.append(client)

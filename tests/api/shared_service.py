@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.paths import REPO
-from tests.support.processes import STRATA, free_port, stop_process, strata_env
+from tests.support.processes import start_serve, stop_process, strata_env
 from tests.support.stores import REDIS_URL
 
 TENANT_A_READ = "tenant-a-read-key-0123456789"
@@ -119,18 +118,12 @@ def shared_service(
         STRATA_API__SHUTDOWN_GRACE_S="10",
         **variables,
     )
-    port = free_port()
     log = root / f"serve-{suffix}.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", str(port), "--workers", str(workers)],
-            env=env,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        process, url = start_serve(
+            env, "--workers", str(workers), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    service = SharedService(process, f"http://127.0.0.1:{port}", port, env, log)
+    service = SharedService(process, url, int(url.rsplit(":", 1)[1]), env, log)
     try:
         service.wait_ready()
         if seed:

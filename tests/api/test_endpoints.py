@@ -53,6 +53,23 @@ def test_retrieve_returns_what_retrieve_documents_returns(
     assert all("trace" in d["metadata"] for d in body["docs"])
 
 
+def test_retrieve_with_max_chars_returns_what_the_library_returns_within_the_budget(
+    client: TestClient, stores: tuple[Settings, Resources]
+) -> None:
+    _settings, resources = stores
+    whole = Retriever(resources).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    budget = len(whole.docs[0].content) + 60
+    request = {"query": RESET_QUERY, "top_k": 5, "kb_ids": ["demo"], "max_chars": budget}
+    body = client.post("/retrieve", json=request, headers=ADMIN).json()
+    local = Retriever(resources).retrieve(RESET_QUERY, 5, kb_ids=["demo"], max_chars=budget).to_dict()
+    assert [d["content"] for d in body["docs"]] == [d["content"] for d in local["docs"]]
+    assert 0 < sum(len(d["content"]) for d in body["docs"]) <= budget
+    assert body["docs"][0]["content"] == whole.docs[0].content
+    for bad in (0, -1, "many", 10**9):
+        response = client.post("/retrieve", json={**request, "max_chars": bad}, headers=ADMIN)
+        assert response.status_code == 422 and "max_chars" in response.text
+
+
 def test_retrieve_leaves_the_trace_out_unless_explain(client: TestClient) -> None:
     body = client.post("/retrieve", json={"query": RESET_QUERY, "top_k": 3}, headers=ADMIN).json()
     assert body["docs"] and all("trace" not in d["metadata"] for d in body["docs"])
@@ -234,7 +251,8 @@ def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores
     settings, shared = stores
     counting = CountingEncoder(shared.encoder)
     resources = Resources(settings, encoder=counting)
-    resources.__dict__.update({k: shared.__dict__[k] for k in ("leaf_index", "documents", "parents")})
+    for part in ("leaf_index", "documents", "cached_chunks"):
+        setattr(resources, part, getattr(shared, part))
     with TestClient(create_app(settings, resources=resources)) as client:
         warmed = counting.queries
         assert warmed >= 1  # before any request was sent
@@ -243,4 +261,4 @@ def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores
             == 200
         )
         assert counting.queries == warmed + 1
-    assert resources.documents.get_kb("demo") is not None  # the caller's stores were not closed
+    assert resources.documents.kbs.get_kb("demo") is not None  # the caller's stores were not closed

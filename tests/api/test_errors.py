@@ -15,8 +15,9 @@ from strata.api import create_app
 from strata.config import Settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
-from tests.support.api import AppFactory, auth, make_settings
+from tests.support.api import AppFactory, auth
 from tests.support.processes import free_port
+from tests.support.stores import make_settings
 
 ADMIN = auth("admin-key")
 
@@ -187,7 +188,7 @@ def test_a_queued_request_is_served_once_a_slot_frees(make_client: AppFactory) -
 @pytest.fixture
 def outage(tmp_path: Path, memo_encoder) -> Resources:
     """Stores whose Milvus Lite server is gone (SQLite still there)."""
-    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 's.sqlite3'}", "unused", redis={"url": None})
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 's.sqlite3'}", redis_url=None, query_cache=True)
     resources = Resources(settings, encoder=memo_encoder)
     doc = tmp_path / "one.md"
     doc.write_text("# One\n\nA single short document about lighthouses.", encoding="utf-8")
@@ -215,7 +216,7 @@ def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], pr
     settings, shared = stores
     with_private = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": private_redis.url})})
     resources = Resources(with_private, encoder=memo_encoder)
-    resources.__dict__.update(leaf_index=shared.leaf_index, documents=shared.documents)  # only the cache differs
+    resources.leaf_index, resources.documents = shared.leaf_index, shared.documents  # only the cache differs
     private_redis.stop()
     with TestClient(create_app(with_private, resources=resources, warm_up=False)) as client:
         ready = client.get("/ready")
@@ -248,7 +249,9 @@ def test_a_reranker_that_fails_leaves_the_service_ready_but_degraded(make_client
 
 def test_sql_down_keeps_the_pod_reachable_and_its_requests_get_the_503(tmp_path: Path, memo_encoder) -> None:
     unreachable = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/strata"
-    settings = make_settings(tmp_path, unreachable, "unused", redis={"url": None}, database={"connect_timeout_s": 1.0})
+    settings = make_settings(
+        tmp_path, unreachable, redis_url=None, query_cache=True, database={"connect_timeout_s": 1.0}
+    )
     resources = Resources(settings, encoder=memo_encoder)
     try:
         with TestClient(create_app(settings, resources=resources), raise_server_exceptions=False) as client:

@@ -25,8 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from strata.logs import LogSetup, configure
-from tests.support.paths import REPO
-from tests.support.processes import STRATA, free_port, strata_env, wait_for
+from tests.support.processes import start_serve, strata_env, wait_for
 
 QUERY = f"which lighthouse keeper polished the lens {uuid.uuid4().hex}"
 
@@ -47,16 +46,8 @@ def _by_request(lines: list[dict[str, Any]], request_id: str) -> list[dict[str, 
 def test_every_line_of_a_serve_run_is_json_with_the_request_id(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = strata_env(data, STRATA_LOG__FORMAT="json", STRATA_LOG_LEVEL="INFO")
-    port = free_port()
-    process = subprocess.Popen(
-        [str(STRATA), "serve", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    process, url = start_serve(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    http = httpx.Client(base_url=url, timeout=60)
     try:
         assert wait_for(lambda: _healthy(http, process), within_s=240), "strata serve did not answer /health"
         unknown = http.post("/retrieve", json={"query": QUERY, "kb_ids": ["no-such-kb"]})

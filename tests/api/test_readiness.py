@@ -81,7 +81,7 @@ def test_probes_within_the_cache_window_share_one_check_and_the_detail_checks_ag
     _, resources = stores
     client = keyed(make_client, ready_cache_s=3600.0)
     pings = count_calls(monkeypatch, resources.leaf_index, "ping")
-    listings = count_calls(monkeypatch, resources.documents, "list_kbs")
+    listings = count_calls(monkeypatch, resources.documents.kbs, "list_kbs")
     encodes = count_calls(monkeypatch, resources.encoder, "encode_queries")
     assert [client.get("/ready").status_code for _ in range(3)] == [200, 200, 200]
     assert (len(pings), len(listings), len(encodes)) == (1, 1, 1)
@@ -121,7 +121,7 @@ def _dead_milvus(stores: tuple[Settings, Resources], encoder: Any, **api: Any) -
     )
     dead = settings.model_copy(update={"milvus": milvus, "api": settings.api.model_copy(update=api)})
     resources = Resources(dead, encoder=encoder)
-    resources.__dict__.update(documents=shared.documents, parents=shared.parents)  # only Milvus differs
+    resources.documents, resources.cached_chunks = shared.documents, shared.cached_chunks  # only Milvus differs
     return dead, resources, port
 
 
@@ -179,7 +179,8 @@ def test_the_pods_own_encoder_failing_makes_the_probe_503(
 ) -> None:
     settings, shared = stores
     resources = Resources(settings, encoder=_BrokenEncoder(memo_encoder))
-    resources.__dict__.update(documents=shared.documents, parents=shared.parents, leaf_index=shared.leaf_index)
+    resources.documents, resources.cached_chunks = shared.documents, shared.cached_chunks
+    resources.leaf_index = shared.leaf_index
     with TestClient(create_app(settings, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
         ready = client.get("/ready")
         assert (ready.status_code, ready.json()["status"]) == (503, "unavailable")

@@ -13,7 +13,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -126,12 +125,16 @@ def test_creating_a_kb_that_exists_is_a_declared_200(client: TestClient) -> None
 # -- strata serve --workers 2 --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def served(tmp_path: Path, milvus_server_uri: str, module_pg_url: str) -> Iterator[SharedService]:
-    temporary = tmp_path / "tmp"  # the service's TMPDIR: where its upload folders are
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, milvus_server_uri: str, module_pg_url: str
+) -> Iterator[SharedService]:
+    """One service for both tests (each writes a kb of its own; a worker one kills, uvicorn replaces)."""
+    root = tmp_path_factory.mktemp("served")
+    temporary = root / "tmp"  # the service's TMPDIR: where its upload folders are
     temporary.mkdir()
     with shared_service(
-        tmp_path, milvus_server_uri, module_pg_url, workers=2, seed=False, TMPDIR=str(temporary)
+        root, milvus_server_uri, module_pg_url, workers=2, seed=False, TMPDIR=str(temporary)
     ) as service:
         service.temporary = temporary  # type: ignore[attr-defined]
         yield service
@@ -161,10 +164,14 @@ def poll(value: Callable[[], T | None], upload: threading.Thread, failure: str, 
     raise AssertionError(failure)
 
 
-def upload_in_background(service: SharedService, kb: str, outcome: list[Any]) -> threading.Thread:
+def upload_in_background(
+    service: SharedService, kb: str, outcome: list[Any], paragraphs: int = 600
+) -> threading.Thread:
+    """``slow_document(paragraphs)`` uploaded in a thread: indexing its leaves holds the kb's lease for seconds."""
+
     def send() -> None:
         try:
-            outcome.append(service.upload(kb, {"logbook.md": slow_document(600)}))
+            outcome.append(service.upload(kb, {"logbook.md": slow_document(paragraphs)}))
         except httpx.TransportError as exc:  # its worker was killed
             outcome.append(exc)
 
@@ -177,7 +184,9 @@ def upload_in_background(service: SharedService, kb: str, outcome: list[Any]) ->
 def test_two_uploads_to_one_kb_one_is_indexed_the_other_refused(served: SharedService, leases: Engine) -> None:
     kb = f"logs-{uuid.uuid4().hex[:8]}"  # the module's tests share one PostgreSQL database
     outcome: list[Any] = []
-    upload = upload_in_background(served, kb, outcome)
+    # 200 leaves to encode (the 80 of test_serve_process's document at most already in the tests' vector cache):
+    # seconds of holding the lease, where the second upload needs milliseconds; this upload runs to its end
+    upload = upload_in_background(served, kb, outcome, paragraphs=200)
     poll(lambda: holder_of(leases, kb), upload, "the first upload never took the lease")
     second = served.upload(kb, {"note.md": "# Note\n\nThe ferry leaves at noon.\n"})
     upload.join(300)

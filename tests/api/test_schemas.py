@@ -1,5 +1,6 @@
 """The result and its meta record have one definition (``strata.types``): the library's dict, the service's answer,
-the OpenAPI schema and the client's parsing all come from it (``strata.wire``)."""
+the OpenAPI schema and the client's parsing all come from it (``strata.wire``). So do the kb routes' answers (the
+indexing report, the stats) and the members a problem document may carry (a failed retrieval's meta record)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import dataclasses
 import datetime
 import json
 import math
+from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from strata.api.schemas import RetrieveRequest
+from strata.api.schemas import ProblemOut, RetrieveRequest
 from strata.errors import InvalidArgumentError
+from strata.indexing.consistency import KbStats, check_leaves
+from strata.indexing.report import IndexReport
 from strata.types import (
     MergeRound,
     RerankOutcome,
@@ -29,7 +33,21 @@ from strata.wire import adapter
 from tests.support.api import auth
 
 ADMIN = auth("admin-key")
+T = TypeVar("T")
 RECORDS = (RetrievedDocument, RetrievalMeta, MergeRound, RerankOutcome, StageError, RetrievalResult)
+
+
+def serving(client: TestClient, monkeypatch: pytest.MonkeyPatch, method: str, change: Callable[[T], T]) -> list[T]:
+    """What the service's ``method`` answers from now on, changed by ``change``: the list of the answers it gave."""
+    service = client.app.state.service  # type: ignore[attr-defined]
+    real, served = getattr(service, method), []
+
+    def answer(*args: Any, **kwargs: Any) -> T:
+        served.append(change(real(*args, **kwargs)))
+        return served[-1]
+
+    monkeypatch.setattr(service, method, answer)
+    return served
 
 
 def full_meta() -> RetrievalMeta:
@@ -121,16 +139,10 @@ def test_a_record_from_another_version_is_read_by_what_it_shares() -> None:
 def test_the_response_is_exactly_to_dict_of_the_result_byte_for_byte(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    service = client.app.state.service  # type: ignore[attr-defined]
-    served: list[RetrievalResult] = []
-
-    def keep(*args: Any, **kwargs: Any) -> RetrievalResult:
-        result = real(*args, **kwargs)  # and a score json.dumps and pydantic spell differently
-        served.append(dataclasses.replace(result, docs=(*result.docs, RetrievedDocument("tiny", 1e-05, {"f": 1e-05}))))
-        return served[-1]
-
-    real = service.retrieve
-    monkeypatch.setattr(service, "retrieve", keep)
+    tiny = RetrievedDocument("tiny", 1e-05, {"f": 1e-05})  # a score json.dumps and pydantic spell differently
+    served = serving(
+        client, monkeypatch, "retrieve", lambda result: dataclasses.replace(result, docs=(*result.docs, tiny))
+    )
     query = {"query": "密码重置链接多久失效？", "top_k": 3, "kb_ids": ["demo"], "explain": True}
     response = client.post("/retrieve", json=query, headers=ADMIN)
     assert response.status_code == 200 and len(served) == 1
@@ -195,3 +207,106 @@ def test_a_refused_string_is_an_invalid_argument(query: str, why: str) -> None:
         RetrieveRequest.model_validate({"query": query})
     error = refused.value.errors()[0]["ctx"]["error"]
     assert isinstance(error, InvalidArgumentError) and why in str(error)
+
+
+# -- the kb routes' answers: the indexing report and the stats, each from its one record ---------------------------
+
+
+def old_report_shape(report: IndexReport) -> dict[str, Any]:
+    """The upload's answer as ``IndexReport.to_dict`` built it by hand before the report had a wire shape."""
+    data = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
+    data["chunks_per_s"] = round(report.chunks_written / report.seconds, 2) if report.seconds > 0 else 0.0
+    data["seconds"] = round(report.seconds, 3)
+    data["encode_seconds"] = round(report.encode_seconds, 3)
+    return data
+
+
+def old_stats_shape(resources: Any, kb_id: str) -> dict[str, Any]:
+    """``GET /kbs/{kb}/stats`` as ``consistency.kb_stats`` built it by hand before the stats had a wire shape."""
+    kb = resources.documents.kbs.get_kb(kb_id)
+    sql = resources.documents.versions.stats(kb_id)
+    check = check_leaves(resources.leaf_index, kb_id, resources.documents.versions.of_kb(kb_id))
+    return {
+        "kb": kb_id,
+        "documents": sql["documents_by_status"].get("active", 0),
+        "documents_by_status": sql["documents_by_status"],
+        "chunks_by_level": sql["chunks_by_level"],
+        "leaves_in_milvus": check.found,
+        "versions_probed": check.versions_probed,
+        "versions_absent_in_milvus": check.absent_count,
+        "encoder": {"name": kb.encoder, "dim": kb.dim},
+        "generation": kb.generation,
+        "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
+        "difference": check.difference(),
+    }
+
+
+def test_the_upload_answer_is_the_old_report_dict_byte_for_byte(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def with_awkward_values(report: IndexReport) -> IndexReport:  # values the old dict rounded, listed, computed
+        changes = {"seconds": 1.23456789, "encode_seconds": 0.0004567, "chunks_written": 7, "notes": ["a note"]}
+        return dataclasses.replace(report, failures=[{"source": "x.md", "reason": "why"}], **changes)
+
+    served = serving(client, monkeypatch, "index_folder", with_awkward_values)
+    files = [("files", ("a.md", b"# A\n\nText about lighthouses.\n", "text/markdown"))]
+    response = client.post("/kbs/garden-uploads/documents", params={"dry_run": "true"}, files=files, headers=ADMIN)
+    assert response.status_code == 200 and len(served) == 1
+    assert response.content == JSONResponse(old_report_shape(served[0])).body
+    assert response.json()["chunks_per_s"] == 5.67 and response.json()["seconds"] == 1.235
+    assert served[0].to_dict() == response.json()  # the CLI's --json is the same record's JSON
+
+
+def test_the_stats_answer_is_the_old_stats_dict_byte_for_byte(client: TestClient) -> None:
+    resources = client.app.state.service.resources  # type: ignore[attr-defined]
+    response = client.get("/kbs/demo/stats", headers=ADMIN)
+    assert response.status_code == 200 and response.json()["consistent"] is True
+    assert response.content == JSONResponse(old_stats_shape(resources, "demo")).body
+
+
+def test_openapi_documents_the_upload_report_and_the_stats_from_their_records(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    paths, components = schema["paths"], schema["components"]["schemas"]
+    for path, method, record, computed in [
+        ("/kbs/{kb}/documents", "post", IndexReport, ["chunks_per_s"]),
+        ("/kbs/{kb}/stats", "get", KbStats, []),
+    ]:
+        ok = paths[path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok["$ref"].endswith(f"/{record.__name__}")
+        published = components[record.__name__]
+        fields = [f.name for f in dataclasses.fields(record)] + computed
+        assert list(published["properties"]) == published["required"] == fields
+    assert components["KbStats"]["properties"]["encoder"]["$ref"].endswith("/KbEncoder")
+    assert components["IndexReport"]["properties"]["leaves_kept"]["description"].startswith("leaves of resumed")
+
+
+# -- problem documents: the members some of them carry -------------------------------------------------------------
+
+
+def test_openapi_describes_the_meta_and_errors_members_of_a_problem(client: TestClient) -> None:
+    components = client.get("/openapi.json").json()["components"]["schemas"]
+    problem = components["ProblemOut"]
+    assert problem["properties"]["meta"]["$ref"] == "#/components/schemas/RetrievalMeta"
+    assert problem["properties"]["errors"]["items"]["$ref"] == "#/components/schemas/ProblemFieldError"
+    assert {"meta", "errors"}.isdisjoint(problem["required"])  # present only in the problems that carry them
+    assert "default" not in problem["properties"]["meta"]  # absent, never null
+    assert list(components["ProblemFieldError"]["properties"]) == ["loc", "msg", "type"]
+    meta = components["RetrievalMeta"]  # the one the retrieval answers publish, not a copy
+    assert list(meta["properties"]) == meta["required"] == [f.name for f in dataclasses.fields(RetrievalMeta)]
+
+
+def test_a_failed_retrievals_problem_carries_the_meta_record_its_schema_describes(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = client.app.state.service  # type: ignore[attr-defined]
+    failed = dataclasses.replace(
+        full_meta(), status="failed", degraded=(), errors=(StageError("dense", "StoreError", "milvus down"),)
+    )
+    monkeypatch.setattr(service, "retrieve", lambda *args, **kwargs: RetrievalResult((), failed))
+    response = client.post("/retrieve", json={"query": "q", "kb_ids": ["demo"]}, headers=ADMIN)
+    assert response.status_code == 503 and response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert set(body) <= set(ProblemOut.model_fields)  # every member described
+    assert ProblemOut.model_validate(body).meta == failed and body["meta"] == failed.to_dict()
+    invalid = client.post("/retrieve", json={"query": ""}, headers=ADMIN).json()
+    assert set(invalid) <= set(ProblemOut.model_fields) and ProblemOut.model_validate(invalid).errors

@@ -24,8 +24,7 @@ from strata.client import StrataClient
 from strata.indexing.report import IndexReport
 from tests.support.documents import write_files
 from tests.support.milvus import MilvusTarget
-from tests.support.paths import REPO
-from tests.support.processes import STRATA, free_port, run_strata, strata_env
+from tests.support.processes import run_strata, start_serve, strata_env
 
 pytestmark = pytest.mark.slow  # strata serve in a process of its own
 
@@ -81,16 +80,8 @@ def service(tmp_path: Path, milvus_target: MilvusTarget) -> Iterator[Service]:
     env = strata_env(
         tmp_path / "data", STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="600", **milvus_target.env()
     )
-    port = free_port()
-    process = subprocess.Popen(
-        [str(STRATA), "serve", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    served = Service(process, f"http://127.0.0.1:{port}")
+    process, url = start_serve(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    served = Service(process, url)
     served.env = env  # type: ignore[attr-defined]
     yield served
     if process.poll() is None:

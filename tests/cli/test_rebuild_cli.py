@@ -47,8 +47,8 @@ def _queries(settings: Settings, encoder: Any) -> list[str]:
         documents = resources.documents
         leaves = [
             leaf
-            for v in documents.versions("demo")
-            for leaf in documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))
+            for v in documents.versions.of_kb("demo")
+            for leaf in documents.chunks.version_chunks("demo", v.doc_id, v.version, levels=(3,))
         ]
     texts = [leaf.heading_path.split(" > ")[-1] for leaf in leaves if leaf.heading_path]
     texts += [leaf.text[:24] for leaf in leaves] + [leaf.text[-24:] for leaf in leaves]
@@ -112,8 +112,8 @@ def test_in_place_rebuild_restores_leaves_deleted_from_milvus(demo: dict[str, st
     with opened(settings, memo_encoder) as resources:
         expected = {
             leaf.chunk_id
-            for v in resources.documents.versions("demo")
-            for leaf in resources.documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))
+            for v in resources.documents.versions.of_kb("demo")
+            for leaf in resources.documents.chunks.version_chunks("demo", v.doc_id, v.version, levels=(3,))
         }
         resources.leaf_index.delete_leaves("demo", sorted(expected)[::3])
         resources.leaf_index.flush()

@@ -42,8 +42,8 @@ from strata.types import RetrievalResult
 from tests.support import milvus as support_milvus
 from tests.support.documents import RESET_QUERY
 from tests.support.milvus import MilvusServerProcess
-from tests.support.paths import EXAMPLES_KB, REPO
-from tests.support.processes import STRATA, free_port, strata_env
+from tests.support.paths import EXAMPLES_KB
+from tests.support.processes import start_serve, strata_env
 from tests.support.stores import make_settings, opened, settings_for
 
 pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server killed under strata serve
@@ -273,12 +273,9 @@ def serve_env(tmp_path: Path, milvus: RestartableMilvus, memo_encoder: Any) -> d
 
 @pytest.fixture
 def served(tmp_path: Path, serve_env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], httpx.Client]]:
-    port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:  # a file: a pipe nobody reads would fill and block the service
-        process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", str(port)], env=serve_env, cwd=REPO, stdout=log, stderr=log
-        )
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(60.0, connect=5.0))
+        process, url = start_serve(serve_env, stdout=log, stderr=log)
+    http = httpx.Client(base_url=url, timeout=httpx.Timeout(60.0, connect=5.0))
     try:
         yield process, http
     finally:
@@ -353,7 +350,7 @@ def test_ready_asks_the_server_even_before_any_kb_exists(
     """An index opened before the outage says nothing of the server now: ``/ready`` makes a real call every time."""
     settings = in_process_settings(tmp_path, DatabaseSettings(url=f"sqlite:///{tmp_path / 'strata.sqlite3'}"), milvus)
     service = Service(settings, Resources(settings, encoder=memo_encoder), owns_resources=True)
-    assert service.resources.documents.list_kbs() == [] and check_components(service)["milvus"]["status"] == "ok"
+    assert service.resources.documents.kbs.list_kbs() == [] and check_components(service)["milvus"]["status"] == "ok"
 
     milvus.take_down("kill")
     down = check_components(service)

@@ -13,7 +13,7 @@ from typing import Any
 from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from strata.stores.parents import ParentStore
+from strata.stores.cached_chunks import CachedChunks
 from strata.types import RetrievalResult
 from tests.support.documents import RESET_QUERY
 from tests.support.processes import wait_for
@@ -25,10 +25,10 @@ THIRD_QUERY = "How are backups restored?"
 BYPASS_S = 0.3  # how long the engine skips a cache after an error (shortened from the defaults)
 
 
-def service_on(settings: Settings, encoder: Any, *, retry_after_s: float = BYPASS_S) -> tuple[Retriever, ParentStore]:
-    """A long-lived Retriever whose parent store and query cache skip a failed Redis for ``retry_after_s``."""
+def service_on(settings: Settings, encoder: Any, *, retry_after_s: float = BYPASS_S) -> tuple[Retriever, CachedChunks]:
+    """A long-lived Retriever whose chunk cache and query cache skip a failed Redis for ``retry_after_s``."""
     resources = Resources(with_sections(settings, redis={"retry_after_s": retry_after_s}), encoder=encoder)
-    return Retriever(resources), resources.parents
+    return Retriever(resources), resources.cached_chunks
 
 
 def assert_clean(result: RetrievalResult) -> None:

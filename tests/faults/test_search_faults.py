@@ -27,9 +27,10 @@ from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.types import RetrievalResult
-from tests.rag.rerank_server import RerankServer, hang, raw, status, unused_port
+from tests.rag.rerank_server import RerankServer, hang, raw, status
 from tests.support.documents import RESET_QUERY
 from tests.support.fakes import HangingQueryEncoder, RefusedQueryEncoder, RejectingSparseIndex
+from tests.support.processes import free_port
 from tests.support.retrieval import retriever, texts
 from tests.support.stores import make_settings, with_sections
 
@@ -98,7 +99,7 @@ def test_rerank_failure_keeps_the_fused_order_and_records_the_reason(
         assert_clean(clean)
         assert clean.meta.rerank.status == "applied" and len(server.requests) == 1
         if fault == "refused":
-            url, reason, sent = f"http://127.0.0.1:{unused_port()}/v1/rerank", "ConnectError", 0
+            url, reason, sent = f"http://127.0.0.1:{free_port()}/v1/rerank", "ConnectError", 0
             service = retriever(with_sections(settings, rerank={"url": url}), memo_encoder)
         else:
             server.behaviour, reason, sent = RERANK_FAULTS[fault]

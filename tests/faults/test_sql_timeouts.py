@@ -120,15 +120,15 @@ def test_calls_to_a_frozen_server_fail_naming_the_timeout_and_the_same_stores_wo
     invalidated: list[object] = []
     event.listen(db.engine, "invalidate", lambda *args: invalidated.append(args))
     db.now()  # a pooled connection each, pinged before their next call
-    store.get_kb("demo")
+    store.kbs.get_kb("demo")
 
     frozen.pause()
     assert_timed_out(bounded(db.now), 2.0)
-    assert_timed_out(bounded(lambda: store.ensure_kb("timeouts", encoder="e", dim=8, chunking="c")), 2.0)
+    assert_timed_out(bounded(lambda: store.kbs.ensure_kb("timeouts", encoder="e", dim=8, chunking="c")), 2.0)
     frozen.resume()
 
     assert invalidated, "the cut connection was dropped from the pool"
-    assert db.now() and store.ensure_kb("timeouts", encoder="e", dim=8, chunking="c").kb_id == "timeouts"
+    assert db.now() and store.kbs.ensure_kb("timeouts", encoder="e", dim=8, chunking="c").kb_id == "timeouts"
     db.dispose()
     store.dispose()
 

@@ -326,3 +326,83 @@ def test_unstructured_text_without_sections(text: str, chunking: ChunkingSetting
     _check_records(doc, chunks, chunking)
     _check_family(doc, chunks, chunking)
     assert all(c.heading_path == "" for c in chunks)
+
+
+# --- blocks: paragraphs, code, tables and definitions stay whole where they can -------------------
+
+
+def _leaves(text: str) -> list[str]:
+    return [c.text for c in _chunk(_markdown_doc(text)) if c.level == 3]
+
+
+def test_a_term_and_its_definition_start_a_leaf_rather_than_ending_the_previous_one() -> None:
+    intro = "选项的说明如下，每个选项占一行，说明写在它的下一行，选项之间空一行。" * 2  # 66 characters
+    text = (
+        f"# 手册\n\n{intro}\n\n--no-wall\n在执行 halt、poweroff、reboot 动作前，不发送警告消息。\n\n"
+        "--global\n表示在全局用户单元目录上操作。\n"
+    )
+
+    leaves = _leaves(text)
+
+    assert "--no-wall\n在执行 halt、poweroff、reboot 动作前，不发送警告消息。" in leaves[1]
+    assert not any(leaf.endswith("--no-wall") for leaf in leaves)
+
+
+def test_a_fenced_code_block_with_blank_lines_is_one_leaf_when_it_fits() -> None:
+    code = "```python\nimport strata\n\nresult = strata.retrieve_documents('q')\n```"  # 70 characters
+    prose = "Call it from your own code as below; the result carries the documents and the meta record."
+    leaves = _leaves(f"# Guide\n\n{prose}\n\n{code}\n\nThat is all it takes.\n")
+
+    holding = [leaf for leaf in leaves if "strata" in leaf and "```" in leaf]
+    assert len(holding) == 1 and code in holding[0]  # whole, in one leaf (with the short line after it)
+    assert leaves[0].endswith(prose)  # the paragraph before it ends its own leaf
+
+
+def test_a_code_block_longer_than_a_leaf_is_split_at_its_own_lines() -> None:
+    lines = [f"value_{n} = compute_something_long({n}, option=True)" for n in range(8)]  # 47 characters each
+    code = "```python\n" + "\n".join(lines) + "\n```"
+    leaves = _leaves(f"# Guide\n\nA short opening line.\n\n{code}\n")
+
+    body = [leaf for leaf in leaves if "value_" in leaf]
+    assert len(body) > 1
+    for leaf in body:  # every piece is whole lines of the block (the first after the short line before it)
+        assert all(
+            line in (*lines, "```python", "```", "# Guide", "A short opening line.", "") for line in leaf.splitlines()
+        )
+
+
+def test_a_table_that_fits_is_one_leaf() -> None:
+    table = "| key | meaning |\n|---|---|\n| ttl | minutes a link lives |\n| rate | requests per hour |"
+    prose = "The settings of the reset link are these, each with what it means for the user who asks."
+    leaves = _leaves(f"# Settings\n\n{prose}\n\n{table}\n")
+
+    assert table in leaves
+
+
+def test_an_indented_body_after_a_blank_line_belongs_to_the_block_before_it() -> None:
+    body = "Note: Keys\n\n    Keys are hashed at rest and shown once."
+    prose = "Create a key for each team that reads the service, and keep it in your secret store."
+    leaves = _leaves(f"# Keys\n\n{prose}\n\n{body}\n")
+
+    assert body in leaves
+
+
+def test_a_heading_line_is_not_left_alone_in_a_leaf_before_a_long_paragraph() -> None:
+    paragraph = "密码重置链接的有效期为三十分钟，从邮件发出时开始计算，超过之后需要重新申请。" * 4
+    leaves = _leaves(f"# 账号\n\n## 密码重置\n\n{paragraph}\n")
+
+    assert leaves[0].startswith("# 账号\n\n## 密码重置\n\n密码重置链接")
+
+
+def test_a_cmrc_paragraph_is_cut_as_before_blocks() -> None:
+    """One paragraph under its heading: no block boundary inside it, so the packing is the sentence packing."""
+    paragraph = "".join(f"第{n}句话讲述了一件事情，并且稍微长一点。" for n in range(30))
+    chunks = _chunk(_markdown_doc(f"# 标题\n\n## 段落 1\n\n{paragraph}"))
+    leaves = [c for c in chunks if c.level == 3]
+
+    assert all(len(leaf.text) <= DEFAULTS.l3_max_chars for leaf in leaves)
+    assert "".join(leaf.text.replace("\n", "") for leaf in leaves).endswith(paragraph)
+    sentence = re.compile(r"[^。]*。")
+    for leaf, after in itertools.pairwise(leaves[1:]):  # greedy within a parent: the next sentence did not fit
+        if leaf.parent_id == after.parent_id:
+            assert len(leaf.text) + len(sentence.match(after.text).group()) > DEFAULTS.l3_max_chars  # type: ignore[union-attr]

@@ -40,16 +40,20 @@ def settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 def active(resources: Any, kb: str) -> dict[str, int]:
-    return {v.doc_id: v.version for v in resources.documents.versions(kb) if v.status == "active"}
+    return {v.doc_id: v.version for v in resources.documents.versions.of_kb(kb) if v.status == "active"}
 
 
 # -- item 1: a mistyped path, a broken file, other roots, --recreate ---------------------------
 
 
 @pytest.mark.slow
-def test_a_mistyped_path_with_delete_missing_deletes_nothing(tmp_path: Path, milvus_target: MilvusTarget) -> None:
+def test_a_mistyped_path_with_delete_missing_deletes_nothing(
+    tmp_path: Path, memo_encoder, milvus_target: MilvusTarget
+) -> None:
     env = strata_env(tmp_path / "data", **milvus_target.env())
-    assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
+    # the kb the command finds, indexed here at the target's isolation level (what the command's env asks for)
+    with opened(settings(tmp_path / "data", **milvus_target.overrides()), memo_encoder) as resources:
+        assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
 
     typo = run_strata(["index", str(tmp_path / "kbb"), "--kb", "demo", "--delete-missing", "--json"], env)
 
@@ -143,7 +147,7 @@ def test_a_kb_id_over_the_limit_is_refused_before_anything_is_written(tmp_path: 
     with opened(settings(tmp_path / "data"), memo_encoder) as resources:
         with pytest.raises(ValueError, match="over the limit of 256"):
             Indexer(resources).index_paths([EXAMPLES_KB], kb_id="k" * 300)
-        assert resources.documents.list_kbs() == []
+        assert resources.documents.kbs.list_kbs() == []
 
 
 # -- item 4: a partial re-chunk ----------------------------------------------------------------------
@@ -161,7 +165,9 @@ def test_a_document_that_failed_during_a_rechunk_is_rechunked_next_run(tmp_path:
         write_files(docs, {"beta.md": PAGES["beta.md"]})  # the same content as the indexed version
         report = indexer.index_paths([docs], kb_id="kb")
         assert (report.updated, report.unchanged, report.failed) == (1, 2, 0)
-        beta = resources.documents.version_chunks("kb", "beta.md", active(resources, "kb")["beta.md"], levels=(3,))
+        beta = resources.documents.chunks.version_chunks(
+            "kb", "beta.md", active(resources, "kb")["beta.md"], levels=(3,)
+        )
         assert beta and all(len(c.text) <= 40 for c in beta)
 
 
@@ -183,7 +189,7 @@ def test_a_second_indexer_on_the_same_kb_fails_at_once_naming_the_holder(tmp_pat
         assert done.returncode == 1
         assert "LeaseHeldError" in done.stderr and "indexer-host-7:pid 4242" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-        assert store.versions(kb) == []  # nothing was written
+        assert store.versions.of_kb(kb) == []  # nothing was written
     assert run_strata(["index", str(EXAMPLES_KB), "--kb", kb], env).returncode == 0  # released: it runs
     store.dispose()
 
@@ -229,11 +235,12 @@ def test_reconcile_reports_then_repairs_orphan_and_missing_leaves(
     tmp_path: Path, memo_encoder, each_level_target: MilvusTarget
 ) -> None:
     env = strata_env(tmp_path / "data", **each_level_target.env())
-    assert run_strata(["index", str(EXAMPLES_KB), "--kb", "demo"], env).returncode == 0
-    with opened(settings_for(env), memo_encoder) as resources:
-        leaves = sorted(resources.documents.active_chunk_ids("demo"))
+    # the kb indexed at the target's isolation level (as the commands' env asks), then leaves lost and one added
+    with opened(settings(tmp_path / "data", **each_level_target.overrides()), memo_encoder) as resources:
+        assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
+        leaves = sorted(resources.documents.chunks.active_chunk_ids("demo"))
         resources.leaf_index.delete_leaves("demo", leaves[:3])  # lost from Milvus
-        extra = resources.documents.get_chunks(leaves[3:4])[leaves[3]]
+        extra = resources.documents.chunks.get_chunks(leaves[3:4])[leaves[3]]
         from dataclasses import replace
 
         orphan = replace(extra, chunk_id="orphan-leaf-1", version=99)

@@ -1,6 +1,6 @@
 """The safety catch on ``--delete-missing``: an emptied folder deletes nothing, and a run that would delete more
 than ``max_delete`` documents or half of its folders' documents deletes and writes nothing unless forced; on
-real Milvus Lite and SQLite, and through the ``strata index`` command."""
+real Milvus Lite and SQLite, and through the ``strata index`` command (on a kb indexed in the test process)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from strata.types import ACTIVE, DocumentVersion
 from tests.support.documents import write_files
 from tests.support.processes import run_strata, strata_env
 from tests.support.snapshots import store_state
-from tests.support.stores import opened
+from tests.support.stores import opened, settings_for
 
 PAGES = {
     f"{name}.md": f"# {name.title()}\n\nThe {name} page tells how the {name} harbour works.\n"
@@ -38,7 +38,7 @@ def settings(data_dir: Path, **overrides: Any) -> Settings:
 
 
 def active(resources: Any, kb: str) -> set[str]:
-    return {v.doc_id for v in resources.documents.versions(kb) if v.status == ACTIVE}
+    return {v.doc_id for v in resources.documents.versions.of_kb(kb) if v.status == ACTIVE}
 
 
 def removed(*names: str) -> dict[str, None]:
@@ -174,11 +174,19 @@ def test_max_delete_lowers_and_raises_the_count_cap(tmp_path: Path, memo_encoder
 # -- the command -----------------------------------------------------------------------------------
 
 
+def indexed_in_process(docs: Path, env: dict[str, str], encoder: Any) -> None:
+    """Kb ``k`` of ``docs`` on the stores of ``env``, indexed in the test process: where the commands start from."""
+    with opened(settings_for(env), encoder) as resources:
+        assert Indexer(resources).index_paths([docs], kb_id="k").added == len(PAGES)
+
+
 @pytest.mark.slow
-def test_strata_index_of_an_emptied_folder_deletes_nothing_and_exits_non_zero_naming_the_count(tmp_path: Path) -> None:
+def test_strata_index_of_an_emptied_folder_deletes_nothing_and_exits_non_zero_naming_the_count(
+    tmp_path: Path, memo_encoder: Any
+) -> None:
     env = strata_env(tmp_path / "data")
     docs = write_files(tmp_path / "docs", PAGES)
-    assert run_strata(["index", str(docs), "--kb", "k"], env).returncode == 0
+    indexed_in_process(docs, env, memo_encoder)
     write_files(docs, removed(*PAGES))
 
     for extra in ([], ["--force"]):
@@ -193,10 +201,10 @@ def test_strata_index_of_an_emptied_folder_deletes_nothing_and_exits_non_zero_na
 
 
 @pytest.mark.slow
-def test_strata_index_max_delete_and_force(tmp_path: Path) -> None:
+def test_strata_index_max_delete_and_force(tmp_path: Path, memo_encoder: Any) -> None:
     env = strata_env(tmp_path / "data")
     docs = write_files(tmp_path / "docs", PAGES)
-    assert run_strata(["index", str(docs), "--kb", "k"], env).returncode == 0
+    indexed_in_process(docs, env, memo_encoder)
     write_files(docs, removed("alpha.md", "beta.md"))
 
     capped = run_strata(["index", str(docs), "--kb", "k", "--delete-missing", "--max-delete", "1"], env)
@@ -223,7 +231,7 @@ def test_a_recreate_from_an_emptied_folder_keeps_the_kb_serving(tmp_path: Path, 
         with pytest.raises(DeleteRefusedError, match=r"--recreate refused to stop serving 3 document\(s\)") as refused:
             indexer.index_paths([docs], kb_id="k", recreate=True)
         assert refused.value.count == 3
-        assert sorted(v.doc_id for v in resources.documents.versions("k") if v.status == "active") == [
+        assert sorted(v.doc_id for v in resources.documents.versions.of_kb("k") if v.status == "active") == [
             "page0.md",
             "page1.md",
             "page2.md",

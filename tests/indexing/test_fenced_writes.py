@@ -4,7 +4,8 @@ Run A (older files) stops itself right after a write step (SIGSTOP, as Ctrl-Z or
 its lease runs out by the database's clock; run B indexes newer files and exits 0; A is continued. A must
 exit non-zero at its next write with one line naming the lost lease, and B's content must be what serves.
 Both runs are ``strata index`` processes on one PostgreSQL database and one Milvus server (a Lite file
-cannot be shared by two processes, so the scenario exists only on a server).
+cannot be shared by two processes, so the scenario exists only on a server); the kb's first version, which
+both update, is indexed in the test process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from tests.support.documents import write_files
 from tests.support.paths import REPO
@@ -73,8 +75,8 @@ def test_an_indexer_paused_past_its_lease_stops_at_its_next_write_and_the_newer_
     env: dict[str, str], tmp_path: Path, step: str, memo_encoder
 ) -> None:
     docs = write_files(tmp_path / "docs", notes("first"))
-    first = run_strata(["index", str(docs), "--kb", "towers"], env)
-    assert first.returncode == 0, first.stderr
+    with opened(settings_for(env), memo_encoder) as resources:  # the kb both runs update, indexed here
+        assert Indexer(resources).index_paths([docs], kb_id="towers").added == DOCS
 
     write_files(docs, notes("older"))  # what A reads
     paused = subprocess.Popen(
@@ -102,7 +104,7 @@ def test_an_indexer_paused_past_its_lease_stops_at_its_next_write_and_the_newer_
     assert "LeaseLostError" in stderr and "lost the indexing lease of knowledge base 'towers'" in stderr, stderr
     settings = settings_for(env)
     with opened(settings, memo_encoder) as resources:
-        served = {v.doc_id: v.version for v in resources.documents.versions("towers") if v.status == "active"}
+        served = {v.doc_id: v.version for v in resources.documents.versions.of_kb("towers") if v.status == "active"}
         answer = Retriever(resources).retrieve("Which oil did the lamp of tower 1 burn?", 5, kb_ids=["towers"])
     assert len(served) == DOCS
     assert texts(answer) and all("newer" in t and "older" not in t for t in texts(answer)), texts(answer)

@@ -121,9 +121,9 @@ def test_a_document_of_many_leaves_is_written_in_batches_with_progress_inside_it
     progress = RecordingProgress()
     with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
         recording = RecordingLeafIndex(resources.leaf_index)
-        resources.__dict__["leaf_index"] = recording
+        resources.leaf_index = recording
         report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb", progress=progress)
-        resources.__dict__["leaf_index"] = recording._inner
+        resources.leaf_index = recording._inner
         state = store_state(resources, "kb")
     leaves = report.leaves_written
     assert report.added == 1 and leaves >= 230
@@ -163,8 +163,10 @@ def test_a_document_of_many_leaves_holds_one_batch_of_its_chunks_at_a_time(
     with opened(settings, HashEncoder()) as resources:
         report = Indexer(resources, group_leaves=50, after_write_step=live).index_paths([docs], kb_id=kb)
         state = store_state(resources, kb)
-        cached = resources.parents.cache.get_many([(kb, cid) for cid in state.sql_chunks[1] | state.sql_chunks[2]])
-        in_sql = resources.documents.get_chunks(cached)
+        cached = resources.cached_chunks.cache.get_many(
+            [(kb, cid) for cid in state.sql_chunks[1] | state.sql_chunks[2]]
+        )
+        in_sql = resources.documents.chunks.get_chunks(cached)
     whole = chunk_document(load_document(docs / "big.md", root=docs), kb_id=kb, version=1, settings=settings.chunking)
     assert (report.added, report.failed, report.leaves_written, report.chunks_written) == (1, 0, 300, len(whole))
     assert {level: {c.chunk_id for c in whole if c.level == level} for level in (1, 2, 3)} == state.sql_chunks
@@ -204,14 +206,14 @@ def test_an_update_of_a_large_document_that_dies_mid_write_keeps_the_old_version
             )
         died = store_state(resources, "kb")
         assert died.active == {"big.md": 1} and died.versions[("big.md", 2)] == "pending"
-        v2_parents = {c.chunk_id for c in resources.documents.version_chunks("kb", "big.md", 2, levels=(1, 2))}
+        v2_parents = {c.chunk_id for c in resources.documents.chunks.version_chunks("kb", "big.md", 2, levels=(1, 2))}
         assert v2_parents & died.redis_chunk_ids, "the batches written before the crash cached their parents"
         assert len(v2_parents) < 2 * 200  # two of five batches written
 
         write_files(docs, {"big.md": many_leaves(200, "export")})  # the file changed again before the rerun
         report = Indexer(resources, group_leaves=40).index_paths([docs], kb_id="kb")
         state = store_state(resources, "kb")
-        cached = resources.parents.cache.get_many([("kb", cid) for cid in state.redis_chunk_ids])
+        cached = resources.cached_chunks.cache.get_many([("kb", cid) for cid in state.redis_chunk_ids])
     assert (report.updated, report.failed) == (1, 0)
     state.assert_consistent()  # the pending version, its leaves and its cached parents are gone
     assert state.active == {"big.md": 3}  # the crashed run's number 2 is never given again: no cached parent can match
@@ -223,7 +225,7 @@ def test_a_versions_chunk_ids_come_a_page_at_a_time_and_all_of_them(database_set
     try:
         doc = SourceDocument("big.md", "big.md", many_leaves(120), ())
         chunks = chunk_document(doc, kb_id="kb", version=3, settings=load_settings().chunking)
-        store.ensure_kb("kb", encoder="test-hash", dim=16, chunking="c")
+        store.kbs.ensure_kb("kb", encoder="test-hash", dim=16, chunking="c")
         row = DocumentVersion(
             kb_id="kb",
             doc_id="big.md",
@@ -234,12 +236,12 @@ def test_a_versions_chunk_ids_come_a_page_at_a_time_and_all_of_them(database_set
             metadata={},
             root="",
         )
-        store.write_pending(row, chunks[:100], chunk_count=len(chunks))
-        store.add_chunks(chunks[100:])
-        pages = list(store.version_chunk_ids("kb", "big.md", 3, page=50))
-        leaf_pages = list(store.version_chunk_pages("kb", "big.md", 3, levels=(3,), page=50))
-        all_pages = list(store.version_chunk_pages("kb", "big.md", 3, page=50))
-        in_one = store.version_chunks("kb", "big.md", 3)
+        store.versions.write_pending(row, chunks[:100], chunk_count=len(chunks))
+        store.versions.add_chunks(chunks[100:])
+        pages = list(store.chunks.version_chunk_ids("kb", "big.md", 3, page=50))
+        leaf_pages = list(store.chunks.version_chunk_pages("kb", "big.md", 3, levels=(3,), page=50))
+        all_pages = list(store.chunks.version_chunk_pages("kb", "big.md", 3, page=50))
+        in_one = store.chunks.version_chunks("kb", "big.md", 3)
     finally:
         store.dispose()
     assert [len(p) for p in pages[:-1]] == [50] * (len(pages) - 1) and 0 < len(pages[-1]) <= 50
@@ -343,8 +345,8 @@ def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a
         report = indexer.index_paths([docs], kb_id=kb, recreate=recreate)
         state = store_state(resources, kb)
         parents = state.sql_chunks[1] | state.sql_chunks[2]
-        cached = resources.parents.cache.get_many([(kb, cid) for cid in parents])
-        in_sql = resources.documents.get_chunks(cached)
+        cached = resources.cached_chunks.cache.get_many([(kb, cid) for cid in parents])
+        in_sql = resources.documents.chunks.get_chunks(cached)
     per_doc = len(
         chunk_document(
             load_document(docs / f"{prefix}-00.md", root=docs), kb_id=kb, version=1, settings=settings.chunking
@@ -400,7 +402,7 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
 
 def _l1_texts(resources: Any, active: dict[str, int]) -> dict[str, str]:
     return {
-        d: " ".join(c.text for c in resources.documents.version_chunks("kb", d, v, levels=(1,)))
+        d: " ".join(c.text for c in resources.documents.chunks.version_chunks("kb", d, v, levels=(1,)))
         for d, v in active.items()
     }
 
@@ -428,14 +430,14 @@ def test_a_rebuild_and_a_repair_of_a_large_document_read_its_leaves_a_page_at_a_
         Indexer(resources, group_leaves=50).index_paths([docs], kb_id=kb)
         inner = resources.leaf_index
         rebuilding = LiveAtUpsert(inner, kb)
-        resources.__dict__["leaf_index"] = rebuilding
+        resources.leaf_index = rebuilding
         rebuilt = Rebuilder(resources, batch_leaves=50).rebuild(kb)
         inner.delete_kb(kb)
         inner.flush()
         repairing = LiveAtUpsert(inner, kb)
-        resources.__dict__["leaf_index"] = repairing
+        resources.leaf_index = repairing
         repaired = Indexer(resources, group_leaves=50).reconcile(kb, repair=True)
-        resources.__dict__["leaf_index"] = inner
+        resources.leaf_index = inner
         after = Indexer(resources).reconcile(kb)
         state = store_state(resources, kb)
     assert rebuilt.verified and rebuilt.leaves_written == 304
@@ -469,16 +471,16 @@ def test_a_run_whose_final_count_fails_is_continued_by_the_next_run_without_writ
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, HashEncoder()) as resources:
         failing = CountFailsOnce(resources.leaf_index)
-        resources.__dict__["leaf_index"] = failing
+        resources.leaf_index = failing
         with pytest.raises(StoreError, match="count timed out"):
             Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
         written = sum(failing.upserts)
         assert store_state(resources, "kb").versions == {("big.md", 1): "pending"}
 
         rerun = RecordingLeafIndex(failing._inner)
-        resources.__dict__["leaf_index"] = rerun
+        resources.leaf_index = rerun
         report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.__dict__["leaf_index"] = rerun._inner
+        resources.leaf_index = rerun._inner
         state = store_state(resources, "kb")
     assert (report.added, report.failed, report.leaves_written) == (1, 0, written)
     assert report.leaves_kept == written and sum(rerun.upserts) == 0 and report.passages_encoded == 0
@@ -494,15 +496,15 @@ def test_a_streamed_write_stopped_mid_way_is_continued_and_writes_only_the_batch
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, HashEncoder()) as resources:
         first = RecordingLeafIndex(resources.leaf_index)
-        resources.__dict__["leaf_index"] = first
+        resources.leaf_index = first
         with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):  # after two of five batches
             Indexer(resources, group_leaves=50, after_write_step=CrashAt("sql_pending", 3)).index_paths(
                 [docs], kb_id="kb"
             )
         rerun = RecordingLeafIndex(first._inner)
-        resources.__dict__["leaf_index"] = rerun
+        resources.leaf_index = rerun
         report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.__dict__["leaf_index"] = rerun._inner
+        resources.leaf_index = rerun._inner
         state = store_state(resources, "kb")
     assert first.upserts == [50, 50] and report.leaves_kept == 100
     assert sum(rerun.upserts) == report.leaves_written - 100 and report.passages_encoded == report.leaves_written - 100
@@ -529,18 +531,18 @@ def test_a_pending_version_whose_leaves_carry_other_vectors_is_written_again_who
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, ReplacedHashEncoder()) as resources:
         failing = CountFailsOnce(resources.leaf_index)
-        resources.__dict__["leaf_index"] = failing
+        resources.leaf_index = failing
         with pytest.raises(StoreError, match="count timed out"):
             Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
         assert sum(failing.upserts) > 0
-        resources.documents.drop_embeddings("kb", sorted(resources.documents.cached_keys("kb")))
+        resources.documents.embeddings.drop_embeddings("kb", sorted(resources.documents.embeddings.cached_keys("kb")))
     with opened(settings, HashEncoder()) as resources:
         rerun = RecordingLeafIndex(resources.leaf_index)
-        resources.__dict__["leaf_index"] = rerun
+        resources.leaf_index = rerun
         report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.__dict__["leaf_index"] = rerun._inner
+        resources.leaf_index = rerun._inner
         state = store_state(resources, "kb")
-        leaves = [c for c in resources.documents.version_chunks("kb", "big.md", 1) if c.is_leaf]
+        leaves = [c for c in resources.documents.chunks.version_chunks("kb", "big.md", 1) if c.is_leaf]
         stored = resources.leaf_index.dense_vectors("kb", [c.chunk_id for c in leaves])
     assert any("continue the pending version" in note for note in report.notes)
     assert report.added == 1 and report.leaves_kept == 0 and sum(rerun.upserts) == report.leaves_written == len(leaves)

@@ -123,7 +123,9 @@ def test_snippet_forms() -> None:
     parsed = parse_markdown(page.encode())
 
     assert parsed.text == "a\n\n--8<--\nunclosed.md"  # an opener without a closer is text: nothing is swallowed
-    assert [n.split("'")[1] for n in parsed.notes] == ["single.md", "short-dashes.md", "block.md"]
+    *snippets, unclosed = parsed.notes
+    assert [n.split("'")[1] for n in snippets] == ["single.md", "short-dashes.md", "block.md"]
+    assert unclosed == "snippet block (--8<--) is never closed: its marker and the lines after it are kept as text"
 
 
 def test_fenced_hashes_are_not_headings_in_any_fence() -> None:
@@ -216,3 +218,72 @@ def test_the_possessive_patterns_match_as_the_backtracking_ones(line: str) -> No
     for name, (possessive, simple) in _SIMPLE.items():
         fast, slow = possessive.fullmatch(line), simple.fullmatch(line)
         assert (fast and fast.groups()) == (slow and slow.groups()), name
+
+
+# --- a megabyte of a real page's markup: the heading hierarchy holds ---------------------------------------------
+
+
+def _mkdocs_chapters(size: int) -> tuple[str, list[tuple[str, ...]]]:
+    """A MkDocs page of nested headings, each section with admonitions (one nested, one collapsible), content
+    tabs over fenced code, a snippet and a snippet block, and a fence holding markers and a ``#`` line; and
+    the heading paths it must give. Each section's body holds a marker word (``c3s1u0``)."""
+    parts, paths, total, i = [], [], 0, 0
+    while total < size:
+        chapter = f"Chapter {i}"
+        parts.append(f"# {chapter}\n\nChapter {i} opens here, marker c{i}.\n\n")
+        paths.append((chapter,))
+        for j in range(2):
+            section = f"Section {i}.{j}"
+            parts.append(
+                f'## {section}\n\n!!! note "Before you start"\n    Keep the lamp lit, marker c{i}s{j}.\n\n'
+                '    !!! danger "Nested"\n        Not on the gallery.\n\n'
+                '=== "Linux"\n\n    ```bash\n    sudo apt install lamp\n    ```\n\n'
+                '=== "macOS"\n\n    ```bash\n    brew install lamp\n    ```\n\n'
+                f'--8<-- "includes/c{i}s{j}.md"\n\n'
+            )
+            paths.append((chapter, section))
+            for k in range(2):
+                sub = f"Sub {i}.{j}.{k}"
+                parts.append(
+                    f"### {sub}\n\n???+ tip\n    Panels numbered, marker c{i}s{j}u{k}.\n\n"
+                    '```yaml\n# not a heading\n!!! note "in code"\n```\n\n'
+                    "--8<--\nincludes/abbreviations.md\n--8<--\n\n"
+                )
+                paths.append((chapter, section, sub))
+        total += sum(len(part) for part in parts[-7:])
+        i += 1
+    return "".join(parts), paths
+
+
+def test_a_megabyte_mkdocs_page_keeps_its_heading_hierarchy_and_bounds_its_notes(tmp_path: Path) -> None:
+    page, paths = _mkdocs_chapters(MEGABYTE)
+    chapters = len(paths) // 7
+    assert len(page) >= MEGABYTE
+    doc = _load(tmp_path, page, limits=LoaderLimits())  # the default bounds
+
+    assert [s.heading_path for s in doc.sections] == paths
+    for text, count in (
+        ("Note: Before you start\n    Keep the lamp lit", 2 * chapters),
+        ("    Danger: Nested\n        Not on the gallery.", 2 * chapters),
+        ("Tab: Linux\n\n    ```bash\n    sudo apt install lamp", 2 * chapters),
+        ("Tab: macOS", 2 * chapters),
+        ("Tip:\n    Panels numbered", 4 * chapters),
+        ('# not a heading\n!!! note "in code"', 4 * chapters),
+    ):
+        assert doc.text.count(text) == count, text
+    assert "8<" not in doc.text and "includes/" not in doc.text
+    assert len(doc.notes) == 21 and doc.notes[-1].startswith(f"{6 * chapters - 20:,} more notes like these")
+
+    leaves = [c for c in chunk_document(doc, kb_id="kb", version=1, settings=ChunkingSettings()) if c.is_leaf]
+    assert all(c.text == doc.text[c.char_start : c.char_end] for c in leaves)
+    by_marker = {word: c.heading_path for c in leaves for word in re.findall(r"\bc\d+(?:s\d+(?:u\d+)?)?\b", c.text)}
+    # each section's marker is in a leaf under that section's heading path, joined as the chunker joins it
+    sub = paths[3]  # ("Chapter 0", "Section 0.0", "Sub 0.0.0")
+    separator = by_marker["c0s0u0"].removeprefix(sub[0]).split(sub[1])[0]
+    assert by_marker == {_marker(path): separator.join(path) for path in paths}
+
+
+def _marker(path: tuple[str, ...]) -> str:
+    """The marker word of a section: ``("Chapter 3", "Section 3.1", "Sub 3.1.0")`` holds ``c3s1u0``."""
+    numbers = path[-1].split()[-1].split(".")
+    return "".join(f"{letter}{n}" for letter, n in zip("csu", numbers))

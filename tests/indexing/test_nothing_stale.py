@@ -39,7 +39,7 @@ def delete_while_redis_paused(
         assert Indexer(resources).index_paths([docs], kb_id=kb).added == 1
         first = Retriever(resources).retrieve(QUESTION, 3, kb_ids=[kb], strategy="hybrid")
         assert any("30 days" in t for t in texts(first)), first.meta
-        old_ids = {c.chunk_id for c in resources.documents.version_chunks(kb, "retention.md", 1)}
+        old_ids = {c.chunk_id for c in resources.documents.chunks.version_chunks(kb, "retention.md", 1)}
     assert old_ids <= redis_chunk_ids(settings, kb), "the query left the chunks in Redis"
     with opened(settings, encoder) as resources:
         private_redis.pause()
@@ -59,8 +59,8 @@ def test_a_document_deleted_while_redis_is_paused_never_answers_again(
     with opened(settings, memo_encoder) as resources:
         assert Indexer(resources).index_paths([docs], kb_id="rr").added == 1
         answer = Retriever(resources).retrieve(QUESTION, 3, kb_ids=["rr"], strategy="hybrid")
-        versions = [v.version for v in resources.documents.versions("rr", "retention.md")]
-        new_ids = {c.chunk_id for c in resources.documents.version_chunks("rr", "retention.md", versions[-1])}
+        versions = [v.version for v in resources.documents.versions.of_kb("rr", "retention.md")]
+        new_ids = {c.chunk_id for c in resources.documents.chunks.version_chunks("rr", "retention.md", versions[-1])}
         report = Indexer(resources).reconcile("rr")
     assert any("90 days" in t for t in texts(answer)) and not any("30 days" in t for t in texts(answer)), texts(answer)
     assert versions == [2] and not new_ids & old_ids, "a version number is never given twice, even after a delete"

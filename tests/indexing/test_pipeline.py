@@ -135,7 +135,7 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
         write_files(docs, {"guide.md": GUIDE_V2})
-        resources.__dict__["leaf_index"] = LosingLeafIndex(resources.leaf_index, version=2)
+        resources.leaf_index = LosingLeafIndex(resources.leaf_index, version=2)
 
         report = indexer.index_paths([docs], kb_id="kb")
 
@@ -148,7 +148,7 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
         assert hits and all(d.metadata["version"] == 1 for d in hits)
         assert any("labs panel" in d.content for d in hits)
 
-        resources.__dict__["leaf_index"] = resources.leaf_index._inner
+        resources.leaf_index = resources.leaf_index._inner
         retried = indexer.index_paths([docs], kb_id="kb")
         assert (retried.updated, retried.failed) == (1, 0)
         assert store_state(resources, "kb").active == {"guide.md": 3}  # version 2 never served: its number is spent
@@ -247,10 +247,10 @@ def test_reconcile_counts_the_vectors_no_served_leaf_uses_and_repair_deletes_the
             indexer.index_paths([docs], kb_id="kb")
         (docs / "other.md").unlink()
         indexer.index_paths([docs], kb_id="kb", delete_missing=True)
-        cached = resources.documents.cached_keys("kb")
+        cached = resources.documents.embeddings.cached_keys("kb")
         found = indexer.reconcile("kb")
         repaired = indexer.reconcile("kb", repair=True)
-        left = resources.documents.cached_keys("kb")
+        left = resources.documents.embeddings.cached_keys("kb")
         served = store_state(resources, "kb").sql_chunks[3]
         again = indexer.index_paths([docs], kb_id="kb")
 

@@ -53,9 +53,9 @@ def _sql_leaf_ids(resources: Resources) -> set[str]:
     documents = resources.documents
     return {
         leaf.chunk_id
-        for v in documents.versions("demo")
+        for v in documents.versions.of_kb("demo")
         if v.status == "active"
-        for leaf in documents.version_chunks("demo", v.doc_id, v.version, levels=(3,))
+        for leaf in documents.chunks.version_chunks("demo", v.doc_id, v.version, levels=(3,))
     }
 
 
@@ -104,8 +104,8 @@ def test_copy_encodes_only_what_the_cache_lacks_and_stores_it(indexed: Resources
     contextualize = indexed.settings.chunking.contextualize
     leaves = [
         leaf
-        for version in indexed.documents.versions("demo")
-        for leaf in indexed.documents.version_chunks("demo", version.doc_id, version.version, levels=(3,))
+        for version in indexed.documents.versions.of_kb("demo")
+        for leaf in indexed.documents.chunks.version_chunks("demo", version.doc_id, version.version, levels=(3,))
     ]
     evicted = sorted({search_text(leaf, contextualize) for leaf in leaves[:5]})
     engine = indexed.documents.engine
@@ -143,8 +143,8 @@ def test_in_place_rebuild_restores_deleted_leaves(indexed: Resources) -> None:
 def test_copy_over_an_old_copy_drops_leaves_sql_no_longer_has(indexed: Resources, tmp_path: Path) -> None:
     target = _copy_settings(tmp_path)
     Rebuilder(indexed, target).rebuild("demo")
-    doc = indexed.documents.versions("demo")[0]
-    indexed.documents.retire_document("demo", doc.doc_id)  # SQL stops serving one document
+    doc = indexed.documents.versions.of_kb("demo")[0]
+    indexed.documents.versions.retire_document("demo", doc.doc_id)  # SQL stops serving one document
     expected = _sql_leaf_ids(indexed)
 
     report = Rebuilder(indexed, target).rebuild("demo")

@@ -33,7 +33,9 @@ def test_a_second_folder_with_the_same_file_name_is_refused_naming_both(tmp_path
         indexer = Indexer(resources)
         assert indexer.index_paths([team_a], kb_id="teams").added == 1
         second = indexer.index_paths([team_b], kb_id="teams", delete_missing=True)
-        served = [(v.doc_id, v.source, v.root) for v in resources.documents.versions("teams") if v.status == "active"]
+        served = [
+            (v.doc_id, v.source, v.root) for v in resources.documents.versions.of_kb("teams") if v.status == "active"
+        ]
         answer = Retriever(resources).retrieve("Which team owns the alpha-pipeline?", 3, kb_ids=["teams"])
 
     assert (second.added, second.updated, second.deleted, second.failed) == (0, 0, 0, 1)
@@ -51,7 +53,7 @@ def test_a_folder_that_moved_updates_its_documents(tmp_path: Path, memo_encoder:
         new = old.rename(tmp_path / "handbook-2026")
         write_files(new, readme("Gamma"))
         moved = indexer.index_paths([new], kb_id="moved")
-        served = [(v.doc_id, v.root) for v in resources.documents.versions("moved") if v.status == "active"]
+        served = [(v.doc_id, v.root) for v in resources.documents.versions.of_kb("moved") if v.status == "active"]
     assert (moved.added, moved.updated, moved.failed) == (0, 1, 0), moved.failures
     assert served == [("README.md", str(new))]
 
@@ -82,7 +84,7 @@ def test_delete_missing_keeps_what_lies_under_a_folder_symlink_or_an_unmounted_s
         (notes / "share").symlink_to(tmp_path / "unmounted", target_is_directory=True)
         (notes / "gone.md").unlink()
         again = indexer.index_paths([notes], kb_id="kept", delete_missing=True)
-        served = sorted(v.doc_id for v in resources.documents.versions("kept") if v.status == "active")
+        served = sorted(v.doc_id for v in resources.documents.versions.of_kb("kept") if v.status == "active")
 
     assert again.deleted == 1, again.to_dict()
     assert served == ["linked/a.md", "share/b.md", "top.md"]

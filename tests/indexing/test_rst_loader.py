@@ -437,3 +437,87 @@ def test_strata_index_indexes_an_rst_page_end_to_end(tmp_path: Path) -> None:
     )
     assert found.returncode == 0, found.stderr
     assert "Lens care" in found.stdout and "chamois" in found.stdout
+
+
+# --- a megabyte of a real page's markup: the heading hierarchy holds ---------------------------------------------
+
+
+def _title(text: str, adornment: str) -> str:
+    return f"{text}\n{adornment * len(text)}\n\n"
+
+
+def _chapters(size: int) -> tuple[str, str, list[tuple[str, ...]]]:
+    """A reStructuredText page of nested sections, each with directives (note, code-block, versionadded, an
+    unknown one), a literal block and grid and simple tables; the Markdown page of the same titles and words;
+    and the heading paths both must give. Each section's body holds a marker word (``c3s1u0``)."""
+    rst, markdown, paths, total, i = [], [], [], 0, 0
+    while total < size:
+        chapter = f"Chapter {i}"
+        rst.append(_title(chapter, "=") + f"Chapter {i} opens here, marker c{i}.\n\n")
+        markdown.append(f"# {chapter}\n\nChapter {i} opens here, marker c{i}.\n\n")
+        paths.append((chapter,))
+        for j in range(2):
+            section = f"Section {i}.{j}"
+            rst.append(
+                _title(section, "-") + f".. note::\n\n   Keep the lamp lit, marker c{i}s{j}.\n\n"
+                ".. code-block:: python\n   :linenos:\n\n   def wind(turns):\n       return turns * 40\n\n"
+                "::\n\n   literal text of the log\n\n"
+                "+--------+--------+\n| Day    | Task   |\n+========+========+\n| Monday | Polish |\n"
+                "+--------+--------+\n\n"
+            )
+            markdown.append(
+                f"## {section}\n\nNote: Keep the lamp lit, marker c{i}s{j}.\n\n"
+                "```python\ndef wind(turns):\n    return turns * 40\n```\n\nliteral text of the log\n\n"
+                "Day | Task\nMonday | Polish\n\n"
+            )
+            paths.append((chapter, section))
+            for k in range(2):
+                sub = f"Sub {i}.{j}.{k}"
+                rst.append(
+                    _title(sub, "~") + f".. versionadded:: 2.{k}\n   Panels numbered, marker c{i}s{j}u{k}.\n\n"
+                    f".. dropdown:: More\n\n   Hidden text, marker d{i}s{j}u{k}.\n\n"
+                    f"=====  =====\nA      B\n=====  =====\nx{i}     y{j}\n=====  =====\n\n"
+                )
+                markdown.append(
+                    f"### {sub}\n\nNew in version 2.{k}: Panels numbered, marker c{i}s{j}u{k}.\n\n"
+                    f"More\n\nHidden text, marker d{i}s{j}u{k}.\n\nA | B\nx{i} | y{j}\n\n"
+                )
+                paths.append((chapter, section, sub))
+        total += sum(len(part) for part in rst[-7:])
+        i += 1
+    return "".join(rst), "".join(markdown), paths
+
+
+def _leaf_paths_by_marker(doc: SourceDocument) -> dict[str, str]:
+    leaves = [c for c in chunk_document(doc, kb_id="kb", version=1, settings=ChunkingSettings()) if c.is_leaf]
+    assert all(c.text == doc.text[c.char_start : c.char_end] for c in leaves)
+    return {word: c.heading_path for c in leaves for word in re.findall(r"\b[cd]\d+(?:s\d+(?:u\d+)?)?\b", c.text)}
+
+
+@pytest.mark.slow
+def test_a_megabyte_page_of_sections_directives_and_tables_gives_markdowns_hierarchy(tmp_path: Path) -> None:
+    page, markdown, paths = _chapters(MEGABYTE)
+    chapters = len(paths) // 7
+    assert len(page) >= MEGABYTE and page.count("\n") < LoaderLimits().max_elements  # within the default bounds
+    # docutils' time on a shared 2-core machine varies: the limit is raised, no figure is asserted
+    doc = _load(tmp_path, "manual.rst", page, limits=LoaderLimits(parse_timeout_s=300))
+    twin = _load(tmp_path, "manual.md", markdown)
+
+    assert _paths(doc) == _paths(twin) == paths and _tiles(doc) and doc.notes == ()
+    for text, count in (
+        ("Note: Keep the lamp lit", 2 * chapters),
+        ("def wind(turns):\n    return turns * 40", 2 * chapters),
+        ("literal text of the log", 2 * chapters),
+        ("Day | Task\nMonday | Polish", 2 * chapters),
+        ("New in version 2.1: Panels numbered", 2 * chapters),
+        ("More\n\nHidden text", 4 * chapters),
+        ("A | B\nx", 4 * chapters),
+    ):
+        assert doc.text.count(text) == count, text
+    last = paths[-1]
+    assert _section_text(doc, last).startswith(f"{last[-1]}\n\nNew in version 2.1: Panels numbered, marker c")
+
+    by_marker = _leaf_paths_by_marker(doc)
+    assert len(by_marker) == 7 * chapters + 4 * chapters  # every section's marker, and the dropdowns'
+    assert by_marker == _leaf_paths_by_marker(twin)  # each leaf under the heading path Markdown gives it
+    assert by_marker["c0s1u1"].endswith("Sub 0.1.1") and by_marker["c0s1"].endswith("Section 0.1")

@@ -181,7 +181,7 @@ def test_an_upload_reports_the_file_over_the_limit_and_indexes_the_others(tmp_pa
     with opened(settings, memo_encoder) as resources:
         with TestClient(create_app(settings, resources=resources, warm_up=False)) as client:
             answer = client.post("/kbs/uploads/documents", files=files)
-        active = {v.doc_id for v in resources.documents.versions("uploads") if v.status == "active"}
+        active = {v.doc_id for v in resources.documents.versions.of_kb("uploads") if v.status == "active"}
 
     assert answer.status_code == 200, answer.text
     body = answer.json()

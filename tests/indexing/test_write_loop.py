@@ -17,6 +17,7 @@ from strata.indexing.plan import DeleteLimit, DocumentPlan, Scan
 from strata.indexing.planning import RunOptions, plan_run
 from strata.indexing.report import IndexReport
 from strata.indexing.run import ENCODER_BATCH, WRITE_STEPS, Checkpoint, WriteStep
+from strata.indexing.scan import scan_paths
 from strata.indexing.source import ChunkSource, PreparedDocument, groups
 from tests.indexing.test_large_documents import (
     HashEncoder,
@@ -89,10 +90,38 @@ def test_planning_writes_nothing_not_even_the_kb(tmp_path: Path) -> None:
     with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
         doc = load_document(docs / "a.md", root=docs)
         options = RunOptions(delete_missing=True, recreate=False, dry_run=False, limit=DeleteLimit(10))
-        plan = plan_run(resources, "fresh", Scan(docs=(doc,)), IndexReport(kb="fresh"), options, signature="sig")
-        assert [item.doc.doc_id for item in plan.to_write] == ["a.md"]
-        assert resources.documents.get_kb("fresh") is None
-        assert resources.documents.versions("fresh") == []
+        planned = plan_run(resources, "fresh", Scan(docs=(doc,)), options, signature="sig")
+        assert [item.doc.doc_id for item in planned.plan.to_write] == ["a.md"]
+        assert (planned.failures, planned.notes) == ((), ())
+        assert resources.documents.kbs.get_kb("fresh") is None
+        assert resources.documents.versions.of_kb("fresh") == []
+
+
+def test_planning_returns_what_the_report_is_to_say_and_the_run_puts_it_there(tmp_path: Path) -> None:
+    """A document another root serves is a failure, a dry run's refused deletions a note: planning returns them
+    (it has no report to write to), and the run lists them in its report."""
+    docs = write_files(tmp_path / "docs", {f"{name}.md": many_leaves(1, name) for name in ("a", "b", "c", "d")})
+    moved = write_files(tmp_path / "moved", {"a.md": many_leaves(1, "moved")})  # a.md again, from another folder
+    with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
+        indexer = Indexer(resources)
+        assert indexer.index_paths([docs], kb_id="kb").added == 4
+        write_files(docs, {"b.md": None, "c.md": None, "d.md": None})
+        dry = RunOptions(delete_missing=True, recreate=False, dry_run=True, limit=DeleteLimit(10))
+        scan_report = IndexReport(kb="kb")
+
+        conflict = plan_run(resources, "kb", scan_paths([moved], scan_report), dry, signature="sig")
+        (failure,) = conflict.failures
+        assert failure.source.endswith("a.md") and "already indexed from" in failure.reason
+        assert conflict.plan.to_write == () and conflict.notes == ()
+
+        refused = plan_run(resources, "kb", scan_paths([docs], scan_report), dry, signature="sig")
+        (note,) = refused.notes
+        assert "would delete 3 document(s)" in note and "would be refused" in note and refused.plan.to_delete == ()
+        assert scan_report.failed == 0 and scan_report.notes == []  # the scan's report: planning wrote nothing
+
+        conflicted = indexer.index_paths([moved], kb_id="kb", dry_run=True)
+        assert (conflicted.failed, conflicted.failures) == (1, [failure._asdict()])
+        assert indexer.index_paths([docs], kb_id="kb", dry_run=True, delete_missing=True).notes == [note]
 
 
 class StepLog:
@@ -114,10 +143,10 @@ def test_one_loop_writes_small_and_large_documents_together(tmp_path: Path, recr
         if recreate:
             Indexer(resources).index_paths([docs], kb_id="kb")
         recording = RecordingLeafIndex(resources.leaf_index)
-        resources.__dict__["leaf_index"] = recording
+        resources.leaf_index = recording
         indexer = Indexer(resources, group_leaves=5, after_write_step=log)
         report = indexer.index_paths([docs], kb_id="kb", recreate=recreate, progress=progress)
-        resources.__dict__["leaf_index"] = recording._inner
+        resources.leaf_index = recording._inner
         state = store_state(resources, "kb")
     state.assert_consistent()
     assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 4

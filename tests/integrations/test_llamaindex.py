@@ -13,7 +13,8 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, Te
 from strata.config import Settings
 from strata.integrations.llamaindex import META_KEY, StrataRetriever
 from strata.types import Filters, RetrievalResult
-from tests.integrations.kb import RESET_QUERY, BrokenQueryEncoder, engine
+from tests.integrations.kb import BrokenQueryEncoder, engine
+from tests.support.documents import RESET_QUERY
 
 
 def test_nodes_carry_scores_strata_metadata_and_the_meta_record(indexed: Settings, memo_encoder) -> None:

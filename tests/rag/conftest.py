@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from strata.config import Settings
-from tests.rag.rerank_server import RerankServer, unused_port
+from tests.rag.rerank_server import RerankServer
+from tests.support.processes import free_port
 from tests.support.stores import examples_kb
 
 
@@ -28,4 +29,4 @@ def rerank_server() -> Iterator[RerankServer]:
 @pytest.fixture
 def refused_url() -> str:
     """A rerank URL on 127.0.0.1 where nothing listens (connection refused)."""
-    return f"http://127.0.0.1:{unused_port()}/v1/rerank"
+    return f"http://127.0.0.1:{free_port()}/v1/rerank"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -135,13 +134,6 @@ def in_turn(*behaviours: Behaviour) -> Behaviour:
         return current(request)
 
     return behave
-
-
-def unused_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (free when this returns)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -50,12 +50,12 @@ def _settings(root: Path, pg_url: str, **retrieval: Any) -> Settings:
 
 
 class CountedLookups:
-    """Wraps ``DocumentStore.frequent_terms`` of a Resources to count the SQL lookups."""
+    """Wraps ``DocumentStore.terms.frequent_terms`` of a Resources to count the SQL lookups."""
 
     def __init__(self, resources: Resources) -> None:
         self.calls = 0
-        self._inner = resources.documents.frequent_terms
-        resources.documents.frequent_terms = self  # type: ignore[method-assign]
+        self._inner = resources.documents.terms.frequent_terms
+        resources.documents.terms.frequent_terms = self  # type: ignore[method-assign]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -96,7 +96,7 @@ def test_a_term_in_every_leaf_is_left_out_of_bm25_until_an_index_change_makes_it
     # Deleting a document takes its leaves out of N and its terms out of the df.
     assert indexer.delete_document("hygiene", "batteries.md")
     stats = term_frequencies(resources.documents, ["hygiene"], ["acme", "battery", "the"])
-    served = resources.documents.stats("hygiene")["chunks_by_level"]["3"]
+    served = resources.documents.versions.stats("hygiene")["chunks_by_level"]["3"]
     assert stats.leaves == served == 6 and stats.df["acme"] == 2 and stats.df["battery"] == 0
     assert 0 < stats.df["the"] <= served
     # Not pruned at all: below the least number of leaves, or switched off, or on the dense route alone.
@@ -140,7 +140,7 @@ def test_a_database_from_before_term_statistics_is_backfilled_by_the_next_index_
         report = indexer.index_paths([docs], kb_id="legacy")
         assert (report.unchanged, report.added, report.updated) == (4, 0, 0)
         assert report.notes == ["term statistics counted for 4 version(s) indexed before strata kept them"]
-        assert resources.documents.uncounted_versions("legacy") == []
+        assert resources.documents.terms.uncounted_versions("legacy") == []
         assert indexer.reconcile("legacy").differences == 0
         assert Retriever(resources).retrieve(QUERY, 3, kb_ids=["legacy"]).meta.bm25_query["dropped"] == [
             "acme",

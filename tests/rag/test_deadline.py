@@ -66,7 +66,7 @@ def test_a_hanging_encoder_gives_bm25_results_within_the_deadline(demo: Settings
 def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: Settings, memo_encoder) -> None:
     resources = Resources(with_deadline(demo, 800), encoder=memo_encoder)
     stalled = HangingIndex(resources.leaf_index)
-    resources.__dict__["leaf_index"] = stalled
+    resources.leaf_index = stalled
     engine = Retriever(resources, warm_up_first=False)
     result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")

@@ -39,16 +39,20 @@ def test_context_that_fits_is_complete_and_unmarked() -> None:
     assert format_for_context(SHORT) == SHORT_FULL
 
 
-def test_a_block_that_does_not_fit_is_cut_with_a_mark_and_later_blocks_are_left_out() -> None:
-    out = format_for_context(SHORT, max_chars=30)
+def test_a_block_that_does_not_fit_is_cut_to_a_marked_piece_and_later_blocks_are_left_out() -> None:
+    long = doc("The first sentence of this page is long enough. The second one is not read.", source="b.md")
+    out = format_for_context([SHORT[0], long, SHORT[2]], max_chars=80)
 
-    assert out == "[1] a.md\nalpha\n\n[2] b.md\nbrav…"
-    assert len(out) == 30
+    # 14 + 2 for the first block, 9 for the label: 55 left, 54 for the text and its mark; the cut ends
+    # at the last sentence end that fits
+    assert out == "[1] a.md\nalpha\n\n[2] b.md\nThe first sentence of this page is long enough.…"
+    assert len(out) <= 80
     assert "[3]" not in out
 
 
-def test_a_first_block_longer_than_max_chars_is_cut_too() -> None:
-    assert format_for_context(SHORT, max_chars=10) == "[1] a.md\n…"
+def test_a_piece_too_short_to_read_is_left_out_rather_than_cut() -> None:
+    assert format_for_context(SHORT, max_chars=30) == "[1] a.md\nalpha"
+    assert format_for_context(SHORT, max_chars=10) == ""
 
 
 def test_when_no_room_is_left_after_a_whole_block_the_rest_is_left_out() -> None:

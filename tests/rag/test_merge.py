@@ -237,3 +237,50 @@ def test_two_rounds_turn_leaves_of_two_sections_into_their_chapter() -> None:
     assert chapters[0].merged_from == ("P", "Q")
     assert chapters[0].trace.score_stage == "merge"
     assert second == MergeRound(round=2, parents_merged=1, children_replaced=2, parents_missing=0)
+
+
+# -- what hit, and how long a merged parent may be ------------------------------
+
+
+def spanned(chunk_id: str, level: int, parent_id: str | None, start: int, end: int, child_count: int = 0) -> Chunk:
+    return Chunk(
+        chunk_id, KB, "page.md", 1, level, parent_id, "L", 0, "x" * (end - start), "Page", start, end, child_count
+    )
+
+
+PAGE = {
+    c.chunk_id: c
+    for c in [
+        spanned("L", 1, None, 0, 900, 3),
+        *(spanned(l2, 2, "L", 300 * i, 300 * (i + 1), 3) for i, l2 in enumerate("ABC")),
+        *(
+            spanned(f"{l2.lower()}{n}", 3, l2, 300 * i + 100 * n, 300 * i + 100 * (n + 1))
+            for i, l2 in enumerate("ABC")
+            for n in range(3)
+        ),
+    ]
+}
+
+
+def page_round(candidates: list[Candidate], level: int, **bounds: int) -> list[Candidate]:
+    merged, _ = apply_merge(candidates, PAGE, round_no=4 - level, level=level, min_children=2, **bounds)
+    return merged
+
+
+def test_a_merged_parent_spans_from_its_first_hit_leaf_to_its_last_one_stray_leaves_included() -> None:
+    leaves = [Candidate(PAGE[i], s) for i, s in [("a1", 0.9), ("b2", 0.8), ("a2", 0.7), ("b1", 0.6), ("c2", 0.5)]]
+
+    sections = page_round(leaves, 3)
+    assert [(c.chunk_id, c.hits()) for c in sections] == [("A", (100, 300)), ("B", (400, 600)), ("c2", (800, 900))]
+    page = page_round(sections, 2)
+    assert [(c.chunk_id, c.hits()) for c in page] == [("L", (100, 900))]  # the stray c2 widened it
+    assert leaves[0].hits() == (100, 200)  # a leaf's hit is itself
+
+
+def test_a_parent_longer_than_max_parent_chars_leaves_its_children_in_place() -> None:
+    leaves = [Candidate(PAGE[i], s) for i, s in [("a1", 0.9), ("a2", 0.8), ("b1", 0.7), ("b2", 0.6)]]
+    sections = page_round(leaves, 3, max_parent_chars=300)
+
+    assert [c.chunk_id for c in sections] == ["A", "B"]  # 300 characters each: at the bound, merged
+    assert [c.chunk_id for c in page_round(sections, 2, max_parent_chars=899)] == ["A", "B"]
+    assert [c.chunk_id for c in page_round(sections, 2, max_parent_chars=900)] == ["L"]

@@ -13,7 +13,7 @@ import redis
 
 from strata.config import RedisSettings
 from strata.rag.query_cache import Lookup, QueryCache, cache_key, normalize_query
-from tests.rag.rerank_server import unused_port
+from tests.support.processes import free_port
 
 
 class Compute:
@@ -263,7 +263,7 @@ def test_results_read_from_redis_respect_the_local_size(
 
 
 def test_an_unreachable_redis_falls_back_to_the_local_cache(caplog: pytest.LogCaptureFixture) -> None:
-    settings = RedisSettings(url=f"redis://127.0.0.1:{unused_port()}/0", key_prefix="strata-test-down")
+    settings = RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0", key_prefix="strata-test-down")
     cache = QueryCache(size=8, ttl_s=60, redis_settings=settings)
 
     with caplog.at_level(logging.WARNING, logger="strata.rag.query_cache"):

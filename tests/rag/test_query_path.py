@@ -45,7 +45,7 @@ def serving(tmp_path: Path, memo_encoder) -> Iterator[tuple[Resources, Retriever
 def test_leaves_come_from_sql_once_then_from_the_cache_and_match_what_was_indexed(serving) -> None:
     resources, retriever = serving
     retriever.warm_up()  # fills the in-process cache with leaves: empty it to see the first read
-    resources.parents.cache.delete_kb("demo")
+    resources.cached_chunks.cache.delete_kb("demo")
     first = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
     again = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
 
@@ -54,15 +54,15 @@ def test_leaves_come_from_sql_once_then_from_the_cache_and_match_what_was_indexe
     assert again.meta.parent_cache["leaf_misses"] == 0 and again.meta.parent_cache["leaf_hits"] > 0
     assert [d.content for d in again.docs] == [d.content for d in first.docs]
     for doc in first.docs:  # every returned text is the one SQL holds for that chunk
-        stored = resources.documents.get_chunks([doc.metadata["chunk_id"]])[doc.metadata["chunk_id"]]
+        stored = resources.documents.chunks.get_chunks([doc.metadata["chunk_id"]])[doc.metadata["chunk_id"]]
         assert doc.content == stored.text and doc.metadata["heading_path"] == stored.heading_path
 
 
 def test_the_warm_up_puts_the_chunks_in_the_in_process_cache(serving) -> None:
     resources, retriever = serving
     first = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False)
-    every = resources.documents.active_chunk_ids("demo", levels=(1, 2, 3))
-    assert set(resources.parents.cache.keys("demo")) == every  # examples/kb is far under half the cache
+    every = resources.documents.chunks.active_chunk_ids("demo", levels=(1, 2, 3))
+    assert set(resources.cached_chunks.cache.keys("demo")) == every  # examples/kb is far under half the cache
     assert first.meta.parent_cache["leaf_misses"] == first.meta.parent_cache["misses"] == 0
     assert first.meta.parent_cache["leaf_hits"] > 0
 
@@ -71,9 +71,9 @@ def test_the_warm_up_fills_at_most_half_the_cache_leaves_first(tmp_path: Path, m
     settings = make_settings(tmp_path, own_db(tmp_path), redis_url=None, redis={"local_cache_size": 20})
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo")
-    resources.parents.cache.delete_kb("demo")  # what indexing wrote through
+    resources.cached_chunks.cache.delete_kb("demo")  # what indexing wrote through
     Retriever(resources).warm_up()
-    cached = resources.documents.get_chunks(resources.parents.cache.keys("demo"))
+    cached = resources.documents.chunks.get_chunks(resources.cached_chunks.cache.keys("demo"))
     assert len(cached) == 10 and {c.level for c in cached.values()} == {3}
 
 
@@ -107,7 +107,7 @@ def test_with_sql_down_the_leaf_texts_come_from_the_leaf_index(tmp_path: Path, p
     Indexer(resources).index_paths([write(tmp_path / "g", "garden.md", GARDEN)], kb_id="garden")
     retriever = Retriever(resources)
     assert retriever.retrieve("watering", 3, kb_ids=["garden"]).docs  # a serving state to fall back on
-    resources.parents.cache.delete_kb("garden")  # nothing cached: the leaves must come from somewhere else
+    resources.cached_chunks.cache.delete_kb("garden")  # nothing cached: the leaves must come from somewhere else
     cut_sql(resources)
 
     result = retriever.retrieve("tomatoes deep watering", 3, kb_ids=["garden"])
@@ -122,7 +122,7 @@ def test_a_leaf_sql_no_longer_holds_is_left_out_and_reported(serving) -> None:
     resources, retriever = serving
     found = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False, strategy="hybrid")
     gone = found.docs[0].metadata["chunk_id"]
-    resources.parents.cache.delete_many([("demo", gone)])
+    resources.cached_chunks.cache.delete_many([("demo", gone)])
     with resources.documents.engine.begin() as conn:  # an orphan: in Milvus, not in SQL
         conn.exec_driver_sql("DELETE FROM strata_chunks WHERE chunk_id = ?", (gone,))
 
@@ -164,7 +164,7 @@ def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving)
     ]
     alone = {q: [d.metadata["chunk_id"] for d in retriever.retrieve(q, 3, kb_ids=["demo"]).docs] for q in questions}
     slow = SlowFirstSearch(resources.leaf_index)
-    resources.__dict__["leaf_index"] = slow
+    resources.leaf_index = slow
     together = Retriever(resources)
     searches = together._routes._searches  # the search batcher's queue, read only to know when to let go
     slow.queued_dense = lambda: sum(r.key.route == "dense" for r in list(searches._queue))

@@ -18,7 +18,8 @@ from strata.rag.registry import (
 )
 from strata.strategy_table import STRATEGIES
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
-from tests.integrations.kb import RESET_QUERY, engine, index_demo_and_garden
+from tests.integrations.kb import engine, index_demo_and_garden
+from tests.support.documents import RESET_QUERY
 
 HANDBOOK = "Password reset links from the partner wiki expire after one hour."
 

@@ -17,14 +17,14 @@ import pytest
 from milvus_lite.server_manager import server_manager_instance
 
 from strata.config import Settings
-from strata.errors import NotFoundError
+from strata.errors import InvalidArgumentError, NotFoundError
 from strata.indexing.pipeline import Indexer
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks as chunks_table
 from strata.types import Filters
 from tests.rag.rerank_server import RerankServer, hang, raw, results, status
-from tests.support.documents import OTHER_KB_DOC, RESET_QUERY
+from tests.support.documents import GARDEN_DOC, RESET_QUERY
 from tests.support.fakes import RefusedQueryEncoder, RejectingSparseIndex
 from tests.support.milvus import MilvusTarget
 from tests.support.paths import EXAMPLES_KB
@@ -42,14 +42,16 @@ def indexed(
     root = tmp_path_factory.mktemp("retrieve")
     garden = root / "garden"
     garden.mkdir()
-    (garden / "handbook.md").write_text(OTHER_KB_DOC, encoding="utf-8")
+    (garden / "handbook.md").write_text(GARDEN_DOC, encoding="utf-8")
     with fresh_pg_database() as database_url:
         settings = make_settings(root, database_url, **module_level_target.overrides())
         resources = Resources(settings, encoder=memo_encoder)
         indexer = Indexer(resources)
         assert indexer.index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
         assert indexer.index_paths([garden], kb_id="garden").failed == 0
-        assert resources.leaf_index.count("demo") == resources.documents.stats("demo")["chunks_by_level"]["3"] > 0
+        assert (
+            resources.leaf_index.count("demo") == resources.documents.versions.stats("demo")["chunks_by_level"]["3"] > 0
+        )
         resources.close()
         yield settings
 
@@ -87,8 +89,14 @@ def test_hybrid_results_carry_metadata_and_trace(indexed: Settings, memo_encoder
     assert set(meta.timings_ms) >= {"encode", "search", "total"}
 
 
+def merging_at_two(settings: Settings) -> Settings:
+    """``settings`` merging a parent when 2 of its children hit: examples/kb's paragraphs are short, its L2s hold 2 or
+    3 leaves each, and these tests are about the two rounds, not about the default's count (3, chosen on CMRC)."""
+    return settings.model_copy(update={"retrieval": settings.retrieval.model_copy(update={"merge_min_children": 2})})
+
+
 def test_leaves_merge_to_l2_and_then_to_l1(indexed: Settings, memo_encoder) -> None:
-    result = retriever(indexed, memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    result = retriever(merging_at_two(indexed), memo_encoder).retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     rounds = {r.round: r for r in result.meta.merge_rounds}
     assert rounds[1].parents_merged >= 2 and rounds[2].parents_merged >= 1
     top = result.docs[0]
@@ -103,6 +111,35 @@ def test_leaves_merge_to_l2_and_then_to_l1(indexed: Settings, memo_encoder) -> N
     )
     plain = unmerged.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert {d.metadata["level"] for d in plain.docs} == {3} and plain.meta.merge_rounds == ()
+
+
+def test_a_character_budget_keeps_whole_documents_then_cuts_one_to_the_part_that_hit(
+    indexed: Settings, memo_encoder
+) -> None:
+    engine = retriever(merging_at_two(indexed), memo_encoder)
+    whole = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
+    top, second = whole.docs[0], whole.docs[1]
+    assert top.metadata["level"] == 1 and len(top.metadata["merged_from"]) >= 2
+    start, end = top.metadata["char_start"], top.metadata["char_end"]
+    assert start <= top.metadata["hit_start"] < top.metadata["hit_end"] <= end
+
+    roomy = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"], max_chars=sum(len(d.content) for d in whole.docs))
+    assert [d.content for d in roomy.docs] == [d.content for d in whole.docs]
+    two = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"], max_chars=len(top.content) + len(second.content))
+    assert [d.content for d in two.docs] == [top.content, second.content]
+    assert not any(d.metadata.get("cut") for d in two.docs)
+
+    budget = len(top.content) // 2
+    cut = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"], max_chars=budget)
+    assert len(cut.docs) == 1 and cut.docs[0].metadata["cut"] is True
+    piece = cut.docs[0]
+    assert len(piece.content) <= budget
+    at = piece.metadata["char_start"] - start
+    assert top.content[at : at + len(piece.content)] == piece.content  # the parent's own text, where it says
+    # from the first hit leaf on (or, a hit at the parent's very end, up to it)
+    assert piece.metadata["char_start"] >= top.metadata["hit_start"] or piece.metadata["char_end"] == end
+    with pytest.raises(InvalidArgumentError, match="max_chars"):
+        engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"], max_chars=0)
 
 
 def test_filters_by_module_and_skill_point(indexed: Settings, memo_encoder) -> None:
@@ -251,7 +288,7 @@ def test_redis_stopped_serves_parents_from_sql(indexed: Settings, memo_encoder, 
 
 
 def test_a_missing_parent_row_keeps_its_children(tmp_path: Path, pg_url: str, memo_encoder) -> None:
-    settings = make_settings(tmp_path, pg_url, redis_url=None)
+    settings = merging_at_two(make_settings(tmp_path, pg_url, redis_url=None))
     resources = Resources(settings, encoder=memo_encoder)
     Indexer(resources).index_paths([EXAMPLES_KB / "auth.md"], kb_id="holes")
     merged = Retriever(resources).retrieve(RESET_QUERY, 5, kb_ids=["holes"])

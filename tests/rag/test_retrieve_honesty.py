@@ -75,7 +75,9 @@ def half_written(tmp_path: Path, pg_url: str, memo_encoder) -> Settings:
     chunks = chunk_document(doc, kb_id="half", version=2, settings=settings.chunking)
     leaves = [c for c in chunks if c.is_leaf]
     texts = [search_text(c, True) for c in leaves]
-    resources.documents.write_pending(DocumentVersion("half", "a.md", 2, "a.md", "h2", leaf_count=len(leaves)), chunks)
+    resources.documents.versions.write_pending(
+        DocumentVersion("half", "a.md", 2, "a.md", "h2", leaf_count=len(leaves)), chunks
+    )
     resources.leaf_index.upsert(leaves, memo_encoder.encode_passages(texts), texts)
     resources.leaf_index.flush()
     return settings

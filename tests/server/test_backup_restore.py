@@ -82,10 +82,16 @@ def _row_counts(url: str) -> dict[str, int]:
         engine.dispose()
 
 
+# The first 30 CMRC 2018 articles: with examples/kb 320 leaves (over 300, asserted), all that the comparisons
+# need; encoding them is most of the test's time (the 100 articles, 736 leaves, took 2.3 times as long).
+ARTICLES = 30
+
+
 def _corpus(folder: Path) -> list[Path]:
-    """examples/kb and the CMRC 2018 articles written as Markdown files (as the evaluation writes them)."""
+    """examples/kb and the first ``ARTICLES`` CMRC 2018 articles written as Markdown files (as the evaluation
+    writes them)."""
     articles, _ = load_squad(CMRC2018_SUBSET)
-    write_corpus(articles, folder / "cmrc")
+    write_corpus(articles[:ARTICLES], folder / "cmrc")
     return [EXAMPLES_KB, folder / "cmrc"]
 
 

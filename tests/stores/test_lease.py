@@ -111,12 +111,12 @@ def test_a_holder_whose_lease_was_taken_writes_nothing_more(store: DocumentStore
     assert holder_of(store, "kb") == taker.owner
 
     with pytest.raises(LeaseLostError, match="lost the indexing lease of knowledge base 'kb'") as lost:
-        store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+        store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")
     assert taker.owner in str(lost.value)
     with pytest.raises(LeaseLostError):
         store.check_fences()  # what an indexer asks before a Milvus write
-    assert store.get_kb("kb") is None, "nothing was written"
+    assert store.kbs.get_kb("kb") is None, "nothing was written"
     paused.release()
     assert holder_of(store, "kb") == taker.owner, "the lost holder's release frees nothing of the taker's"
-    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")  # unfenced again once released
-    assert store.get_kb("kb") is not None
+    store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")  # unfenced again once released
+    assert store.kbs.get_kb("kb") is not None

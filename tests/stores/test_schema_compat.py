@@ -24,14 +24,12 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, insert, select, text
 
-from strata.config import DatabaseSettings
 from strata.errors import StoreError
 from strata.stores import schema_version
-from strata.stores.sql import DocumentStore
-from strata.stores.sql_schema import chunks, documents, kb_embeddings, knowledge_bases
+from strata.stores.sql_schema import chunks, kb_embeddings, knowledge_bases
 from tests.support.paths import REPO
 from tests.support.processes import STRATA, run_strata, strata_env
-from tests.support.stores import fresh_pg_database
+from tests.support.stores import assert_kb_rows_kept, fresh_pg_database, write_kb_rows
 
 pytestmark = pytest.mark.integration
 
@@ -210,7 +208,7 @@ def test_db_downgrade_goes_back_where_allowed_and_refuses_a_lossy_step(url: str,
 
     forced = run_strata(["db", "downgrade", "--force"], env)
     assert forced.returncode == 0 and f"downgraded from {HEAD} to 0002" in forced.stdout, forced.stderr
-    _write_kb(url, with_vector=True)  # a row the next downgrade must keep
+    write_kb_rows(url, with_vector=True)  # a row the next downgrade must keep
     back = run_strata(["db", "downgrade"], env)  # 0002 -> 0001 keeps every cached vector: no --force
     assert back.returncode == 0 and "downgraded from 0002 to 0001" in back.stdout, back.stderr
 
@@ -218,58 +216,7 @@ def test_db_downgrade_goes_back_where_allowed_and_refuses_a_lossy_step(url: str,
     with engine.connect() as conn:
         assert conn.execute(text("SELECT encoder FROM strata_embedding_cache")).scalars().all() == ["enc"]
     assert run_strata(["db", "upgrade"], env).returncode == 0
-    store = DocumentStore(DatabaseSettings(url=url))
-    try:
-        assert list(store.cached_embeddings("kb", "enc", [_LEAF_HASH])) == [_LEAF_HASH]
-    finally:
-        store.dispose()
-    engine.dispose()
-
-
-_LEAF_HASH = hashlib.sha256(b"kept text").hexdigest()
-
-
-def _write_kb(url: str, *, with_vector: bool) -> None:
-    """A kb with one active document and one leaf, as any revision since the baseline holds them."""
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=3))
-        conn.execute(
-            insert(documents).values(
-                kb_id="kb",
-                doc_id="a.md",
-                version=1,
-                source="a.md",
-                content_hash="h",
-                status="active",
-                leaf_count=1,
-                chunk_count=1,
-                metadata={},
-                root="/docs",
-            )
-        )
-        conn.execute(
-            insert(chunks).values(
-                chunk_id="c1",
-                kb_id="kb",
-                doc_id="a.md",
-                version=1,
-                level=3,
-                parent_id=None,
-                root_id="c1",
-                ordinal=0,
-                text="kept text",
-                heading_path="",
-                char_start=0,
-                char_end=9,
-                child_count=0,
-                metadata={},
-            )
-        )
-        if with_vector:
-            conn.execute(
-                insert(kb_embeddings).values(kb_id="kb", encoder="enc", text_hash=_LEAF_HASH, vector=bytes(16))
-            )
+    assert_kb_rows_kept(url, with_vector=True)
     engine.dispose()
 
 
@@ -345,7 +292,7 @@ def test_db_copy_fills_a_fresh_postgresql_database_from_sqlite(tmp_path: Path) -
     source = f"sqlite:///{tmp_path / 'data' / 'strata.sqlite3'}"  # the documented relative path, from tmp_path
     (tmp_path / "data").mkdir()
     schema_version.upgrade(create_engine(source))
-    _write_kb(source, with_vector=True)
+    write_kb_rows(source, with_vector=True)
     with fresh_pg_database(migrate=False) as target:
         env = strata_env(tmp_path / "data", STRATA_DATABASE__URL=target)
         copy = [str(STRATA), *_documented_copy()]
@@ -353,13 +300,7 @@ def test_db_copy_fills_a_fresh_postgresql_database_from_sqlite(tmp_path: Path) -
         assert done.returncode == 0, done.stderr
         assert "strata_chunks: 1 rows" in done.stdout and f"(schema {HEAD})" in done.stdout
 
-        store = DocumentStore(DatabaseSettings(url=target))
-        try:
-            assert [(kb.kb_id, kb.generation) for kb in store.list_kbs()] == [("kb", 3)]
-            assert store.get_chunks(["c1"])["c1"].text == "kept text"
-            assert list(store.cached_embeddings("kb", "enc", [_LEAF_HASH])) == [_LEAF_HASH]
-        finally:
-            store.dispose()
+        assert_kb_rows_kept(target, with_vector=True)
 
         again = subprocess.run(copy, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert again.returncode == 1 and "already holds rows in strata_" in again.stderr, again.stderr

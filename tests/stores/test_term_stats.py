@@ -23,7 +23,7 @@ def _write(
     store: DocumentStore, kb: str, doc: str, version: int, counts: dict[str, int] | None, leaves: int = 6
 ) -> None:
     chunks = make_chunks(kb, doc, version)
-    store.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", "h", leaf_count=leaves), chunks, counts)
+    store.versions.write_pending(DocumentVersion(kb, doc, version, f"{doc}.md", "h", leaf_count=leaves), chunks, counts)
 
 
 def _rows(store: DocumentStore, kb: str) -> int:
@@ -38,13 +38,13 @@ def test_count_terms_counts_leaves_not_occurrences() -> None:
 
 def test_df_sums_over_the_active_versions_of_the_kbs(store: DocumentStore) -> None:
     for kb in ("kb1", "kb2"):
-        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+        store.kbs.ensure_kb(kb, encoder="e", dim=3, chunking="c")
     _write(store, "kb1", "a.md", 1, {"the": 6, "warranty": 2})
     _write(store, "kb1", "b.md", 1, {"the": 5, "shipping": 3}, leaves=5)
     _write(store, "kb2", "c.md", 1, {"the": 4, "warranty": 1}, leaves=4)
     assert term_frequencies(store, ["kb1"], ["the"]) == TermFrequencies(0, {"the": 0})  # pending: not served
     for kb, doc in (("kb1", "a.md"), ("kb1", "b.md"), ("kb2", "c.md")):
-        store.activate(kb, doc, 1)
+        store.versions.activate(kb, doc, 1)
     assert term_frequencies(store, ["kb1"], ["the", "warranty", "nowhere", "x" * 80]) == TermFrequencies(
         11, {"the": 11, "warranty": 2, "nowhere": 0, "x" * 80: 0}
     )
@@ -55,35 +55,35 @@ def test_df_sums_over_the_active_versions_of_the_kbs(store: DocumentStore) -> No
 
 
 def test_a_new_version_replaces_the_old_ones_terms_and_deletion_removes_them(store: DocumentStore) -> None:
-    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")
     _write(store, "kb", "a.md", 1, {"old": 6, "both": 6})
-    store.activate("kb", "a.md", 1)
+    store.versions.activate("kb", "a.md", 1)
     _write(store, "kb", "a.md", 2, {"new": 2, "both": 3}, leaves=3)
     assert term_frequencies(store, ["kb"], ["old", "new", "both"]).df == {"old": 6, "new": 0, "both": 6}
-    store.activate("kb", "a.md", 2)
+    store.versions.activate("kb", "a.md", 2)
     assert term_frequencies(store, ["kb"], ["old", "new", "both"]) == TermFrequencies(
         3, {"old": 0, "new": 2, "both": 3}
     )
-    store.delete_version("kb", "a.md", 1)
+    store.versions.delete_version("kb", "a.md", 1)
     assert _rows(store, "kb") == 3  # version 2: two terms and its marker
     _write(store, "kb", "a.md", 2, {"again": 3}, leaves=3)  # a rerun of the same version rewrites its rows
     assert _rows(store, "kb") == 2
-    store.drop_kb("kb")
+    store.kbs.drop_kb("kb")
     assert _rows(store, "kb") == 0
 
 
 def test_versions_written_without_term_counts_are_found_and_backfilled(store: DocumentStore) -> None:
-    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")
     _write(store, "kb", "legacy.md", 1, None)
     _write(store, "kb", "empty.md", 1, None, leaves=0)  # no leaves: nothing to count
     _write(store, "kb", "blank.md", 1, {})  # counted, and no term at all
     _write(store, "kb", "pending.md", 1, None)
     for doc in ("legacy.md", "empty.md", "blank.md"):
-        store.activate("kb", doc, 1)
-    assert store.uncounted_versions("kb") == [("legacy.md", 1)]
-    store.write_terms("kb", "legacy.md", 1, {"the": 6})
-    store.write_terms("kb", "legacy.md", 1, {"the": 5})  # idempotent: replaces
-    assert store.uncounted_versions("kb") == []
+        store.versions.activate("kb", doc, 1)
+    assert store.terms.uncounted_versions("kb") == [("legacy.md", 1)]
+    store.terms.write_terms("kb", "legacy.md", 1, {"the": 6})
+    store.terms.write_terms("kb", "legacy.md", 1, {"the": 5})  # idempotent: replaces
+    assert store.terms.uncounted_versions("kb") == []
     assert term_frequencies(store, ["kb"], ["the"]) == TermFrequencies(12, {"the": 5})
 
 
@@ -106,51 +106,54 @@ def _sums_by_aggregate(store: DocumentStore, kb: str) -> dict[str, int]:
 
 
 def test_the_kept_sums_follow_every_status_change_and_answer_the_frequent_terms(store: DocumentStore) -> None:
-    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")
     _write(store, "kb", "a.md", 1, {"the": 6, "warranty": 2})
     _write(store, "kb", "b.md", 1, {"the": 4, "shipping": 4}, leaves=4)
-    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})  # pending: nothing serves
-    store.switch("kb", [("a.md", 1), ("b.md", 1)])
+    assert store.terms.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})  # pending: nothing serves
+    store.versions.switch("kb", [("a.md", 1), ("b.md", 1)])
     assert (
-        store.frequent_terms(["kb"], 0.0).df
+        store.terms.frequent_terms(["kb"], 0.0).df
         == _sums_by_aggregate(store, "kb")
         == {"the": 10, "warranty": 2, "shipping": 4}
     )
-    assert store.frequent_terms(["kb"], 0.5) == TermFrequencies(10, {"the": 10})  # over half of 10 leaves
-    store.activate("kb", "a.md", 1)  # activating what already serves changes nothing
-    assert store.frequent_terms(["kb"], 0.0).df == {"the": 10, "warranty": 2, "shipping": 4}
+    assert store.terms.frequent_terms(["kb"], 0.5) == TermFrequencies(10, {"the": 10})  # over half of 10 leaves
+    store.versions.activate("kb", "a.md", 1)  # activating what already serves changes nothing
+    assert store.terms.frequent_terms(["kb"], 0.0).df == {"the": 10, "warranty": 2, "shipping": 4}
 
     _write(store, "kb", "a.md", 2, {"the": 1, "claims": 3}, leaves=3)  # an update: v2 replaces v1
-    store.activate("kb", "a.md", 2)
+    store.versions.activate("kb", "a.md", 2)
     assert (
-        store.frequent_terms(["kb"], 0.0).df
+        store.terms.frequent_terms(["kb"], 0.0).df
         == _sums_by_aggregate(store, "kb")
         == {"the": 5, "claims": 3, "shipping": 4}
     )
-    store.retire_document("kb", "b.md")  # a deletion
-    assert store.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 1, "claims": 3}
-    store.switch("kb", [], retire=["a.md"])  # a --recreate's switch that retires the rest
-    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
-    store.drop_kb("kb")
-    assert store.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
+    store.versions.retire_document("kb", "b.md")  # a deletion
+    assert store.terms.frequent_terms(["kb"], 0.0).df == _sums_by_aggregate(store, "kb") == {"the": 1, "claims": 3}
+    store.versions.switch("kb", [], retire=["a.md"])  # a --recreate's switch that retires the rest
+    assert store.terms.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
+    store.kbs.drop_kb("kb")
+    assert store.terms.frequent_terms(["kb"], 0.0) == TermFrequencies(0, {})
 
 
 def test_frequent_terms_of_several_kbs_are_frequent_in_their_union(store: DocumentStore) -> None:
     for kb, counts, leaves in (("kb1", {"rare": 1, "common": 9}, 10), ("kb2", {"rare": 2, "other": 90}, 100)):
-        store.ensure_kb(kb, encoder="e", dim=3, chunking="c")
+        store.kbs.ensure_kb(kb, encoder="e", dim=3, chunking="c")
         _write(store, kb, "d.md", 1, counts, leaves=leaves)
-        store.activate(kb, "d.md", 1)
-    assert store.frequent_terms(["kb1"], 0.5).df == {"common": 9}
+        store.versions.activate(kb, "d.md", 1)
+    assert store.terms.frequent_terms(["kb1"], 0.5).df == {"common": 9}
     # over the 110 leaves of both, "common" (9) is rare and "other" (90) is not
-    assert store.frequent_terms(["kb1", "kb2"], 0.5, timeout_s=2) == TermFrequencies(110, {"other": 90})
+    assert store.terms.frequent_terms(["kb1", "kb2"], 0.5, timeout_s=2) == TermFrequencies(110, {"other": 90})
 
 
 def test_sums_missing_from_an_older_database_are_rebuilt(store: DocumentStore) -> None:
-    store.ensure_kb("kb", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("kb", encoder="e", dim=3, chunking="c")
     _write(store, "kb", "a.md", 1, {"the": 6, "warranty": 2})
-    store.activate("kb", "a.md", 1)
+    store.versions.activate("kb", "a.md", 1)
     with store.engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM strata_kb_terms")
-    assert store.kb_terms_missing("kb") and store.frequent_terms(["kb"], 0.0).df == {}
-    assert store.rebuild_kb_terms("kb") == 2
-    assert not store.kb_terms_missing("kb") and store.frequent_terms(["kb"], 0.0).df == {"the": 6, "warranty": 2}
+    assert store.terms.kb_terms_missing("kb") and store.terms.frequent_terms(["kb"], 0.0).df == {}
+    assert store.terms.rebuild_kb_terms("kb") == 2
+    assert not store.terms.kb_terms_missing("kb") and store.terms.frequent_terms(["kb"], 0.0).df == {
+        "the": 6,
+        "warranty": 2,
+    }

@@ -31,8 +31,10 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 RESET_QUERY = "密码重置链接的有效期、使用次数和频率限制是什么？重置邮件从哪个地址发出，会写审计日志吗？"
+"""A question examples/kb's password-reset section answers (kb ``demo``)."""
 
-OTHER_KB_DOC = """---
+GARDEN_DOC = """---
+title: Garden handbook
 module: garden
 skill_points: [soil, watering]
 ---
@@ -46,6 +48,7 @@ Tomatoes need deep watering twice a week in summer. Water the soil, not the leav
 
 A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes like 6.2 to 6.8.
 """
+"""The handbook of kb ``garden``, the tests' second knowledge base beside examples/kb's ``demo``."""
 
 GARDEN = "# Garden\n\n## Watering\n\nTomatoes need deep watering twice a week in summer, early in the morning.\n"
 

@@ -10,10 +10,8 @@ up in this module when it polls (tests/faults replace it here).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from strata.cli.milvus_server import server_command
 from strata.config import MilvusSettings
 from tests.support.processes import free_port, stop_process
 
@@ -43,21 +42,9 @@ class MilvusServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *, within_s: float = 60.0) -> None:
-        binary = shutil.which(
-            "milvus-lite", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [
-                binary or "milvus-lite",
-                "server",
-                "--data-dir",
-                str(self.data_dir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
+            server_command(self.data_dir, host="127.0.0.1", port=self.port),  # what `strata milvus-server` runs
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.support.paths import REPO
 
@@ -56,6 +57,14 @@ def strata_env(data_dir: Path, **variables: str) -> dict[str, str]:
     env[TEST_DEADLINE_VARIABLE] = TEST_DEADLINE_MS  # see tests/conftest.py
     env.update(variables)
     return env
+
+
+def start_serve(env: Mapping[str, str], *args: str, **popen: Any) -> tuple[subprocess.Popen, str]:
+    """``strata serve`` on a free loopback port, from the repository's folder: the process and its URL. ``args``
+    are further options (``--workers 2``), ``popen`` what becomes of its output (``stdout=log``)."""
+    port = free_port()
+    process = subprocess.Popen([str(STRATA), "serve", "--port", str(port), *args], env=dict(env), cwd=REPO, **popen)
+    return process, f"http://127.0.0.1:{port}"
 
 
 def run_strata(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 300) -> subprocess.CompletedProcess:

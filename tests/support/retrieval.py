@@ -13,7 +13,8 @@ from strata.types import RetrievalResult
 
 def retriever(settings: Settings, memo_encoder, *, warm_up_first: bool = True, **parts: Any) -> Retriever:
     resources = Resources(settings, encoder=parts.pop("encoder", memo_encoder))
-    resources.__dict__.update(parts)  # replaces cached parts (leaf_index, reranker, ...) for fault injection
+    for name, part in parts.items():  # replaces parts (leaf_index, ...) for fault injection
+        setattr(resources, name, part)
     return Retriever(resources, warm_up_first=warm_up_first)
 
 
@@ -28,9 +29,9 @@ def leaf_texts(resources: Resources, kb: str) -> list[str]:
     documents = resources.documents
     return [
         leaf.text
-        for v in documents.versions(kb)
+        for v in documents.versions.of_kb(kb)
         if v.status == "active"
-        for leaf in documents.version_chunks(kb, v.doc_id, v.version, levels=(3,))
+        for leaf in documents.chunks.version_chunks(kb, v.doc_id, v.version, levels=(3,))
     ]
 
 

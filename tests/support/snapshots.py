@@ -59,11 +59,11 @@ def assert_equal_but_renumbered(state: StoreState, clean: StoreState, doc_id: st
 
 def store_state(resources: Resources, kb_id: str) -> StoreState:
     documents = resources.documents
-    versions = {(v.doc_id, v.version): v.status for v in documents.versions(kb_id)}
+    versions = {(v.doc_id, v.version): v.status for v in documents.versions.of_kb(kb_id)}
     levels: dict[int, set[str]] = {1: set(), 2: set(), 3: set()}
     chunk_versions: set[tuple[str, int]] = set()
     for doc_id, version in versions:
-        for chunk in documents.version_chunks(kb_id, doc_id, version):
+        for chunk in documents.chunks.version_chunks(kb_id, doc_id, version):
             chunk_versions.add((doc_id, version))
             if versions[(doc_id, version)] == ACTIVE:
                 levels[chunk.level].add(chunk.chunk_id)

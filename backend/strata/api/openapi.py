@@ -16,12 +16,15 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
+
 from strata.api.problems import MEDIA_TYPE
 from strata.api.schemas import ProblemOut, publish_limits
 from strata.config import RetrievalSettings
 
 SCHEME = "bearer"
-PROBLEM_REF = {"$ref": f"#/components/schemas/{ProblemOut.__name__}"}
+REF_TEMPLATE = "#/components/schemas/{model}"
+PROBLEM_REF = {"$ref": REF_TEMPLATE.format(model=ProblemOut.__name__)}
 _METHODS = ("get", "put", "post", "delete", "patch")
 
 
@@ -38,7 +41,7 @@ def complete(doc: dict[str, Any], retrieval: RetrievalSettings, protected: Itera
     """``doc`` with limits, security and the middleware's problem answers; ``protected`` are (path, method) pairs."""
     publish_limits(doc, retrieval)
     components = doc.setdefault("components", {})
-    components.setdefault("schemas", {})[ProblemOut.__name__] = ProblemOut.model_json_schema()
+    _add_schema(components.setdefault("schemas", {}), ProblemOut)
     components["securitySchemes"] = {
         SCHEME: {
             "type": "http",
@@ -52,6 +55,15 @@ def complete(doc: dict[str, Any], retrieval: RetrievalSettings, protected: Itera
             if method in _METHODS:
                 _complete_operation(operation, needs_key=(path, method) in keyed)
     return doc
+
+
+def _add_schema(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    """``model``'s schema among the document's ``schemas``, with the records it refers to (``RetrievalMeta`` of a
+    failed retrieval's problem) beside it: those the routes' answers published already are kept as they are."""
+    schema = model.model_json_schema(ref_template=REF_TEMPLATE, mode="serialization")  # as FastAPI's answers
+    for name, definition in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, definition)
+    schemas[model.__name__] = schema
 
 
 def _complete_operation(operation: dict[str, Any], *, needs_key: bool) -> None:

@@ -109,7 +109,7 @@ class _Check:
 
 
 def _sql(service: Service) -> dict[str, Any]:
-    return {"kbs": len(service.resources.documents.list_kbs())}
+    return {"kbs": len(service.resources.documents.kbs.list_kbs())}
 
 
 def _milvus(service: Service) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def _milvus(service: Service) -> dict[str, Any]:
 def _redis(service: Service) -> dict[str, Any] | None:
     if not service.settings.redis.url:
         return None
-    service.resources.parents.cache.get_many([("__ready__", "__ready__")])
+    service.resources.cached_chunks.cache.get_many([("__ready__", "__ready__")])
     return {}
 
 

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic.json_schema import SkipJsonSchema
 
 from strata.config import RetrievalSettings
 from strata.errors import InvalidArgumentError
@@ -117,6 +118,9 @@ class FiltersIn(_Strict):
         return None if filters.is_empty() else filters
 
 
+MAX_EVIDENCE_CHARS = 1_000_000
+
+
 class RetrieveRequest(_Strict):
     model_config = ConfigDict(
         extra="forbid",
@@ -145,6 +149,13 @@ class RetrieveRequest(_Strict):
         le=MAX_DEADLINE_MS,
         description="this request's time budget in milliseconds; the service's own (STRATA_RETRIEVAL__DEADLINE_MS) "
         "applies when it is shorter",
+    )
+    max_chars: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_EVIDENCE_CHARS,
+        description="at most this many characters of evidence: whole documents in rank order, the first that does "
+        "not fit cut to the part that answered (metadata cut: true), the rest left out; default top_k whole documents",
     )
 
 
@@ -281,9 +292,36 @@ class ReadyDetailOut(BaseModel):
     components: dict[str, dict[str, Any]] = Field(description="each component's status, timing, error and details")
 
 
+def _absent_when_unset(schema: dict[str, Any]) -> None:
+    """A member some answers leave out (not ``null``): no ``default`` in its schema."""
+    schema.pop("default", None)
+
+
+class ProblemFieldError(BaseModel):
+    """One field of a request that failed validation: where, and which rule (never the value sent)."""
+
+    loc: list[str] = Field(description="the field's path: body, query or path first")
+    msg: str
+    type: str = Field(description="the rule's name (missing, string_too_long, ...)")
+
+
 class ProblemOut(BaseModel):
-    type: str
+    """An error answer (RFC 9457 ``application/problem+json``), with the request id and, for some problems,
+    members of their own (``errors``, ``meta``)."""
+
+    type: str = Field(description="the problem's URI (https://strata.dev/problems/<slug>)")
     title: str
     status: int
     detail: str
     request_id: str | None
+    errors: list[ProblemFieldError] | SkipJsonSchema[None] = Field(
+        None,
+        description="a request that failed validation (422 invalid-input): each field's error",
+        json_schema_extra=_absent_when_unset,
+    )
+    meta: RetrievalMeta | SkipJsonSchema[None] = Field(
+        None,
+        description="a retrieval that ran and failed (503 retrieval-failed, 504 deadline-exceeded): its meta record, "
+        "whose status, errors and degraded reasons say why",
+        json_schema_extra=_absent_when_unset,
+    )

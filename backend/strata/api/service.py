@@ -24,7 +24,7 @@ from strata.api.metrics import Metrics
 from strata.config import Settings
 from strata.encoders.model_folder import check_encoder_loads
 from strata.errors import LeaseHeldError
-from strata.indexing.consistency import kb_stats
+from strata.indexing.consistency import KbStats, kb_stats
 from strata.indexing.pipeline import Indexer, chunking_signature
 from strata.indexing.report import IndexReport
 from strata.rag.expansion import SynonymDictionary, load_synonyms
@@ -99,6 +99,7 @@ class Service:
         strategy: str | None = None,
         queries: Sequence[str] | None = None,
         deadline_ms: int | None = None,
+        max_chars: int | None = None,
         principal: Principal | None = None,
     ) -> RetrievalResult:
         """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults), its query-cache
@@ -110,6 +111,7 @@ class Service:
             "strategy": strategy,
             "queries": queries,
             "deadline_ms": deadline_ms,
+            "max_chars": max_chars,
         }
         if principal is not None and self.settings.retrieval.cache_scope == "key":
             switches["cache_scope"] = principal.name
@@ -158,17 +160,17 @@ class Service:
         """Creates an empty kb for the configured encoder; False when it existed."""
         documents, encoder = self.resources.documents, self.resources.encoder
         with self._writing(kb_id):
-            if documents.get_kb(kb_id) is not None:
+            if documents.kbs.get_kb(kb_id) is not None:
                 return False
             signature = chunking_signature(self.settings.chunking)
-            documents.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
+            documents.kbs.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=signature)
         return True
 
-    def kb_stats(self, kb_id: str) -> dict[str, Any]:
+    def kb_stats(self, kb_id: str) -> KbStats:
         """What ``strata stats`` prints (``consistency.kb_stats``)."""
-        kb = self.resources.documents.get_kb(kb_id)
+        kb = self.resources.documents.kbs.get_kb(kb_id)
         assert kb is not None
-        return kb_stats(self.resources.documents, self.resources.leaf_index, kb)
+        return kb_stats(self.resources.documents.versions, self.resources.leaf_index, kb)
 
     @property
     def reranker(self) -> Reranker | None:
@@ -214,8 +216,8 @@ class Service:
 
 
 def _relative_sources(report: IndexReport, folder: Path) -> None:
-    """Failures and skipped files named as uploaded (the temporary folder means nothing to the caller)."""
+    """Failures, skipped files and warnings named as uploaded (the temporary folder means nothing to the caller)."""
     prefix = f"{folder}{os.sep}"
-    for entry in (*report.failures, *report.skipped):
+    for entry in (*report.failures, *report.skipped, *report.warnings):
         if entry["source"].startswith(prefix):
             entry["source"] = entry["source"][len(prefix) :]

@@ -67,6 +67,8 @@ def _print_report(report: dict[str, Any], *, as_json: bool) -> None:
         print(f"  FAILED {failure['source']}: {failure['reason']}")
     for skipped in report["skipped"]:
         print(f"  skipped {skipped['source']}: {skipped['reason']}")
+    for warning in report["warnings"]:
+        print(f"  warning {warning['source']}: {warning['note']}")
     for note in report["notes"]:
         print(f"  note: {note}")
 
@@ -95,7 +97,7 @@ def _doc_id_for_source(resources: Any, kb_id: str, source: str) -> str | None:
     wanted = Path(source).parts
     matches = [
         (len(parts), version.doc_id)
-        for version in resources.documents.versions(kb_id)
+        for version in resources.documents.versions.of_kb(kb_id)
         if (parts := PurePosixPath(version.source).parts) and wanted[-len(parts) :] == parts
     ]
     return max(matches)[1] if matches else None
@@ -105,7 +107,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     """Counts, and a probe of every served version's first and last leaf in Milvus by id; no chunk row, no
     vector and no model is loaded. Exit 1 naming the difference when Milvus does not hold what SQL serves."""
     resources = Resources(settings)
-    kb = resources.documents.get_kb(args.kb)
+    kb = resources.documents.kbs.get_kb(args.kb)
     if kb is None:
         print(f"no knowledge base {args.kb!r}", file=sys.stderr)
         return 1
@@ -113,22 +115,22 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     # encoder model (BGE-M3: seconds and gigabytes) is not loaded to learn them.
     index = LeafIndex(settings.milvus, encoder_name=kb.encoder, dim=kb.dim)
     try:
-        stats = kb_stats(resources.documents, index, kb)
+        stats = kb_stats(resources.documents.versions, index, kb)
     finally:
         index.close()
     if args.json:
-        print(json.dumps(stats, ensure_ascii=False, indent=2))
+        print(json.dumps(stats.to_dict(), ensure_ascii=False, indent=2))
     else:
-        levels = stats["chunks_by_level"]
+        levels = stats.chunks_by_level
         print(
-            f"kb {args.kb}: {stats['documents']} documents; chunks L1 {levels['1']}, L2 {levels['2']}, "
-            f"L3 {levels['3']}; Milvus leaves {stats['leaves_in_milvus']} "
-            f"({'consistent' if stats['consistent'] else 'MISMATCH'}); "
+            f"kb {args.kb}: {stats.documents} documents; chunks L1 {levels['1']}, L2 {levels['2']}, "
+            f"L3 {levels['3']}; Milvus leaves {stats.leaves_in_milvus} "
+            f"({'consistent' if stats.consistent else 'MISMATCH'}); "
             f"encoder {kb.encoder} (dim {kb.dim})"
         )
-        if stats["difference"]:
-            print(f"  {stats['difference']}; `strata reconcile --kb {args.kb}` lists every difference")
-    return 0 if stats["consistent"] else 1
+        if stats.difference:
+            print(f"  {stats.difference}; `strata reconcile --kb {args.kb}` lists every difference")
+    return 0 if stats.consistent else 1
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
@@ -164,6 +166,6 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
 
 def _known_kb(resources: Resources, kb_id: str) -> None:
     """Raises ``NotFoundError`` (one line, naming the kbs there are) for a kb SQL does not know."""
-    if resources.documents.get_kb(kb_id) is None:
-        known = sorted(kb.kb_id for kb in resources.documents.list_kbs())
+    if resources.documents.kbs.get_kb(kb_id) is None:
+        known = sorted(kb.kb_id for kb in resources.documents.kbs.list_kbs())
         raise NotFoundError(f"no knowledge base {kb_id!r}; known: {', '.join(known) if known else 'none'}")

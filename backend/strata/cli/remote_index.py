@@ -162,13 +162,14 @@ def merged(reports: Sequence[dict[str, Any]], *, kb: str, dry_run: bool) -> dict
 
 
 def with_local_paths(report: dict[str, Any], files: Sequence[tuple[str, Path]]) -> dict[str, Any]:
-    """Failures and skipped files named by their local paths, as a local run names them."""
+    """Failures, skipped files and warnings named by their local paths, as a local run names them."""
     local = {name: str(path) for name, path in files}
 
     def renamed(entries: list[dict[str, str]]) -> list[dict[str, str]]:
         return [{**e, "source": local.get(e["source"], e["source"])} for e in entries]
 
-    return {**report, "failures": renamed(report["failures"]), "skipped": renamed(report["skipped"])}
+    named = ("failures", "skipped", "warnings")
+    return {**report, **{key: renamed(report.get(key, [])) for key in named}}  # an older service sends no warnings
 
 
 def with_local_entries(report: dict[str, Any], collected: Collected) -> dict[str, Any]:

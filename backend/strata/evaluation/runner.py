@@ -79,7 +79,7 @@ def build_index(
 
 def index_summary(resources: Resources, report: IndexReport, kb_id: str) -> dict[str, Any]:
     """This run's indexing figures plus what the index holds (a rerun may have changed nothing)."""
-    stats = resources.documents.stats(kb_id)
+    stats = resources.documents.versions.stats(kb_id)
     return {
         **report.to_dict(),
         "reused": report.chunks_written == 0 and report.unchanged > 0,

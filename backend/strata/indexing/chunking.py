@@ -37,6 +37,11 @@ from strata.types import Chunk, Section, SourceDocument
 
 Span = tuple[int, int]
 
+# Part of every chunking signature (``indexing.pipeline.chunking_signature``): raised whenever this module
+# would cut the same text and settings differently, so that indexed documents are chunked again.
+# 2: chunks end before a block (paragraph, code block, table, definition) that would not fit in them whole.
+CHUNKER_REVISION = 2
+
 # A sentence ends after CJK terminal punctuation, after ASCII terminal
 # punctuation followed by whitespace or the end, and at every newline (a heading
 # or list item is a unit of its own). Closing quotes and brackets stay with the
@@ -51,10 +56,12 @@ Span = tuple[int, int]
 _CLOSERS = "”’」』）》)\\]\"'"
 _SENTENCE_END = re.compile(rf"[。！？；…]++[{_CLOSERS}]*+|(?<![.!?;])[.!?;]++[{_CLOSERS}]*+(?=\s|\Z)|\n")
 _SOFT_BREAKS = "，,、 "  # where an over-long sentence is preferably cut
-_SOFT_WINDOW = 0.3  # ... within the last 30% of the window
+_SOFT_WINDOW = 0.7  # ... within the last 70% of the window (never a piece under 30% of it)
 # A heading line's opening and closing marks; the closing ones only from the first space of a run (see above).
 _HEADING_MARKS = re.compile(r"^ {0,3}#{1,6} ++|(?<! ) ++#++ *+$")
 _HEADING_SEPARATOR = " > "
+_FENCES = ("```", "~~~")
+_MIN_FILL = 1 / 3  # a chunk holding less goes on into the next block rather than ending short
 
 
 @dataclass(frozen=True)
@@ -155,18 +162,82 @@ def _is_heading_only(text: str, region: _Region) -> bool:
 
 
 def _pack(text: str, span: Span, max_chars: int, overlap: int) -> list[Span]:
-    """Greedy sentence packing of ``span`` into spans of at most ``max_chars``."""
+    """Greedy sentence packing of ``span`` into spans of at most ``max_chars``, block by block.
+
+    A chunk that already holds a third of ``max_chars`` ends before a block (``_blocks``) that
+    would not fit in it whole: a paragraph, a code block, a table or a term with its definition
+    starts a chunk of its own instead of being split across two, and a block longer than a
+    chunk is split at its own lines and sentences.
+    """
     units = _fit_units(text, _sentence_units(text, span), max_chars)
+    block_end = _block_ends(units, _blocks(text, span))
+    min_fill = int(max_chars * _MIN_FILL)
     packed: list[Span] = []
     index = 0
     while index < len(units):
         start = units[index][0] if not packed else _overlap_start(text, units, index, packed[-1], overlap, max_chars)
         last = index
         while last + 1 < len(units) and units[last + 1][1] - start <= max_chars:
+            opens_block = block_end[last + 1] != block_end[last]
+            if opens_block and units[last][1] - start >= min_fill and block_end[last + 1] - start > max_chars:
+                break
             last += 1
         packed.append((start, units[last][1]))
         index = last + 1
     return packed
+
+
+def _blocks(text: str, span: Span) -> list[Span]:
+    """The blocks of ``span`` in order: runs of lines between blank lines.
+
+    A fenced code block (```` ``` ```` or ``~~~`` to its closing fence) is one block whatever
+    blank lines it holds, and lines indented by four spaces or a tab after a blank line (an
+    admonition's or a list item's body, indented code) continue the block before them. One pass
+    over the lines: linear in the span's length.
+    """
+    blocks: list[Span] = []
+    block_start: int | None = None
+    block_stop = span[0]
+    fence = ""
+    blank_before = False
+    position = span[0]
+    while position < span[1]:
+        newline = text.find("\n", position, span[1])
+        line_end = span[1] if newline < 0 else newline
+        line = text[position:line_end]
+        content = line.lstrip(" ")
+        if fence:
+            if content.startswith(fence):
+                fence = ""
+            block_stop = line_end
+        elif not line.strip():
+            blank_before = block_start is not None
+        else:
+            continues = blank_before and (line.startswith("    ") or line.startswith("\t"))
+            if block_start is not None and blank_before and not continues:
+                blocks.append((block_start, block_stop))
+                block_start = None
+            if block_start is None:
+                block_start = position
+            blank_before = False
+            block_stop = line_end
+            if len(line) - len(content) <= 3 and content[:3] in _FENCES:
+                fence = content[:3]
+        position = line_end + 1
+    if block_start is not None:
+        blocks.append((block_start, block_stop))
+    return blocks
+
+
+def _block_ends(units: Sequence[Span], blocks: Sequence[Span]) -> list[int]:
+    """For each unit, the end of the block it starts in (units and blocks both in order)."""
+    ends: list[int] = []
+    index = 0
+    for unit_start, unit_end in units:
+        while index < len(blocks) and blocks[index][1] <= unit_start:
+            index += 1
+        ends.append(blocks[index][1] if index < len(blocks) else unit_end)
+    return ends
 
 
 def _sentence_units(text: str, span: Span) -> list[Span]:
@@ -198,7 +269,7 @@ def _cut(text: str, unit: Span, max_chars: int) -> list[Span]:
 
 
 def _soft_cut(text: str, start: int, max_chars: int) -> int:
-    """Cut position after a comma or space in the window's last 30%, else a hard cut."""
+    """Cut position after the last comma or space in the window's last 70%, else a hard cut."""
     earliest = start + max(1, max_chars - int(max_chars * _SOFT_WINDOW))
     for cut in range(start + max_chars, earliest - 1, -1):
         if text[cut - 1] in _SOFT_BREAKS:

@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from strata.indexing.chunking import chunk_id
-from strata.stores.sql import DocumentStore
 from strata.types import ACTIVE, LEAF_LEVEL, DocumentVersion, KnowledgeBase
+from strata.wire import WIRE, to_json
 
 NAMED = 5  # documents named in a difference; the count says how many more
+
+
+class StoredVersions(Protocol):
+    """What the stats ask of SQL (``DocumentStore.versions``)."""
+
+    def of_kb(self, kb_id: str, doc_id: str | None = None) -> list[DocumentVersion]: ...
+
+    def stats(self, kb_id: str) -> dict[str, Any]: ...
 
 
 class LeafCounter(Protocol):
@@ -91,21 +99,62 @@ def check_leaves(
     return LeafCheck(kb_id, expected, found, probed, named, len(absent))
 
 
-def kb_stats(documents: DocumentStore, index: LeafCounter, kb: KnowledgeBase) -> dict[str, Any]:
-    """What ``strata stats`` and ``GET /kbs/{kb}/stats`` answer: SQL's counts, Milvus's, and whether they agree
-    (counts and every served version probed by id; ``difference`` names what does not)."""
-    sql = documents.stats(kb.kb_id)
-    check = check_leaves(index, kb.kb_id, documents.versions(kb.kb_id))
-    return {
-        "kb": kb.kb_id,
-        "documents": sql["documents_by_status"].get("active", 0),
-        "documents_by_status": sql["documents_by_status"],
-        "chunks_by_level": sql["chunks_by_level"],
-        "leaves_in_milvus": check.found,
-        "versions_probed": check.versions_probed,
-        "versions_absent_in_milvus": check.absent_count,
-        "encoder": {"name": kb.encoder, "dim": kb.dim},
-        "generation": kb.generation,
-        "consistent": check.consistent and check.found == sql["chunks_by_level"]["3"],
-        "difference": check.difference(),
-    }
+@dataclass(frozen=True)
+class KbEncoder:
+    """The encoder a kb was indexed with."""
+
+    __pydantic_config__ = WIRE
+
+    name: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class KbStats:
+    """What ``strata stats --json`` and ``GET /kbs/{kb}/stats`` answer: SQL's counts, Milvus's, and whether they
+    agree. This class is the answer's one definition (its JSON and its OpenAPI schema: ``strata.wire``)."""
+
+    __pydantic_config__ = WIRE
+
+    kb: str
+    documents: int
+    """documents the kb serves (active versions)"""
+    documents_by_status: dict[str, int]
+    """document versions by status (pending, active, retired)"""
+    chunks_by_level: dict[str, int]
+    """chunks of the served versions by level ("1", "2", "3")"""
+    leaves_in_milvus: int
+    versions_probed: int
+    """served versions whose first and last leaf were looked up in Milvus by id"""
+    versions_absent_in_milvus: int
+    """probed versions whose leaves Milvus does not hold"""
+    encoder: KbEncoder
+    generation: int
+    """the kb's counter of changes to what it serves"""
+    consistent: bool
+    """Milvus holds exactly the leaves SQL serves"""
+    difference: str
+    """what differs, in one line ("" when nothing does)"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json(self)
+
+
+def kb_stats(versions: StoredVersions, index: LeafCounter, kb: KnowledgeBase) -> KbStats:
+    """SQL's counts, Milvus's, and whether they agree (counts and every served version probed by id;
+    ``difference`` names what does not)."""
+    sql = versions.stats(kb.kb_id)
+    check = check_leaves(index, kb.kb_id, versions.of_kb(kb.kb_id))
+    return KbStats(
+        kb=kb.kb_id,
+        documents=sql["documents_by_status"].get("active", 0),
+        documents_by_status=sql["documents_by_status"],
+        chunks_by_level=sql["chunks_by_level"],
+        leaves_in_milvus=check.found,
+        versions_probed=check.versions_probed,
+        versions_absent_in_milvus=check.absent_count,
+        encoder=KbEncoder(kb.encoder, kb.dim),
+        generation=kb.generation,
+        consistent=check.consistent and check.found == sql["chunks_by_level"]["3"],
+        difference=check.difference(),
+    )

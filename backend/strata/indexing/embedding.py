@@ -10,20 +10,27 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from strata.encoders import Encoder
 from strata.indexing.report import Progress
-from strata.stores.sql import DocumentStore
 from strata.types import Chunk
 
 if TYPE_CHECKING:
     from strata.resources import Resources
     from strata.stores.leaf_index import LeafIndex
+
+
+class VectorCache(Protocol):
+    """What encoding asks of the kb's embedding cache (``DocumentStore.embeddings``)."""
+
+    def cached_embeddings(self, kb_id: str, encoder: str, text_hashes: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def cache_embeddings(self, kb_id: str, encoder: str, vectors: Mapping[str, np.ndarray]) -> None: ...
 
 
 def search_text(leaf: Chunk, contextualize: bool) -> str:
@@ -51,7 +58,7 @@ def embed_texts(
     *,
     kb_id: str,
     encoder: Encoder,
-    store: DocumentStore,
+    cache: VectorCache,
     batch_size: int,
     progress: Progress,
     batch_cached: Callable[[], None] = lambda: None,
@@ -61,7 +68,7 @@ def embed_texts(
     Each encoder batch is cached before the next one is encoded (then ``batch_cached`` is called): a run
     killed while encoding loses at most the batch in flight."""
     hashes = [text_hash(t) for t in texts]
-    cached = store.cached_embeddings(kb_id, encoder.name, hashes)
+    cached = cache.cached_embeddings(kb_id, encoder.name, hashes)
     missing = list(dict.fromkeys(h for h in hashes if h not in cached))
     by_hash = dict(zip(hashes, texts))
     fresh: dict[str, np.ndarray] = {}
@@ -69,7 +76,7 @@ def embed_texts(
     for start in range(0, len(missing), batch_size):
         batch = missing[start : start + batch_size]
         encoded = dict(zip(batch, encoder.encode_passages([by_hash[h] for h in batch])))
-        store.cache_embeddings(kb_id, encoder.name, encoded)
+        cache.cache_embeddings(kb_id, encoder.name, encoded)
         fresh.update(encoded)
         progress.leaves_encoded(len(batch))
         batch_cached()
@@ -103,7 +110,7 @@ def upsert_leaves(
         texts,
         kb_id=kb_id,
         encoder=resources.encoder,
-        store=resources.documents,
+        cache=resources.documents.embeddings,
         batch_size=settings.embedding.batch_size,
         progress=progress,
         batch_cached=batch_cached,

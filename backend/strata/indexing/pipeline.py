@@ -42,10 +42,11 @@ from pathlib import Path
 
 from strata.config import ChunkingSettings
 from strata.errors import InvalidArgumentError
+from strata.indexing.chunking import CHUNKER_REVISION
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.new_terms import front_matter_terms, note_new_terms
 from strata.indexing.plan import DeleteLimit, IndexPlan, Scan
-from strata.indexing.planning import RunOptions, count_planned, plan_run
+from strata.indexing.planning import RunOptions, plan_run
 from strata.indexing.reconcile import (
     ReconcileReport,
     check_stores,
@@ -53,7 +54,7 @@ from strata.indexing.reconcile import (
     retry_invalidations,
 )
 from strata.indexing.removal import Removal
-from strata.indexing.report import IndexReport, NoProgress, Progress
+from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
 from strata.indexing.run import (
     ENCODER_BATCH,
     WRITE_STEPS,
@@ -77,8 +78,9 @@ logger = logging.getLogger(__name__)
 
 
 def chunking_signature(settings: ChunkingSettings) -> str:
-    """Changes whenever chunk boundaries or search texts would change."""
-    return hashlib.sha1(settings.model_dump_json().encode()).hexdigest()[:16]
+    """Changes whenever chunk boundaries or search texts would change: with the settings or the chunker's revision
+    (a document indexed under another signature is chunked again by the next run)."""
+    return hashlib.sha1(f"{CHUNKER_REVISION}:{settings.model_dump_json()}".encode()).hexdigest()[:16]
 
 
 class Indexer:
@@ -178,10 +180,12 @@ class Indexer:
         """What the run would do, in the report: nothing is opened or written. An existing kb built with another
         encoder is refused as a run would refuse it (``ensure_kb`` of an existing kb checks and writes nothing)."""
         encoder, store = self._res.encoder, self._res.documents
-        if not options.recreate and store.get_kb(run.kb_id) is not None:
-            store.ensure_kb(run.kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
+        if not options.recreate and store.kbs.get_kb(run.kb_id) is not None:
+            store.kbs.ensure_kb(run.kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
         plan = self._plan(run, scan, options)
-        count_planned(plan, run.report)
+        run.report.added = sum(1 for item in plan.to_write if item.previous is None)  # what the run would do
+        run.report.updated = len(plan.to_write) - run.report.added
+        run.report.deleted = len(plan.to_delete)
 
     def _run(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
         self._prepare_kb(run, scan, options)
@@ -190,13 +194,13 @@ class Indexer:
         if self._tokenize is not None and (counted := backfill_term_stats(self._res, run.kb_id, self._tokenize)):
             run.report.notes.append(f"term statistics counted for {counted} version(s) indexed before strata kept them")
         if plan.moved:
-            self._res.documents.set_roots(run.kb_id, plan.moved)
+            self._res.documents.versions.set_roots(run.kb_id, plan.moved)
         if options.recreate:
             self._recreate(run, scan, plan)
         else:
             self._write_changes(run, scan, plan)
         if run.report.failed == 0:  # a partial re-chunk is not stamped: the failed documents re-chunk next run
-            self._res.documents.set_chunking(run.kb_id, self._signature)
+            self._res.documents.kbs.set_chunking(run.kb_id, self._signature)
 
     def _prepare_kb(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
         """Opens Milvus before any document write: a Milvus Lite file held by another process must fail the run
@@ -209,12 +213,17 @@ class Indexer:
         index = self._res.open_leaf_index(terms)
         index.open_kb(kb_id, terms)
         note_new_terms(run.report, index, kb_id, scan, self._known_terms(kb_id))
-        if not options.recreate or store.get_kb(kb_id) is None:
-            store.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
+        if not options.recreate or store.kbs.get_kb(kb_id) is None:
+            store.kbs.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
         retry_invalidations(self._res, kb_id)
 
     def _plan(self, run: IndexRun, scan: Scan, options: RunOptions) -> IndexPlan:
-        plan = plan_run(self._res, run.kb_id, scan, run.report, options, signature=self._signature)
+        """Plans (``planning``: reads and refusals only), then puts what planning found in the report."""
+        planned = plan_run(self._res, run.kb_id, scan, options, signature=self._signature)
+        for failure in planned.failures:
+            record_failure(run.report, failure.source, failure.reason)
+        run.report.notes.extend(planned.notes)
+        plan = planned.plan
         run.report.unchanged = len(plan.unchanged)
         run.progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
         for doc in plan.unchanged:
@@ -266,7 +275,7 @@ class Indexer:
         """``--recreate``'s switch: ``ready`` serves and every document it did not find stops serving, in one
         transaction; then the kb's previous versions are removed."""
         new_ids = {v.row.doc_id for v in ready}
-        gone = sorted({v.doc_id for v in self._res.documents.versions(run.kb_id) if v.status == ACTIVE} - new_ids)
+        gone = sorted({v.doc_id for v in self._res.documents.versions.of_kb(run.kb_id) if v.status == ACTIVE} - new_ids)
         writer.serve(ready, retire=gone)
         run.report.deleted += len(gone)
         self._removal.remove_leftovers(run.kb_id)
@@ -283,7 +292,7 @@ class Indexer:
 
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
         """Stops serving a document at once, then removes it from every store."""
-        if not self._res.documents.versions(kb_id, doc_id):
+        if not self._res.documents.versions.of_kb(kb_id, doc_id):
             return False
         _ = self._res.leaf_index  # fail on a held Milvus Lite file before touching SQL
         with self.lease(kb_id):
@@ -291,7 +300,7 @@ class Indexer:
 
     def drop_kb(self, kb_id: str) -> None:
         """Deletes a knowledge base everywhere (retire in SQL first, so a crash is recoverable)."""
-        if self._res.documents.get_kb(kb_id) is None:
+        if self._res.documents.kbs.get_kb(kb_id) is None:
             return
         with self.lease(kb_id):
             self._removal.drop_kb(kb_id)

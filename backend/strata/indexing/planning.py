@@ -1,10 +1,12 @@
-"""A run's plan from what the stores hold: it reads and refuses, and writes nothing.
+"""A run's plan from what the stores hold: it reads and refuses, and writes nothing, not even to the report.
 
 ``plan.plan_changes`` compares the scan with the stored versions (pure); this adds what a run must
 read or refuse before it writes: the kb's versions and chunking, the check that Milvus holds the
 leaves SQL serves, and the refusals of deletions that look like a sync accident. A refusal raises
-before anything is written; a dry run notes it instead. The kb is prepared (created, its recorded
-cache invalidations retried) by the run before it plans, and what a crash left is removed after.
+before anything is written; a dry run notes it instead. What planning found for the report (the
+documents it refused, the notes) comes back in its ``PlannedRun``, and the run puts it in its report.
+The kb is prepared (created, its recorded cache invalidations retried) by the run before it plans,
+and what a crash left is removed after.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from strata.indexing.plan import (
     plan_changes,
     refuse_deletions,
 )
-from strata.indexing.report import IndexReport
+from strata.indexing.report import Failure
 from strata.indexing.scan import without_root_conflicts
 from strata.resources import Resources
 from strata.types import ACTIVE, DocumentVersion
@@ -42,18 +44,27 @@ class RunOptions:
     limit: DeleteLimit
 
 
-def plan_run(
-    resources: Resources, kb_id: str, scan: Scan, report: IndexReport, options: RunOptions, *, signature: str
-) -> IndexPlan:
-    """The documents to write, keep and delete; notes go to ``report``. Raises ``LeavesMissingError`` or
-    ``DeleteRefusedError`` (not in a dry run) before the run writes anything."""
+@dataclass(frozen=True)
+class PlannedRun:
+    """What planning found: the plan, and what the run's report is to say of it (the run puts it there)."""
+
+    plan: IndexPlan
+    failures: tuple[Failure, ...] = ()
+    """scanned documents not planned: their id is served from another root (each failure names both files)"""
+    notes: tuple[str, ...] = ()
+    """the refusals a dry run met instead of raising"""
+
+
+def plan_run(resources: Resources, kb_id: str, scan: Scan, options: RunOptions, *, signature: str) -> PlannedRun:
+    """The documents to write, keep and delete, and what the report is to say of them. Raises
+    ``LeavesMissingError`` or ``DeleteRefusedError`` (not in a dry run) before the run writes anything."""
     store = resources.documents
-    kb = store.get_kb(kb_id)
-    versions = store.versions(kb_id) if kb is not None else []
+    kb = store.kbs.get_kb(kb_id)
+    versions = store.versions.of_kb(kb_id) if kb is not None else []
     live = not options.dry_run and not options.recreate  # --recreate writes every version anew: nothing to resume
     if versions and live:
         check_leaves_present(resources, kb_id, versions)
-    scan = without_root_conflicts(scan, versions, report)
+    scan, failures = without_root_conflicts(scan, versions)
     rechunk = kb is not None and kb.chunking != signature
     if rechunk:
         logger.info("chunking settings of %s changed: its documents are re-chunked", kb_id)
@@ -64,13 +75,12 @@ def plan_run(
         legacy_ok=not rechunk,
         delete_missing=options.delete_missing and not options.recreate,
         force=options.recreate,
-        marks=store.version_marks(kb_id),
+        marks=store.versions.version_marks(kb_id),
         resume=live,
     )
-    plan = _checked_deletions(kb_id, scan, versions, plan, options, report)
-    if options.recreate:
-        _check_recreate_gone(kb_id, scan, versions, report, options.dry_run)
-    return plan
+    plan, refused = _checked_deletions(kb_id, scan, versions, plan, options)
+    gone = _check_recreate_gone(kb_id, scan, versions, options.dry_run) if options.recreate else None
+    return PlannedRun(plan, failures, tuple(note for note in (refused, gone) if note))
 
 
 def check_leaves_present(resources: Resources, kb_id: str, versions: Sequence[DocumentVersion]) -> None:
@@ -89,52 +99,42 @@ def check_leaves_present(resources: Resources, kb_id: str, versions: Sequence[Do
         )
 
 
-def count_planned(plan: IndexPlan, report: IndexReport) -> None:
-    """A dry run's counts: what the run would add, update and delete."""
-    report.added = sum(1 for item in plan.to_write if item.previous is None)
-    report.updated = len(plan.to_write) - report.added
-    report.deleted = len(plan.to_delete)
-
-
 def _checked_deletions(
     kb_id: str,
     scan: Scan,
     versions: Sequence[DocumentVersion],
     plan: IndexPlan,
     options: RunOptions,
-    report: IndexReport,
-) -> IndexPlan:
+) -> tuple[IndexPlan, str | None]:
     """``plan``, unless ``refuse_deletions`` refuses its deletions: then the run raises before it writes anything,
     so the kb stays as it was and the run again, with the folder fixed or the deletions allowed, does it all at
-    once (a scheduled indexer fails visibly instead of serving half a sync). A dry run notes the refusal instead."""
+    once (a scheduled indexer fails visibly instead of serving half a sync). A dry run gets the plan without its
+    deletions and a note of the refusal instead."""
     refusal = refuse_deletions(scan, [v for v in versions if v.status == ACTIVE], plan.to_delete, options.limit)
     if refusal is None:
-        return plan
+        return plan, None
     what, why = f"{refusal.count} document(s) of knowledge base {kb_id!r}", f"{refusal.reason}; {refusal.remedy}"
     if options.dry_run:
-        report.notes.append(f"--delete-missing would delete {what}, and would be refused: {why}")
-        return replace(plan, to_delete=())
+        return replace(plan, to_delete=()), f"--delete-missing would delete {what}, and would be refused: {why}"
     raise DeleteRefusedError(
         f"--delete-missing refused to delete {what}: nothing was deleted or written. {why}", count=refusal.count
     )
 
 
-def _check_recreate_gone(
-    kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], report: IndexReport, dry_run: bool
-) -> None:
+def _check_recreate_gone(kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], dry_run: bool) -> str | None:
     """``--recreate`` serves only what it found: the documents it did not find stop serving at its switch. From an
     emptied or unmounted folder that is the whole kb, so ``refuse_deletions``'s empty-root rule holds here too
-    (the count and share caps do not: a recreate says what the kb is to hold)."""
+    (the count and share caps do not: a recreate says what the kb is to hold). A dry run gets a note of the
+    refusal instead."""
     active = [v for v in versions if v.status == ACTIVE]
     found = {doc.doc_id for doc in scan.docs}
     gone = [v for v in active if v.doc_id not in found]
     refusal = refuse_deletions(scan, active, gone, DeleteLimit(max_count=len(gone), force=True))
     if refusal is None:
-        return
+        return None
     what, why = f"{refusal.count} document(s) of knowledge base {kb_id!r}", f"{refusal.reason}; {refusal.remedy}"
     if dry_run:
-        report.notes.append(f"--recreate would stop serving {what}, and is refused: {why}")
-        return
+        return f"--recreate would stop serving {what}, and is refused: {why}"
     raise DeleteRefusedError(
         f"--recreate refused to stop serving {what}: nothing was written. {why}", count=refusal.count
     )

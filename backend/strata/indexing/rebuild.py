@@ -76,7 +76,7 @@ class Rebuilder:
         started = time.perf_counter()
         self._check_kb(kb_id)
         with KbLease(self._res.documents, kb_id):  # no `strata index` writes the kb while it is rebuilt
-            versions = [v for v in self._res.documents.versions(kb_id) if v.status == ACTIVE]
+            versions = [v for v in self._res.documents.versions.of_kb(kb_id) if v.status == ACTIVE]
             index = self._open_target()
             try:
                 if self._target is None:
@@ -92,7 +92,7 @@ class Rebuilder:
         return report
 
     def _check_kb(self, kb_id: str) -> None:
-        kb = self._res.documents.get_kb(kb_id)
+        kb = self._res.documents.kbs.get_kb(kb_id)
         if kb is None:
             raise NotFoundError(f"no knowledge base {kb_id!r}")
         encoder = self._res.encoder
@@ -142,7 +142,7 @@ class Rebuilder:
         documents = self._res.documents
         for version in versions:
             count = 0
-            for page in documents.version_chunk_pages(
+            for page in documents.chunks.version_chunk_pages(
                 kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=self._batch
             ):
                 batch.extend(page)

@@ -1,7 +1,7 @@
 """``strata reconcile``: compare the three stores of a kb with SQL, and repair them on request.
 
 SQL is the source of truth. Milvus must hold exactly the leaves of the active
-versions; the parent cache may hold only parents of active versions, and no
+versions; the chunk cache may hold only chunks of active versions, and no
 cache invalidation may be left recorded as failed; every active version has
 its term statistics (BM25 query hygiene). Repair deletes orphan leaves, writes
 missing ones again (vectors from the embedding cache, encoding only what is
@@ -71,11 +71,11 @@ class _Diff:
 def check_stores(resources: Resources, kb_id: str) -> ReconcileReport:
     """The differences, without changing anything."""
     report = ReconcileReport(kb=kb_id)
-    report.leftover_versions = sum(v.status != ACTIVE for v in resources.documents.versions(kb_id))
-    report.invalidations_pending = resources.documents.count_invalidations(kb_id)
+    report.leftover_versions = sum(v.status != ACTIVE for v in resources.documents.versions.of_kb(kb_id))
+    report.invalidations_pending = resources.documents.invalidations.count_invalidations(kb_id)
     _fill(report, _diff(resources, kb_id, report))
     if _tokenizer(resources, report) is not None:
-        report.versions_without_term_stats = len(resources.documents.uncounted_versions(kb_id))
+        report.versions_without_term_stats = len(resources.documents.terms.uncounted_versions(kb_id))
     report.unused_embeddings = len(unused_embeddings(resources, kb_id))
     return report
 
@@ -96,15 +96,15 @@ def repair_stores(resources: Resources, kb_id: str, *, removed_versions: int = 0
     if diff.orphans or diff.missing:
         resources.leaf_index.flush()
     if diff.stale:
-        error = resources.parents.invalidate([(kb_id, cid) for cid in sorted(diff.stale)])
+        error = resources.cached_chunks.invalidate([(kb_id, cid) for cid in sorted(diff.stale)])
         if error:
             report.notes.append(f"stale cache entries not removed: {error}")
     tokenize = _tokenizer(resources, report)
     if tokenize is not None:
         report.versions_without_term_stats = backfill_term_stats(resources, kb_id, tokenize)
-        resources.documents.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
+        resources.documents.terms.rebuild_kb_terms(kb_id)  # the kb's term sums, whatever drifted
     unused = unused_embeddings(resources, kb_id)
-    resources.documents.drop_embeddings(kb_id, sorted(unused))
+    resources.documents.embeddings.drop_embeddings(kb_id, sorted(unused))
     report.unused_embeddings = len(unused)
     return report
 
@@ -113,32 +113,32 @@ def unused_embeddings(resources: Resources, kb_id: str, page: int = 2000) -> set
     """The kb's cached (encoder, text hash) keys that no served leaf's search text with the kb's encoder has
     (the name SQL records: no model is loaded); the served leaves are read a page at a time."""
     documents = resources.documents
-    kb = documents.get_kb(kb_id)
+    kb = documents.kbs.get_kb(kb_id)
     if kb is None:
         return set()
     encoder = kb.encoder
     contextualize = resources.settings.chunking.contextualize
     used: set[tuple[str, str]] = set()
-    for version in documents.versions(kb_id):
+    for version in documents.versions.of_kb(kb_id):
         if version.status != ACTIVE:
             continue
-        for leaves in documents.version_chunk_pages(
+        for leaves in documents.chunks.version_chunk_pages(
             kb_id, version.doc_id, version.version, levels=(LEAF_LEVEL,), page=page
         ):
             used.update((encoder, text_hash(search_text(leaf, contextualize))) for leaf in leaves)
-    return documents.cached_keys(kb_id) - used
+    return documents.embeddings.cached_keys(kb_id) - used
 
 
 def retry_invalidations(resources: Resources, kb_id: str) -> tuple[int, str | None]:
     """Deletes the kb's cache entries whose invalidation failed earlier; returns (how many were
     recorded, the cache's error if they are still there)."""
     documents = resources.documents
-    pending = documents.pending_invalidations(kb_id)
+    pending = documents.invalidations.pending_invalidations(kb_id)
     if not pending:
         return 0, None
-    error = resources.parents.invalidate([(kb_id, cid) for cid in pending])
+    error = resources.cached_chunks.invalidate([(kb_id, cid) for cid in pending])
     if error is None:
-        documents.clear_invalidations(kb_id, pending)
+        documents.invalidations.clear_invalidations(kb_id, pending)
         logger.info("deleted %d cache entries of %s whose invalidation had failed", len(pending), kb_id)
     return len(pending), error
 
@@ -152,11 +152,13 @@ def _tokenizer(resources: Resources, report: ReconcileReport) -> Tokenize | None
 
 def _diff(resources: Resources, kb_id: str, report: ReconcileReport) -> _Diff:
     documents = resources.documents
-    leaves = documents.active_chunk_ids(kb_id, levels=(3,))
+    leaves = documents.chunks.active_chunk_ids(kb_id, levels=(3,))
     in_milvus = set(resources.leaf_index.leaf_ids(kb_id))
     try:
-        cached = set(resources.parents.cache.keys(kb_id))
-        stale: set[str] | None = cached - documents.active_chunk_ids(kb_id, levels=(1, 2, 3)) if cached else set()
+        cached = set(resources.cached_chunks.cache.keys(kb_id))
+        stale: set[str] | None = (
+            cached - documents.chunks.active_chunk_ids(kb_id, levels=(1, 2, 3)) if cached else set()
+        )
     except CacheError as exc:
         report.notes.append(f"parent cache not checked: {exc}")
         stale = None
@@ -180,7 +182,7 @@ def _rewrite_leaves(resources: Resources, kb_id: str, chunk_ids: list[str], page
     """Reads, embeds and upserts the missing leaves ``page`` at a time (a kb whose collection lost all
     200,000 of its leaves is not held whole)."""
     for start in range(0, len(chunk_ids), page):
-        leaves = list(resources.documents.get_chunks(chunk_ids[start : start + page]).values())
+        leaves = list(resources.documents.chunks.get_chunks(chunk_ids[start : start + page]).values())
         embedded = upsert_leaves(resources, resources.leaf_index, kb_id, leaves, progress=NoProgress())
         done = start + len(leaves)
         logger.info("reconcile: wrote %d of %d missing leaves (%d encoded)", done, len(chunk_ids), embedded.encoded)

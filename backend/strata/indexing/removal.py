@@ -38,19 +38,19 @@ class Removal:
         self._checkpoint(WriteStep.RETIRE_MILVUS)
         for v in versions:
             self._invalidate_cached(v)
-            self._res.documents.delete_version(v.kb_id, v.doc_id, v.version)
+            self._res.documents.versions.delete_version(v.kb_id, v.doc_id, v.version)
         self._checkpoint(WriteStep.RETIRE_SQL)
 
     def remove_retired(self, kb_id: str, doc_ids: Collection[str]) -> None:
         """Removes the versions of ``doc_ids`` that do not serve: those a group's activation retired, and a
         version of the group that failed its check."""
-        retired = [v for v in self._res.documents.versions(kb_id) if v.status != ACTIVE and v.doc_id in doc_ids]
+        retired = [v for v in self._res.documents.versions.of_kb(kb_id) if v.status != ACTIVE and v.doc_id in doc_ids]
         self.remove_versions(retired)
 
     def remove_leftovers(self, kb_id: str, keep: Collection[tuple[str, int]] = ()) -> int:
         """Removes versions a crash left ``pending`` or ``retired``, but those in ``keep`` (doc id, version):
         pending versions this run resumes; returns how many."""
-        versions = self._res.documents.versions(kb_id)
+        versions = self._res.documents.versions.of_kb(kb_id)
         leftovers = [v for v in versions if v.status != ACTIVE and (v.doc_id, v.version) not in keep]
         if leftovers:
             logger.info("reconcile %s: removing %d unfinished or retired versions", kb_id, len(leftovers))
@@ -60,10 +60,10 @@ class Removal:
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
         """Stops serving a document at once, then removes it from every store; False when the kb has no such
         document. The caller holds the kb's lease."""
-        versions = self._res.documents.versions(kb_id, doc_id)
+        versions = self._res.documents.versions.of_kb(kb_id, doc_id)
         if not versions:
             return False
-        self._res.documents.retire_document(kb_id, doc_id)
+        self._res.documents.versions.retire_document(kb_id, doc_id)
         self.remove_versions(versions)
         retry_invalidations(self._res, kb_id)
         return True
@@ -72,26 +72,26 @@ class Removal:
         """Deletes a knowledge base everywhere (retired in SQL first, so a crash is recoverable). The caller holds
         the kb's lease."""
         store = self._res.documents
-        for doc_id in sorted({v.doc_id for v in store.versions(kb_id)}):
-            store.retire_document(kb_id, doc_id)
+        for doc_id in sorted({v.doc_id for v in store.versions.of_kb(kb_id)}):
+            store.versions.retire_document(kb_id, doc_id)
         store.check_fences()
         self._res.leaf_index.delete_kb(kb_id)
         self._res.leaf_index.flush()
         try:
-            self._res.parents.cache.delete_kb(kb_id)
+            self._res.cached_chunks.cache.delete_kb(kb_id)
         except StoreError as exc:
             logger.warning("could not clear the parent cache of %s: %s", kb_id, exc)
-        store.drop_kb(kb_id)
+        store.kbs.drop_kb(kb_id)
 
     def _invalidate_cached(self, v: DocumentVersion) -> None:
         """Deletes the version's chunks (leaves too: retrieval caches the leaves it reads) from the cache, a
         page of ids at a time; a page that fails is recorded before the rows go: retried, and counted by
         reconcile."""
         documents, failed, error = self._res.documents, 0, None
-        for page in documents.version_chunk_ids(v.kb_id, v.doc_id, v.version):
-            page_error = self._res.parents.invalidate([(v.kb_id, cid) for cid in page])
+        for page in documents.chunks.version_chunk_ids(v.kb_id, v.doc_id, v.version):
+            page_error = self._res.cached_chunks.invalidate([(v.kb_id, cid) for cid in page])
             if page_error:
-                documents.record_invalidations(v.kb_id, page)
+                documents.invalidations.record_invalidations(v.kb_id, page)
                 failed, error = failed + len(page), page_error
         if failed:
             logger.warning(

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Annotated, Any, NamedTuple, Protocol
+
+from pydantic import PlainSerializer, computed_field
+
+from strata.wire import WIRE, to_json
 
 logger = logging.getLogger(__name__)
 
@@ -36,38 +41,71 @@ class NoProgress:
         return None
 
 
+def _rounded(places: int) -> PlainSerializer:
+    return PlainSerializer(lambda value: round(value, places), return_type=float)
+
+
 @dataclass
 class IndexReport:
-    """The outcome of one ``strata index`` run (also its ``--json`` output)."""
+    """The outcome of one indexing run: ``strata index --json``'s output and the upload route's answer.
+
+    This class is its one definition: its JSON (``to_dict``, ``strata.wire``), the service's answer and the
+    OpenAPI schema come from these fields."""
+
+    __pydantic_config__ = WIRE
 
     kb: str
+    """the knowledge base indexed"""
     dry_run: bool = False
+    """true: the counts say what a run would do; nothing was written"""
     added: int = 0
+    """documents indexed for the first time"""
     updated: int = 0
+    """documents indexed as a new version"""
     unchanged: int = 0
+    """documents whose indexed version was kept"""
     deleted: int = 0
+    """documents deleted"""
     failed: int = 0
+    """files (or paths) that could not be indexed; each keeps its indexed version"""
     failures: list[dict[str, str]] = field(default_factory=list)
+    """each failed file: its ``source`` and the ``reason``"""
     skipped: list[dict[str, str]] = field(default_factory=list)
+    """entries not indexed on purpose (an unsupported type, a symlinked folder): ``source`` and ``reason``"""
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    """notes on files that were read (an unresolved include, markup the parser refused): ``source`` and ``note``"""
     passages_encoded: int = 0
+    """leaf texts the encoder encoded"""
     embeddings_reused: int = 0
-    leaves_kept: int = 0  # leaves of resumed versions that Milvus held already (not written again)
+    """leaf texts whose vector the kb's embedding cache held"""
+    leaves_kept: int = 0
+    """leaves of resumed versions that Milvus held already (not written again)"""
     chunks_written: int = 0
+    """chunk rows written (every level)"""
     leaves_written: int = 0
-    seconds: float = 0.0
-    encode_seconds: float = 0.0
+    """leaves written to Milvus"""
+    seconds: Annotated[float, _rounded(3)] = 0.0
+    """the run's duration"""
+    encode_seconds: Annotated[float, _rounded(3)] = 0.0
+    """time spent encoding"""
     notes: list[str] = field(default_factory=list)
+    """what the run noticed beside its counts (a refusal a dry run would meet, a resumed version, ...)"""
 
+    @computed_field(description="chunks written per second of the run (rounded to 2 places)")  # type: ignore[prop-decorator]
     @property
     def chunks_per_s(self) -> float:
-        return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
+        return round(self.chunks_written / self.seconds, 2) if self.seconds > 0 else 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        data = dict(self.__dict__.items())
-        data["chunks_per_s"] = round(self.chunks_per_s, 2)
-        data["seconds"] = round(self.seconds, 3)
-        data["encode_seconds"] = round(self.encode_seconds, 3)
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``strata.wire``): its fields, then ``chunks_per_s``."""
+        return to_json(self)
+
+
+class Failure(NamedTuple):
+    """A file (or path) that could not be indexed, and why: what ``record_failure`` lists in a report."""
+
+    source: str
+    reason: str
 
 
 def record_failure(report: IndexReport, source: str, reason: str) -> None:
@@ -75,3 +113,8 @@ def record_failure(report: IndexReport, source: str, reason: str) -> None:
     logger.warning("failed: %s: %s", source, reason)
     report.failed += 1
     report.failures.append({"source": source, "reason": reason})
+
+
+def record_warnings(report: IndexReport, source: str, notes: Sequence[str]) -> None:
+    """A read file's notes (``SourceDocument.notes``), listed in the report (``load_document`` logged them)."""
+    report.warnings.extend({"source": source, "note": note} for note in notes)

@@ -7,6 +7,8 @@ to load, and an entry that exists but cannot be read (a dangling symlink, a
 symlink loop, a FIFO), is reported as a failure and keeps its active version;
 entries not indexed on purpose (unsupported types, symlinked folders) are
 listed as skipped, and what was indexed under a symlinked folder is kept. Every entry but a hidden one is accounted for in the report.
+A file that loads with notes (an unresolved include, markup its parser refused) is indexed, and each note
+is one of the report's ``warnings``, naming the file as a failure would.
 
 A run holds the text of its first ``hold_chars`` characters of documents; the
 text of the rest is let go once its hash and metadata are taken, and read again
@@ -31,7 +33,7 @@ from pathlib import Path
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
 from strata.indexing.plan import Scan
-from strata.indexing.report import IndexReport, record_failure
+from strata.indexing.report import Failure, IndexReport, record_failure, record_warnings
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
@@ -150,30 +152,30 @@ def _load(
         record_failure(report, str(path), f"duplicate doc_id {doc.doc_id!r} (also {docs[doc.doc_id].source})")
         kept.add(source)
         return None
+    record_warnings(report, str(path), doc.notes)
     return doc
 
 
-def without_root_conflicts(scan: Scan, versions: Iterable[DocumentVersion], report: IndexReport) -> Scan:
-    """``scan`` without the documents whose id an active document of another root holds (each a failure
-    naming both files; the indexed one keeps serving and ``--delete-missing`` leaves it alone)."""
+def without_root_conflicts(scan: Scan, versions: Iterable[DocumentVersion]) -> tuple[Scan, tuple[Failure, ...]]:
+    """``scan`` without the documents whose id an active document of another root holds, and a failure for each,
+    naming both files (the run lists them; the indexed one keeps serving and ``--delete-missing`` leaves it
+    alone). Reads only."""
     active = {v.doc_id: v for v in versions if v.status == ACTIVE}
-    refused: set[str] = set()
+    refused: dict[str, Failure] = {}
     for doc in scan.docs:
         previous = active.get(doc.doc_id)
         root = scan.roots.get(doc.doc_id, "")
         if previous is not None and _other_document(previous, root, doc.source):
             old, new = _shown(previous.root, previous.source), _shown(root, doc.source)
-            record_failure(
-                report,
+            refused[doc.doc_id] = Failure(
                 new,
                 f"document id {doc.doc_id!r} is already indexed from {old}, another folder; not replaced. Index each "
                 "folder into a kb of its own, index their common parent folder, or delete the indexed one first",
             )
-            refused.add(doc.doc_id)
     if not refused:
-        return scan
+        return scan, ()
     docs = tuple(d for d in scan.docs if d.doc_id not in refused)
-    return replace(scan, docs=docs, kept=scan.kept | refused)
+    return replace(scan, docs=docs, kept=scan.kept | set(refused)), tuple(refused.values())
 
 
 def _other_document(previous: DocumentVersion, root: str, source: str) -> bool:

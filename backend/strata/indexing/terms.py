@@ -41,14 +41,14 @@ def backfill_term_stats(resources: Resources, kb_id: str, tokenize: Tokenize) ->
     """
     store = resources.documents
     contextualize = resources.settings.chunking.contextualize
-    missing = store.uncounted_versions(kb_id)
+    missing = store.terms.uncounted_versions(kb_id)
     for doc_id, version in missing:
-        leaves = store.version_chunks(kb_id, doc_id, version, levels=(3,))
-        store.write_terms(kb_id, doc_id, version, leaf_term_counts(leaves, tokenize, contextualize=contextualize))
+        leaves = store.chunks.version_chunks(kb_id, doc_id, version, levels=(3,))
+        store.terms.write_terms(kb_id, doc_id, version, leaf_term_counts(leaves, tokenize, contextualize=contextualize))
     if missing:
         logger.info(
             "counted the terms of %d versions of %s written before term statistics were kept", len(missing), kb_id
         )
-    if missing or store.kb_terms_missing(kb_id):
-        store.rebuild_kb_terms(kb_id)  # the kb's sums, from every active version's counts
+    if missing or store.terms.kb_terms_missing(kb_id):
+        store.terms.rebuild_kb_terms(kb_id)  # the kb's sums, from every active version's counts
     return len(missing)

@@ -70,8 +70,8 @@ class VersionWriter:
         documents in ``retire`` stop serving (``--recreate``'s switch); the kb records the encoder they were
         encoded with (the one it had, but after a ``--recreate`` with another). Then the report counts them."""
         documents, encoder = self._res.documents, self._res.encoder
-        documents.switch(self._run.kb_id, [(v.row.doc_id, v.row.version) for v in versions], retire=retire)
-        documents.set_encoder(self._run.kb_id, encoder=encoder.name, dim=encoder.dim)
+        documents.versions.switch(self._run.kb_id, [(v.row.doc_id, v.row.version) for v in versions], retire=retire)
+        documents.kbs.set_encoder(self._run.kb_id, encoder=encoder.name, dim=encoder.dim)
         self._run.checkpoint(WriteStep.ACTIVATE)
         for version in versions:
             self._served(version)
@@ -81,7 +81,7 @@ class VersionWriter:
         for doc in group:
             if not doc.item.resumes:  # a resumed version keeps its row and the chunks it has
                 row = doc.version_row(self._run.kb_id, self._signature)
-                self._res.documents.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
+                self._res.documents.versions.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
         tally = _LeafTally(group)
         for batch in self._source.batches(group):
             self._write_batch(batch, tally, resume=resume)
@@ -94,12 +94,12 @@ class VersionWriter:
     def _write_batch(self, batch: list[Chunk], tally: _LeafTally, *, resume: bool) -> None:
         """One batch into SQL, Milvus and the cache, with progress after it; ``resume``: what a stopped run
         wrote of a resumed version is kept, not written again."""
-        self._res.documents.add_chunks(batch, skip_existing=resume)
+        self._res.documents.versions.add_chunks(batch, skip_existing=resume)
         self._run.checkpoint(WriteStep.SQL_PENDING)
         leaves = [c for c in batch if c.is_leaf]
         if leaves:
             self._upsert(leaves, resume=resume)
-        self._res.parents.put_many([c for c in batch if not c.is_leaf])
+        self._res.cached_chunks.put_many([c for c in batch if not c.is_leaf])
         tally.written(leaves, self._run)
 
     def _upsert(self, leaves: list[Chunk], *, resume: bool) -> None:

@@ -29,7 +29,7 @@ from strata.types import ServingState
 # A server's analyzers (Rust) need not split or lowercase as the Python ones do: a pruned text could miss matches.
 _SERVER = "a Milvus server analyzes BM25 text in its own code; the query is pruned only on Milvus Lite"
 
-# (kb ids, max_df, timeout in seconds) -> the leaves and the frequent terms: ``DocumentStore.frequent_terms``
+# (kb ids, max_df, timeout in seconds) -> the leaves and the frequent terms: ``DocumentStore.terms.frequent_terms``
 Lookup = Callable[[Sequence[str], float, float | None], TermFrequencies]
 
 
@@ -71,7 +71,7 @@ class BM25QueryHygiene:
         except UnsupportedAnalyzer as exc:
             self._unsupported = str(exc)
         self._stats = FrequentTermsCache(
-            lambda kbs, max_df, timeout_s: resources.documents.frequent_terms(kbs, max_df, timeout_s=timeout_s),
+            lambda kbs, max_df, timeout_s: resources.documents.terms.frequent_terms(kbs, max_df, timeout_s=timeout_s),
             self._max_df,
         )
 

@@ -32,10 +32,15 @@ class Candidate:
     score: float
     trace: Trace = Trace()
     merged_from: tuple[str, ...] = field(default=())
+    hit_span: tuple[int, int] | None = None  # a merged parent's: from its first hit leaf's start to its last one's end
 
     @property
     def chunk_id(self) -> str:
         return self.chunk.chunk_id
+
+    def hits(self) -> tuple[int, int]:
+        """The document offsets of the text that hit: a leaf's own span, a merged parent's hit leaves' span."""
+        return self.hit_span or (self.chunk.char_start, self.chunk.char_end)
 
     def ancestors(self) -> tuple[str, ...]:
         """Ids of the chunks that contain this one (parent, then root)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from strata.rag.budget import cut_to
 from strata.types import RetrievedDocument
 
 
@@ -15,23 +16,27 @@ def _label(doc: RetrievedDocument) -> str:
 
 
 def format_for_context(docs: Sequence[RetrievedDocument], max_chars: int = 6000) -> str:
-    """Numbered evidence blocks ``[n] source — heading path`` for a prompt, at most ``max_chars``.
+    """Numbered evidence blocks ``[n] source — heading path`` for a prompt, at most ``max_chars`` in all.
 
-    A block that does not fit is cut and marked with "…"; later blocks are left out,
-    never silently truncated without the mark.
+    The same rule as a retrieval's ``max_chars`` (``strata.rag.budget``), with each block's label counted:
+    whole documents in rank order; the first that does not fit is cut to the part that answered and marked
+    with "…"; later ones are left out. A result retrieved with ``max_chars`` N formats whole within N plus
+    its labels.
     """
     blocks: list[str] = []
     used = 0
     for n, doc in enumerate(docs, start=1):
-        block = f"[{n}] {_label(doc)}\n{doc.content.strip()}"
-        room = max_chars - used - (2 if blocks else 0)
-        if room <= 0:
-            break
-        if len(block) > room:
-            blocks.append(block[: max(room - 1, 0)] + "…")
-            break
-        blocks.append(block)
-        used += len(block) + (2 if len(blocks) > 1 else 0)
+        head = f"[{n}] {_label(doc)}\n"
+        room = max_chars - used - (2 if blocks else 0) - len(head)
+        content = doc.content.strip()
+        if len(content) <= room:
+            blocks.append(head + content)
+            used += len(blocks[-1]) + (2 if len(blocks) > 1 else 0)
+            continue
+        piece = cut_to(doc, room - 1)
+        if piece is not None:
+            blocks.append(head + piece.content + "…")
+        break
     return "\n\n".join(blocks)
 
 

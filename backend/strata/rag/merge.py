@@ -52,6 +52,7 @@ def apply_merge(
     min_children: int,
     min_ratio: float = 0.0,
     score_mode: ScoreMode = "max",
+    max_parent_chars: int | None = None,
 ) -> tuple[list[Candidate], MergeRound]:
     """The candidate list after one merge round, and what the round did."""
     ordered = collapse(candidates)
@@ -66,6 +67,8 @@ def apply_merge(
             continue
         if min_ratio > 0 and len(children) / max(parent.child_count, 1) < min_ratio:  # not n < r*c: 0.28*25 > 7
             continue
+        if max_parent_chars is not None and len(parent.text) > max_parent_chars:
+            continue
         merged[parent_id] = _merged_parent(parent, children, score_mode)
     result, absorbed = _replace_children(ordered, merged, score_mode)
     return result, MergeRound(
@@ -76,11 +79,13 @@ def apply_merge(
 def _merged_parent(parent: Chunk, children: list[Candidate], score_mode: ScoreMode) -> Candidate:
     best = children[0]  # lists are best first
     score = best.score if score_mode == "max" else fmean(c.score for c in children)
+    spans = [c.hits() for c in children]
     return Candidate(
         chunk=parent,
         score=score,
         trace=replace(best.trace, score_stage="merge"),
         merged_from=tuple(c.chunk_id for c in children),
+        hit_span=(min(s for s, _ in spans), max(e for _, e in spans)),
     )
 
 
@@ -102,8 +107,16 @@ def _replace_children(
             parent = merged[container]
             if score_mode == "max":
                 parent = replace(parent, score=max(parent.score, cand.score))
-            out.append(parent)
+            out.append(_widened(parent, cand))
+        else:  # a deeper descendant (an L3 of a merged L1) widens the span that hit
+            at = next(i for i, c in enumerate(out) if c.chunk_id == container)
+            out[at] = _widened(out[at], cand)
     return out, absorbed
+
+
+def _widened(parent: Candidate, absorbed: Candidate) -> Candidate:
+    (start, end), (own_start, own_end) = parent.hits(), absorbed.hits()
+    return replace(parent, hit_span=(min(start, own_start), max(end, own_end)))
 
 
 def collapse(candidates: Sequence[Candidate]) -> list[Candidate]:

@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from cachetools import LRUCache
 
@@ -25,6 +26,7 @@ from strata.config import Settings, get_settings
 from strata.errors import InvalidArgumentError, NotFoundError, StoreError
 from strata.rag import stages
 from strata.rag.bm25_hygiene import BM25QueryHygiene
+from strata.rag.budget import fit_to_budget
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import Deadline
 from strata.rag.expansion import load_synonyms
@@ -45,6 +47,15 @@ from strata.types import Chunk, Filters, RetrievalResult, RetrievedDocument, Ser
 logger = logging.getLogger(__name__)
 
 PROBED_KBS = 4  # silent kbs a query asks Milvus about (``_note_missing_leaves``)
+
+
+class ServingStates(Protocol):
+    """What a query reads of its kbs in SQL (``DocumentStore.kbs``): their generations, and their serving
+    state when a generation moved."""
+
+    def generations(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> dict[str, str]: ...
+
+    def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState: ...
 
 
 class Retriever:
@@ -109,6 +120,7 @@ class Retriever:
         queries: Sequence[str] | None = None,
         deadline_ms: int | None = None,
         cache_scope: str | None = None,
+        max_chars: int | None = None,
     ) -> RetrievalResult:
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
@@ -118,8 +130,13 @@ class Retriever:
         ``fusion`` strategy's extra query variants; ``deadline_ms`` shortens this call's time
         budget (never past ``STRATA_RETRIEVAL__DEADLINE_MS``). ``cache_scope`` keeps this call's query-cache
         entries (and its single flight) to callers of the same scope: the service passes the API key's.
+        ``max_chars`` returns at most that many characters of evidence instead of ``top_k`` whole documents
+        when they hold more (``strata.rag.budget``: whole documents in rank order, the first that does not
+        fit cut to the part that answered).
         """
         self._cfg.check_query(query, top_k, queries or ())
+        if max_chars is not None:
+            fit_to_budget((), max_chars)  # refuses a bad budget before any work
         budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
         if isinstance(kb_ids, str):
             raise InvalidArgumentError("kb_ids must be a list of knowledge base ids, not a string")
@@ -151,7 +168,7 @@ class Retriever:
         if state is None or not self._cache.enabled:
             self._compute(run, state, use_reranker, plan)
             run.add(CacheOutcome("query_cache", source="off"))
-            return run.finish()
+            return _within(run.finish(), max_chars)
 
         def compute() -> tuple[dict[str, Any], bool]:
             self._compute(run, state, use_reranker, plan)
@@ -160,7 +177,7 @@ class Retriever:
 
         lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, cache_scope), compute)
         run.add(_cache_outcome(run, lookup))
-        return run.finish()
+        return _within(run.finish(), max_chars)
 
     def warm_up(self) -> None:
         """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary, chunk
@@ -180,14 +197,14 @@ class Retriever:
             logger.info("retriever warmed up in %.0f ms", (time.perf_counter() - started) * 1000)
 
     def _preload_chunks(self) -> None:
-        """Fills up to half of the in-process parent cache with chunks, leaves first, so the first
+        """Fills up to half of the in-process chunk cache with chunks, leaves first, so the first
         queries read their texts from memory as later ones do (Milvus Lite holds the whole collection
         in memory anyway). A shared Redis cache fills as queries read it."""
-        parents = self._res.parents
+        cached = self._res.cached_chunks
         room = self._res.settings.redis.local_cache_size // 2
-        if parents.in_process and room:
-            loaded = self._res.documents.active_chunks(limit=room)
-            parents.put_many(loaded)
+        if cached.in_process and room:
+            loaded = self._res.documents.chunks.active_chunks(limit=room)
+            cached.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
 
     def _cache_key(self, run: RunState, state: ServingState, rerank: bool, scope: str | None) -> str:
@@ -236,12 +253,10 @@ class Retriever:
     def _current_state(self, run: RunState) -> ServingState:
         """The kbs' generations (one small query); the full state only when a generation moved since
         this process last read it: every change to what may be served bumps the generation."""
-        documents, last = self._res.documents, self._states.get(run.inputs.kb_ids)
-        if (
-            last is None
-            or documents.generations(run.inputs.kb_ids, timeout_s=run.deadline.remaining()) != last.generations
-        ):
-            last = documents.serving_state(run.inputs.kb_ids, timeout_s=run.deadline.remaining())
+        kbs: ServingStates = self._res.documents.kbs
+        last = self._states.get(run.inputs.kb_ids)
+        if last is None or kbs.generations(run.inputs.kb_ids, timeout_s=run.deadline.remaining()) != last.generations:
+            last = kbs.serving_state(run.inputs.kb_ids, timeout_s=run.deadline.remaining())
         self._states.remember(run.inputs.kb_ids, last)  # also keeps a state in use from being evicted
         return last
 
@@ -278,7 +293,9 @@ class Retriever:
             candidates = list(found.candidates)
         self._note_missing_leaves(run, state)
         if plan.merge == "parents" and candidates:
-            candidates = list(run.add(stages.merge_parents(run, candidates, self._res.parents, self._cfg)).candidates)
+            candidates = list(
+                run.add(stages.merge_parents(run, candidates, self._res.cached_chunks, self._cfg)).candidates
+            )
         elif plan.merge == "adjacent" and candidates:
             candidates = list(run.add(stages.merge_adjacent(run, candidates)).candidates)
         reranked = run.add(self._rerank(run, candidates, reranker))
@@ -382,6 +399,10 @@ def _cache_outcome(run: RunState, lookup: Lookup) -> CacheOutcome:
     return log.outcome(CacheOutcome, source=lookup.source, reused=reused)
 
 
+def _within(result: RetrievalResult, max_chars: int | None) -> RetrievalResult:
+    return result if max_chars is None else replace(result, docs=tuple(fit_to_budget(result.docs, max_chars)))
+
+
 def evidence_metadata(chunk: Chunk) -> dict[str, Any]:
     """The metadata a chunk carries as evidence: its own, then where it stands (ids, level, headings, offsets)."""
     return {
@@ -400,9 +421,12 @@ def evidence_metadata(chunk: Chunk) -> dict[str, Any]:
 
 def _document(cand: Candidate) -> RetrievedDocument:
     chunk = cand.chunk
+    hit_start, hit_end = cand.hits()
     metadata = {
         **evidence_metadata(chunk),
         "merged_from": list(cand.merged_from),
+        "hit_start": hit_start,
+        "hit_end": hit_end,
         "trace": cand.trace.to_dict(),
     }
     return RetrievedDocument(content=chunk.text, score=cand.score, metadata=metadata)
@@ -480,6 +504,7 @@ def retrieve_documents(
     strategy: str | None = None,
     queries: Sequence[str] | None = None,
     deadline_ms: int | None = None,
+    max_chars: int | None = None,
     settings: Settings | None = None,
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
@@ -487,7 +512,8 @@ def retrieve_documents(
     Outages never raise: they show in ``result.meta`` (``status`` degraded or
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
     over-long query, ``top_k`` outside 1..``max_top_k``, ``deadline_ms`` below 1)
-    raise ``strata.errors.InvalidArgumentError`` (a ``ValueError``). ``deadline_ms`` shortens this call's time budget.
+    raise ``strata.errors.InvalidArgumentError`` (a ``ValueError``). ``deadline_ms`` shortens this call's time budget;
+    ``max_chars`` caps the evidence's characters (``Retriever.retrieve``).
     """
     return default_engine(settings).retrieve(
         query,
@@ -499,6 +525,7 @@ def retrieve_documents(
         strategy=strategy,
         queries=queries,
         deadline_ms=deadline_ms,
+        max_chars=max_chars,
     )
 
 

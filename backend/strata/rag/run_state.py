@@ -34,7 +34,7 @@ from strata.rag.outcomes import (
     SearchOutcome,
     StageOutcome,
 )
-from strata.stores.parents import ParentFetch
+from strata.stores.cached_chunks import ChunkFetch
 from strata.strategy_table import DEFAULT_STRATEGY
 from strata.types import (
     CacheState,
@@ -90,7 +90,7 @@ class StageLog:
         if degraded and degraded not in self._degraded:
             self._degraded.append(degraded)
 
-    def parent_fetch(self, fetch: ParentFetch) -> None:
+    def parent_fetch(self, fetch: ChunkFetch) -> None:
         """A merge round read its parents (cache, then SQL); a parent not found is reported."""
         self._count(fetch, "")
         if fetch.missing:
@@ -99,7 +99,7 @@ class StageLog:
                 "parent_fetch", "MissingParent", f"{len(fetch.missing)} parent(s) not found: {shown}", "parent_missing"
             )
 
-    def leaf_fetch(self, fetch: ParentFetch) -> None:
+    def leaf_fetch(self, fetch: ChunkFetch) -> None:
         """The candidates' leaves were read (cache, then SQL); a leaf SQL no longer holds is reported."""
         self._count(fetch, "leaf_")
         if fetch.missing:
@@ -110,8 +110,8 @@ class StageLog:
                 f"(removed since, or orphans for `strata reconcile`), left out: {', '.join(fetch.missing[:5])}",
             )
 
-    def _count(self, fetch: ParentFetch, prefix: str) -> None:
-        """Counts a read through the parent store under ``{prefix}hits`` / ``{prefix}misses``."""
+    def _count(self, fetch: ChunkFetch, prefix: str) -> None:
+        """Counts a read through the chunk cache under ``{prefix}hits`` / ``{prefix}misses``."""
         for key, n in ((f"{prefix}hits", fetch.cache_hits), (f"{prefix}misses", fetch.cache_misses)):
             self._parent_cache[key] = self._parent_cache.get(key, 0) + n
         if fetch.cache_error:

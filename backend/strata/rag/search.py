@@ -225,13 +225,13 @@ class RouteSearch:
         )
 
     def _with_leaves(self, run: RunState, log: StageLog, ranked: list[Ranked]) -> list[Candidate] | None:
-        """The fused hits as candidates: their leaves from the parent store (cache, then SQL) in one
+        """The fused hits as candidates: their leaves from the chunk cache (then SQL) in one
         batch, or from the index itself when that fails (None when that fails too). A leaf SQL no
         longer holds (its version was removed after the search) is left out and reported."""
         refs = [(f.item.kb_id, f.key) for f in ranked]
         with log.timed("leaf_fetch"):
             try:
-                fetch = self._res.parents.get_many(refs, timeout_s=run.deadline.remaining())
+                fetch = self._res.cached_chunks.get_many(refs, timeout_s=run.deadline.remaining())
                 leaves: dict[str, Chunk] | None = dict(fetch.chunks)
                 log.leaf_fetch(fetch)
             except Exception as exc:

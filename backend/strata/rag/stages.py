@@ -1,7 +1,7 @@
 """The stages after the search: merging and reranking, each returning its frozen outcome.
 
 Each takes the run (for its deadline and a fresh ``StageLog``), the candidates and
-what it calls (the parent store, the reranker), and returns an outcome holding
+what it calls (the chunk cache, the reranker), and returns an outcome holding
 the candidates it produced and its part of the meta record (``MergeOutcome.rounds``,
 ``RerankStageOutcome.record``); ``Retriever`` hands them to ``RunState.add``.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from strata.config import RetrievalSettings
 from strata.rag.adjacent import merge_adjacent_chunks
@@ -31,12 +32,19 @@ from strata.rag.merge import apply_merge, parents_to_fetch
 from strata.rag.outcomes import MergeOutcome, RerankStageOutcome
 from strata.rag.rerank import Reranker
 from strata.rag.run_state import RunState, StageLog
-from strata.stores.parents import ParentStore
+from strata.stores.cached_chunks import ChunkFetch
+from strata.stores.chunk_cache import ChunkRef
 from strata.types import MergeRound, RerankOutcome
 
 
+class ParentReads(Protocol):
+    """What the merge reads parents with (``CachedChunks``: the chunk cache, then SQL)."""
+
+    def get_many(self, refs: Sequence[ChunkRef], *, timeout_s: float | None = None) -> ChunkFetch: ...
+
+
 def merge_parents(
-    run: RunState, candidates: Sequence[Candidate], parents: ParentStore, settings: RetrievalSettings
+    run: RunState, candidates: Sequence[Candidate], parents: ParentReads, settings: RetrievalSettings
 ) -> MergeOutcome:
     """Two auto-merge rounds (L3→L2, L2→L1); with no time left, the leaves as found are the answer."""
     log = run.log("merge")
@@ -55,7 +63,7 @@ def _merge_round(
     run: RunState,
     log: StageLog,
     candidates: list[Candidate],
-    parents: ParentStore,
+    parents: ParentReads,
     settings: RetrievalSettings,
     round_no: int,
     level: int,
@@ -78,6 +86,7 @@ def _merge_round(
         min_children=settings.merge_min_children,
         min_ratio=settings.merge_min_ratio,
         score_mode=settings.merge_score,
+        max_parent_chars=settings.merge_max_chars,
     )
 
 

@@ -262,7 +262,7 @@ class LeafIndex:
         timeout: float | None = None,
         with_source: bool = False,
     ) -> list[list[RouteHit]]:
-        """Top leaves by inner product for each vector (``LeafCollection.search_dense_many``), over the kbs'
+        """Top leaves by inner product for each vector (``LeafSearch.search_dense_many``), over the kbs'
         collections: their hits merged by score."""
         return self._route("search_dense_many", vectors, limit, kb_ids, where, timeout, with_source)
 
@@ -290,7 +290,7 @@ class LeafIndex:
         timeout: float | None = None,
         with_source: bool = False,
     ) -> list[list[RouteHit]]:
-        """Top leaves by BM25 for each text (``LeafCollection.search_sparse_many``). At the ``collection`` level
+        """Top leaves by BM25 for each text (``LeafSearch.search_sparse_many``). At the ``collection`` level
         each kb's hits are scored by its own statistics, then merged by score."""
         return self._route("search_sparse_many", texts, limit, kb_ids, where, timeout, with_source)
 
@@ -307,18 +307,18 @@ class LeafIndex:
         """One route's search: the shared collection's, or each kb collection's merged (``_merged``)."""
         options = {"limit": limit, "where": where, "with_source": with_source}
         if self._shared is not None:
-            return getattr(self._shared, method)(queries, kb_ids=kb_ids, timeout=timeout, **options)
+            return getattr(self._shared.searches, method)(queries, kb_ids=kb_ids, timeout=timeout, **options)
         return self._merged(
             len(queries),
             limit,
             kb_ids,
             timeout,
-            lambda kb_id, c, timeout: getattr(c, method)(queries, kb_ids=[kb_id], timeout=timeout, **options),
+            lambda kb_id, c, timeout: getattr(c.searches, method)(queries, kb_ids=[kb_id], timeout=timeout, **options),
         )
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
         if self._shared is not None:
-            return self._shared.fetch_leaves(refs, timeout=timeout)
+            return self._shared.searches.fetch_leaves(refs, timeout=timeout)
         by_kb: dict[str, list[tuple[str, str]]] = {}
         for kb_id, chunk_id in refs:
             by_kb.setdefault(kb_id, []).append((kb_id, chunk_id))
@@ -436,4 +436,4 @@ class LeafIndex:
 def _fetch_leaves(
     collection: LeafCollection, *, refs: list[tuple[str, str]], timeout: float | None
 ) -> dict[str, Chunk]:
-    return collection.fetch_leaves(refs, timeout=timeout)
+    return collection.searches.fetch_leaves(refs, timeout=timeout)

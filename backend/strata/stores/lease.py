@@ -87,7 +87,7 @@ class KbLease:
     """Holds the indexing lease of one kb; re-entrant within its owner (``with lease: ... with lease: ...``)."""
 
     def __init__(self, store: DocumentStore, kb_id: str, *, ttl_s: float = 60.0, owner: str | None = None) -> None:
-        self._store = store
+        self._db = store.db  # the lease row's database: the store's own
         self.kb_id = kb_id
         self.owner = owner or owner_name()
         self._ttl = timedelta(seconds=ttl_s)
@@ -115,7 +115,7 @@ class KbLease:
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.kb_id}", daemon=True)
         self._renewer.start()
         # last: nothing after it can fail, so a pooled thread never keeps the fence of a lease it does not hold
-        self._fence = self._store.fenced(self.kb_id, self.owner)
+        self._fence = self._db.fenced(self.kb_id, self.owner)
         self._fence.__enter__()
 
     def release(self) -> None:
@@ -127,16 +127,16 @@ class KbLease:
             self._fence.__exit__(None, None, None)
             self._fence = None
         try:
-            with self._store._begin() as conn:
+            with self._db.begin() as conn:
                 conn.execute(delete(kb_leases).where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner))
         except StoreError as exc:
             logger.warning("could not release the indexing lease of %s (it expires by itself): %s", self.kb_id, exc)
 
     def _try_take(self) -> bool:
-        now = self._store.now()
+        now = self._db.now()
         values = {"owner": self.owner, "acquired_at": now, "expires_at": now + self._ttl}
         try:
-            with self._store._begin() as conn:
+            with self._db.begin() as conn:
                 conn.execute(insert(kb_leases).values(kb_id=self.kb_id, **values))
             return True
         except StoreError as exc:  # the row exists: take it only if it expired or is ours
@@ -146,7 +146,7 @@ class KbLease:
         dead = self._dead_local_holder()
         if dead:  # a killed indexer on this host: its lease need not run out first
             takeable.append(kb_leases.c.owner == dead)
-        with self._store._begin() as conn:
+        with self._db.begin() as conn:
             taken = conn.execute(
                 update(kb_leases).where(kb_leases.c.kb_id == self.kb_id, or_(*takeable)).values(**values)
             )
@@ -156,7 +156,7 @@ class KbLease:
 
     def _dead_local_holder(self) -> str | None:
         """The holder's name when it is a process of this pid space that no longer runs."""
-        with self._store._connect() as conn:
+        with self._db.connect() as conn:
             owner = conn.execute(select(kb_leases.c.owner).where(kb_leases.c.kb_id == self.kb_id)).scalar()
         space, _, rest = (owner or "").partition(":pid ")
         pid = rest.split(":", 1)[0]
@@ -168,8 +168,8 @@ class KbLease:
         interval = self._ttl.total_seconds() / 3
         while not self._stop.wait(interval):
             try:
-                expires = self._store.now() + self._ttl
-                with self._store._begin() as conn:
+                expires = self._db.now() + self._ttl
+                with self._db.begin() as conn:
                     renewed = conn.execute(
                         update(kb_leases)
                         .where(kb_leases.c.kb_id == self.kb_id, kb_leases.c.owner == self.owner)
@@ -185,14 +185,14 @@ class KbLease:
                 return
 
     def _held_error(self) -> LeaseHeldError:
-        with self._store._connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(select(kb_leases).where(kb_leases.c.kb_id == self.kb_id)).first()
         if row is None:  # released between our attempt and this read: the caller may simply try again
             return LeaseHeldError(_held_text(self.kb_id, "another indexer"), kb_id=self.kb_id, retry_after_s=1.0)
         holder = (
             f"{row.owner} (since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC, lease until {row.expires_at:%H:%M:%S} UTC)"
         )
-        left_s = max(1, math.ceil((row.expires_at - self._store.now()).total_seconds()))  # when it could next be free
+        left_s = max(1, math.ceil((row.expires_at - self._db.now()).total_seconds()))  # when it could next be free
         return LeaseHeldError(_held_text(self.kb_id, holder), kb_id=self.kb_id, retry_after_s=float(left_s))
 
 

@@ -50,8 +50,8 @@ _UPSERT_BATCH = 500
 _COLLECTION_NOT_LOADED = 101  # Milvus's error code (merr) for a collection that is not loaded
 
 
-class LeafCollection(LeafSearch):
-    """Upserts, deletes and searches L3 leaves of one collection (the searches: ``LeafSearch``)."""
+class LeafCollection:
+    """Upserts, deletes and searches L3 leaves of one collection (its searches: ``searches``, a ``LeafSearch``)."""
 
     def __init__(
         self,
@@ -85,13 +85,20 @@ class LeafCollection(LeafSearch):
         self.dictionary: frozenset[str] = frozenset()  # the terms the collection's analyzer keeps whole
         self._owns_client = client is None
         self._client, self._on_lite = connect(settings) if client is None else client
-        self._engine = (
-            LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
+        engine = LiteEngine(str(settings.uri), self._name) if settings.is_lite and settings.lite_in_process else None
+        self.searches = LeafSearch(
+            self._name,
+            search_ef=settings.search_ef,
+            engine=engine,
+            call=self._call,
+            partitions_for=self._partitions_for,
+            where=self._where,
+            cut=self._cut,
         )
         self._partitions: set[str] = set()
         self._partitions_lock = threading.Lock()
         self._ensure_collection()
-        if self._engine is not None and not self._engine.available():
+        if engine is not None and not engine.available():
             logger.warning(
                 "Milvus Lite's engine for %s is not in this process's milvus-lite (another version?): "
                 "the route searches go through its gRPC server",

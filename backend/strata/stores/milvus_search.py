@@ -1,23 +1,23 @@
-"""The searches of the leaf index: ids and scores per route, leaves by id.
+"""The searches of one leaf collection: ids and scores per route, leaves by id.
 
-``LeafSearch`` is the search half of ``LeafIndex`` (``strata.stores.milvus``),
-which supplies the client call, the partition lookup and the timeouts. The
-routes return ids and scores only: Milvus Lite spends much of a search
-assembling the fields it returns, and the fused candidates' texts come from the
-parent store in one batch. Each route takes several queries at once: one
-search with several query vectors costs Milvus Lite its per-row masks once. On
-a Milvus Lite file the routes call Lite's engine in this process
-(``strata.stores.lite_engine``) instead of its loopback gRPC server.
+``LeafSearch`` is what ``LeafCollection`` (``strata.stores.milvus``) searches
+with: it holds the collection's name and takes the client call, the partition
+lookup, the kb filter and the timeout cut in its constructor. The routes
+return ids and scores only: Milvus Lite spends much of a search assembling the
+fields it returns, and the fused candidates' texts come from the chunk cache in
+one batch. Each route takes several queries at once: one search with several
+query vectors costs Milvus Lite its per-row masks once. On a Milvus Lite file
+the routes call Lite's engine in this process (``strata.stores.lite_engine``)
+instead of its loopback gRPC server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from strata.config import MilvusSettings
 from strata.stores import filters as expr
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_chunk, route_fields, route_hit
 from strata.stores.lite_engine import LiteEngine
@@ -25,21 +25,30 @@ from strata.types import Chunk, RouteHit
 
 
 class LeafSearch:
-    """Searches over ``LeafIndex``'s collection (a mixin: ``LeafIndex`` provides what is declared here)."""
+    """The route searches and the leaf reads of one collection (``LeafCollection.searches``)."""
 
-    _name: str
-    _settings: MilvusSettings
-    _engine: LiteEngine | None
-
-    if TYPE_CHECKING:  # provided by the class that mixes this in (``LeafCollection``)
-
-        def _call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
-
-        def _partitions_for(self, kb_ids: Sequence[str] | None) -> list[str] | None: ...
-
-        def _where(self, kb_ids: Sequence[str] | None, where: str) -> str: ...
-
-        def _cut(self, timeout: float | None) -> float: ...
+    def __init__(
+        self,
+        name: str,
+        *,
+        search_ef: int,
+        engine: LiteEngine | None,
+        call: Callable[..., Any],
+        partitions_for: Callable[[Sequence[str] | None], list[str] | None],
+        where: Callable[[Sequence[str] | None, str], str],
+        cut: Callable[[float | None], float],
+    ) -> None:
+        """``call(method, *args, **kwargs)`` calls the collection's client (errors as ``StoreError``);
+        ``partitions_for(kb_ids)`` names the partitions to search (None: all, []: none); ``where(kb_ids, where)``
+        is the full filter; ``cut(timeout)`` is a call's timeout; ``engine`` is Lite's engine in this process,
+        if the collection is a Milvus Lite file this process holds."""
+        self._name = name
+        self._search_ef = search_ef
+        self._engine = engine
+        self._call = call
+        self._partitions_for = partitions_for
+        self._where = where
+        self._cut = cut
 
     def search_dense_many(
         self,
@@ -57,7 +66,7 @@ class LeafSearch:
         filter checked after the search)."""
         if not vectors:
             return []
-        ef = max(self._settings.search_ef, limit)
+        ef = max(self._search_ef, limit)
         data = [np.asarray(v, dtype=np.float32).tolist() for v in vectors]
         result = self._route_search(data, "dense", "IP", {"ef": ef}, limit, kb_ids, where, timeout, with_source)
         return [[route_hit(h, h["distance"]) for h in hits] for hits in result]
@@ -146,7 +155,7 @@ class LeafSearch:
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
         """Leaves by (kb id, chunk id) with their text, from the index itself: the source of leaf
-        texts when neither the parent cache nor SQL can answer."""
+        texts when neither the chunk cache nor SQL can answer."""
         found: dict[str, Chunk] = {}
         by_kb: dict[str, list[str]] = {}
         for kb_id, chunk_id in refs:

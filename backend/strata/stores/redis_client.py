@@ -1,6 +1,6 @@
 """Redis, one way: the client every Redis user builds, and the breaker they share.
 
-Both users of Redis (the parent cache, ``stores.parent_cache``, and the query-result
+Both users of Redis (the chunk cache, ``stores.chunk_cache``, and the query-result
 store, ``stores.query_result_store``) get their client from ``redis_client``: the
 timeouts of ``RedisSettings`` and no retries inside redis-py, so a paused
 Redis costs one socket timeout. What happens next is the breaker's call, not a

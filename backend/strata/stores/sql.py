@@ -1,16 +1,21 @@
-"""The SQL document/chunk store (SQLAlchemy 2; PostgreSQL or SQLite).
+"""The SQL store (SQLAlchemy 2; PostgreSQL or SQLite): one part per kind of row, over one database.
 
 SQL is the source of truth: knowledge bases, every document version with its
 status (``pending`` → ``active`` → ``retired``), chunks of every level, term
-statistics and the embedding cache. Milvus and the parent cache can be rebuilt
-from it. Each of those is a store of its own module over one ``SqlDatabase``;
-``DocumentStore`` is all of them together, what the engine's callers hold.
+statistics, the embedding cache and the cache invalidations still to do.
+Milvus and the chunk cache can be rebuilt from it. Each of those is a part of
+its own module over one ``SqlDatabase``; ``DocumentStore`` holds them, one
+attribute each (``store.kbs``, ``store.versions``, ``store.chunks``,
+``store.terms``, ``store.embeddings``, ``store.invalidations``). A consumer
+that needs a few methods of one part types it with a ``Protocol`` of its own.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from datetime import datetime
+
+from sqlalchemy import Engine
 
 from strata.config import DatabaseSettings
 from strata.stores.chunks import Chunks
@@ -26,26 +31,43 @@ from strata.types import ACTIVE, PENDING, RETIRED, DocumentVersion, KnowledgeBas
 __all__ = ["ACTIVE", "PENDING", "RETIRED", "DocumentStore", "DocumentVersion", "KnowledgeBase", "ServingState"]
 
 
-class DocumentStore(KnowledgeBases, DocumentVersions, Chunks, TermStatistics, EmbeddingCache, CacheInvalidations):
-    """Knowledge bases, document versions, chunks, term statistics, the embedding cache and the
-    cache invalidations still to do, of one database."""
+class DocumentStore:
+    """The SQL parts of one database: ``kbs`` (knowledge bases, their generations and serving state),
+    ``versions`` (document versions, their chunk writes and lifecycle), ``chunks`` (chunk reads),
+    ``terms`` (BM25 term statistics), ``embeddings`` (the embedding cache) and ``invalidations``
+    (chunk-cache deletions still to do)."""
 
     def __init__(self, settings: DatabaseSettings) -> None:
-        db = SqlDatabase(settings)
-        open_schema(db.engine)  # SQLite upgrades itself; PostgreSQL behind `strata db upgrade` is refused
-        super().__init__(db)
+        self.db = SqlDatabase(settings)
+        open_schema(self.db.engine)  # SQLite upgrades itself; PostgreSQL behind `strata db upgrade` is refused
+        self.kbs = KnowledgeBases(self.db)
+        self.versions = DocumentVersions(self.db)
+        self.chunks = Chunks(self.db)
+        self.terms = TermStatistics(self.db)
+        self.embeddings = EmbeddingCache(self.db)
+        self.invalidations = CacheInvalidations(self.db)
+
+    @property
+    def engine(self) -> Engine:
+        """The database's engine (``Catalog``'s browsing reads, tests)."""
+        return self.db.engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        """Every part uses the new engine (tests cut the database off by replacing it)."""
+        self.db.engine = engine
 
     def fenced(self, kb_id: str, owner: str) -> AbstractContextManager[None]:
         """This thread's transactions go on only while ``owner`` holds ``kb_id``'s lease (``SqlDatabase.fenced``)."""
-        return self._db.fenced(kb_id, owner)
+        return self.db.fenced(kb_id, owner)
 
     def now(self) -> datetime:
         """The database's clock (naive UTC): leases expire by it."""
-        return self._db.now()
+        return self.db.now()
 
     def check_fences(self) -> None:
         """``LeaseLostError`` when a lease this thread writes under was taken: called before each Milvus write."""
-        self._db.check_fences()
+        self.db.check_fences()
 
     def dispose(self) -> None:
-        self._db.dispose()
+        self.db.dispose()

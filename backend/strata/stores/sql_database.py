@@ -4,8 +4,9 @@
 SQLAlchemy errors into ``StoreError``, the query path's statement timeout and,
 on PostgreSQL, the client-side timeout of every call (``call_timeout_s``).
 The schema is ``schema_version``'s (Alembic migrations).
-The stores of ``DocumentStore`` (knowledge bases, versions, chunks, term
-statistics, the embedding cache) are ``SqlPart``\\ s over one ``SqlDatabase``.
+The parts of ``DocumentStore`` (knowledge bases, versions, chunks, term
+statistics, the embedding cache, cache invalidations) are ``SqlPart``\\ s over
+one ``SqlDatabase``.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class SqlDatabase:
 
 
 class SqlPart:
-    """A store over a shared ``SqlDatabase`` (``DocumentStore`` is all of them over one)."""
+    """A store over a shared ``SqlDatabase`` (``DocumentStore`` holds one of each over one)."""
 
     def __init__(self, db: SqlDatabase) -> None:
         self._db = db

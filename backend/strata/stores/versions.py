@@ -25,8 +25,8 @@ from strata.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion
 class DocumentVersions(SqlPart):
     """Every stored version of every document, and which of them a kb serves."""
 
-    def versions(self, kb_id: str, doc_id: str | None = None) -> list[DocumentVersion]:
-        """Every stored version of a kb (or of one document), oldest first."""
+    def of_kb(self, kb_id: str, doc_id: str | None = None) -> list[DocumentVersion]:
+        """Every stored version of a kb (or of one of its documents), oldest first."""
         query = select(documents).where(documents.c.kb_id == kb_id)
         if doc_id is not None:
             query = query.where(documents.c.doc_id == doc_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, File, Query, Response, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -14,6 +14,7 @@ from strata.api.deps import PrincipalDep, ReadableKb, ServiceDep, WritableKb, no
 from strata.api.openapi import problems
 from strata.api.problems import Problem
 from strata.api.schemas import DocumentDeleted, DocumentEntryOut, DocumentList, KbCreate, KbCreated, KbList, KbOut
+from strata.indexing.consistency import KbStats
 from strata.indexing.report import IndexReport
 
 router = APIRouter(prefix="/kbs", tags=["knowledge bases"], default_response_class=JSONResponse)  # json.dumps, as ever
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/kbs", tags=["knowledge bases"], default_response_cla
 
 @router.get("", summary="the knowledge bases this key may read", response_model=KbList)
 def list_kbs(service: ServiceDep, principal: PrincipalDep) -> KbList:
-    kbs = [kb for kb in service.resources.documents.list_kbs() if principal.can_read(kb.kb_id)]
+    kbs = [kb for kb in service.resources.documents.kbs.list_kbs() if principal.can_read(kb.kb_id)]
     return KbList(kbs=[KbOut.model_validate(kb) for kb in kbs])
 
 
@@ -60,6 +61,7 @@ def list_documents(kb: ReadableKb, service: ServiceDep) -> DocumentList:
 @router.post(
     "/{kb}/documents",
     summary="upload files and index them (the report of strata index)",
+    response_model=IndexReport,
     responses=problems(403, 404, 409, 503),
 )
 async def upload_documents(
@@ -75,7 +77,7 @@ async def upload_documents(
     keep: Annotated[list[str], Query(max_length=uploads.MAX_KEPT, description=uploads.KEEP_HELP)] = [],  # noqa: B006
     max_delete: Annotated[int | None, Query(ge=0, description=uploads.MAX_DELETE_HELP)] = None,
     force: Annotated[bool, Query(description=uploads.FORCE_HELP)] = False,
-) -> dict[str, Any]:
+) -> IndexReport:
     uploads.check_name(root, "root")
     kept = [str(uploads.relative_name(name)) for name in keep]
 
@@ -92,8 +94,7 @@ async def upload_documents(
             force_delete=force,
         )
 
-    report = await run_in_threadpool(uploads.index_in_temporary_folder, files, index)  # errors: ERROR_TABLE
-    return report.to_dict()
+    return await run_in_threadpool(uploads.index_in_temporary_folder, files, index)  # errors: ERROR_TABLE
 
 
 @router.delete(
@@ -112,7 +113,10 @@ def delete_document(kb: ReadableKb, doc_id: str, service: ServiceDep, principal:
 
 
 @router.get(
-    "/{kb}/stats", summary="documents, chunks per level and Milvus leaves (they must agree)", responses=problems(404)
+    "/{kb}/stats",
+    summary="documents, chunks per level and Milvus leaves (they must agree)",
+    response_model=KbStats,
+    responses=problems(404),
 )
-def kb_stats(kb: ReadableKb, service: ServiceDep) -> dict[str, Any]:
+def kb_stats(kb: ReadableKb, service: ServiceDep) -> KbStats:
     return service.kb_stats(kb)

@@ -36,6 +36,7 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
         strategy=body.strategy,
         queries=body.queries,
         deadline_ms=body.deadline_ms,
+        max_chars=body.max_chars,
         principal=principal,
     )
     return answers.retrieval(result, explain=body.explain)

@@ -704,12 +704,13 @@ function renderReport(report) {
     el("dl", { class: "facts" }, Object.entries(report)
       .filter(([k, v]) => !counts.includes(k) && k !== "kb" && (typeof v !== "object" || v === null))
       .map(([k, v]) => [el("dt", {}, k), el("dd", {}, fmt(v, 3))])),
-    entries("error", "FAILED", report.failures), entries("muted", "skipped", report.skipped));
+    entries("error", "FAILED", report.failures), entries("muted", "skipped", report.skipped),
+    entries("warning", "warning", report.warnings));
 }
 
 function entries(cls, word, items) {
   if (!items || !items.length) return null;
-  return el("ul", { class: cls }, items.map((f) => el("li", {}, `${word} ${f.source}: ${f.reason || ""}`)));
+  return el("ul", { class: cls }, items.map((f) => el("li", {}, `${word} ${f.source}: ${f.reason || f.note || ""}`)));
 }
 
 document.addEventListener("DOMContentLoaded", boot);

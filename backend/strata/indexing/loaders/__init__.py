@@ -14,8 +14,13 @@ tolerated), plain text (one section, heading path ``()``), HTML
 
 No loader reads another file: an include (reStructuredText's ``include``,
 ``literalinclude``, ``:file:`` options; MkDocs' ``--8<--`` snippets) is left
-out of the text and reported as a note (``Parsed.notes``), which
-``load_document`` logs as a warning naming the file.
+out of the text and reported as a note (``Parsed.notes``), as is markup the
+parser refused (a docutils error: a malformed table, a title that skips a
+level; a MkDocs admonition or tab with nothing under it or an unclosed title, a
+snippet block or code fence never closed). ``load_document`` logs each note as a
+warning naming the file and keeps the first ``MAX_NOTES`` in
+``SourceDocument.notes``; an indexing run lists them per file in its report
+(``IndexReport.warnings``).
 
 Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
 and what it decompresses to; its elements (paragraphs, pages, tags, comments,
@@ -188,7 +193,8 @@ def load_document(
     if not parsed.text:
         raise LoaderError("empty file")
     doc_id = str(parsed.metadata.get("doc_id") or "").strip() or source
-    for note in parsed.notes:
+    notes = _bounded(parsed.notes)
+    for note in notes:
         logger.warning("%s: %s", source, note)
     logger.debug("loaded %s: %d characters, %d sections", source, len(parsed.text), len(parsed.sections))
     return SourceDocument(
@@ -198,6 +204,19 @@ def load_document(
         sections=parsed.sections,
         metadata=parsed.metadata,
         content_hash=hashlib.sha256(raw).hexdigest(),
+        notes=notes,
+    )
+
+
+MAX_NOTES = 20  # a file's notes past these are counted in one more: a page of 10,000 snippets is not 10,000 lines
+
+
+def _bounded(notes: tuple[str, ...]) -> tuple[str, ...]:
+    if len(notes) <= MAX_NOTES:
+        return notes
+    return (
+        *notes[:MAX_NOTES],
+        f"{len(notes) - MAX_NOTES:,} more notes like these (only the first {MAX_NOTES} are listed)",
     )
 
 

@@ -13,6 +13,12 @@ file, which strata does not read: its lines are dropped from the text and each
 file is reported as an unresolved note. As in pymdownx, snippets are found in
 code too, and ``;--8<--`` is the escaped marker, kept with one ``;`` less.
 
+Markup left open is kept as text and noted, quoting its line: an admonition or
+tab with nothing indented under it, a marker whose quoted title has no closing
+quote (MkDocs does not read it as one either), a snippet block without its
+closing ``--8<--``, and a code fence never closed (the rest of the page is code,
+as in CommonMark, so its headings are not sections).
+
 Front matter is untrusted input: it is bounded (``FRONT_MATTER_MAX_BYTES``)
 and may not use YAML aliases. ``yaml.safe_load`` shares an aliased value
 rather than copying it, but the metadata is plain JSON, where each alias is a
@@ -47,6 +53,9 @@ _ADMONITION = re.compile(r"( *+)(!!!|\?\?\?\+?)[ \t]++([\w-]++)(?:[ \t]++[\w-]++
 _TAB = re.compile(r"( *+)===[!+]?[ \t]++\"([^\"\n]*+)\"[ \t]*+")
 _SNIPPET = re.compile(r" *+(;*+)-++8<-++[ \t]++(\"[^\"\n]++\"|'[^'\n]++')[ \t]*+")
 _SNIPPET_BLOCK = re.compile(r" *+(;*+)-++8<-++[ \t]*+")
+# A marker whose quoted title is never closed ('!!! note "Title', '=== "Linux'): not a marker, in MkDocs either.
+_UNCLOSED_TITLE = re.compile(r" *+(?:(?:!!!|\?\?\?\+?)[ \t]++[\w-]++(?:[ \t]++[\w-]++)*+|===[!+]?)[ \t]++\"[^\"\n]*+")
+QUOTED_CHARS = 80  # a line quoted in a note, at most
 
 
 def parse_text(raw: bytes) -> Parsed:
@@ -64,9 +73,11 @@ def parse_markdown(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     body, notes = _mkdocs_markup(normalize_text(body))
     title = metadata.get("title")
     preamble_path = (str(title).strip(),) if title not in (None, "") else ()
-    sections = _markdown_sections(body, preamble_path)
+    unclosed: list[str] = []
+    sections = _markdown_sections(body, preamble_path, unclosed)
     limits.check_elements("Markdown sections", len(sections))  # the parse is linear; what follows is per section
-    return Parsed(body, sections, metadata, notes)
+    fence = [f"code fence {_quoted(line)} is never closed: the rest of the page is read as code" for line in unclosed]
+    return Parsed(body, sections, metadata, (*notes, *fence))
 
 
 def _split_front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -140,10 +151,10 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _markdown_sections(body: str, preamble_path: tuple[str, ...]) -> tuple[Section, ...]:
+def _markdown_sections(body: str, preamble_path: tuple[str, ...], unclosed: list[str]) -> tuple[Section, ...]:
     if not body:
         return ()
-    headings = list(_atx_headings(body))
+    headings = list(_atx_headings(body, unclosed))
     sections: list[Section] = []
     stack: list[tuple[int, str]] = []  # stack: (level, title) of the enclosing headings
     if not headings or headings[0][0] > 0:
@@ -153,28 +164,31 @@ def _markdown_sections(body: str, preamble_path: tuple[str, ...]) -> tuple[Secti
     return tiled(sections, len(body))
 
 
-def _atx_headings(body: str) -> Iterator[tuple[int, int, str]]:
-    """(offset, level, title) of each ATX heading outside fenced code blocks."""
+def _atx_headings(body: str, unclosed: list[str]) -> Iterator[tuple[int, int, str]]:
+    """(offset, level, title) of each ATX heading outside fenced code blocks (a fence never closed: ``unclosed``)."""
     offset = 0
-    for line, in_code in _fenced(body.split("\n")):
+    for line, in_code in _fenced(body.split("\n"), unclosed):
         if not in_code and (heading := _atx_heading(line)) and heading[1]:
             yield offset, heading[0], heading[1]
         offset += len(line) + 1
 
 
-def _fenced(lines: list[str]) -> Iterator[tuple[str, bool]]:
-    """Each line, and whether it is fenced code (the fences included)."""
-    fence = ""
+def _fenced(lines: list[str], unclosed: list[str] | None = None) -> Iterator[tuple[str, bool]]:
+    """Each line, and whether it is fenced code (the fences included); a fence never closed runs to the end, as
+    in CommonMark, and its opening line is appended to ``unclosed``."""
+    fence, opening = "", ""
     for line in lines:
         opener = _FENCE.match(line)
         if fence and opener and opener.group(1)[0] == fence[0] and len(opener.group(1)) >= len(fence):
             fence = ""
             yield line, True
         elif not fence and opener:
-            fence = opener.group(1)
+            fence, opening = opener.group(1), line
             yield line, True
         else:
             yield line, bool(fence)
+    if fence and unclosed is not None:
+        unclosed.append(opening)
 
 
 def _mkdocs_markup(body: str) -> tuple[str, tuple[str, ...]]:
@@ -182,10 +196,35 @@ def _mkdocs_markup(body: str) -> tuple[str, tuple[str, ...]]:
     if "!!!" not in body and "???" not in body and "===" not in body and "8<" not in body:
         return body, ()
     notes: list[str] = []
+    source = _without_snippets(body.split("\n"), notes)
     lines = []
-    for line, in_code in _fenced(_without_snippets(body.split("\n"), notes)):
-        lines.append(line if in_code else _marker_as_text(line))
+    for number, (line, in_code) in enumerate(_fenced(source)):
+        text = line if in_code else _marker_as_text(line)
+        if text is not line and not _has_body(source, number):
+            kind = "content tab" if text.lstrip().startswith("Tab:") else "admonition"
+            notes.append(f"{kind} {_quoted(line)} has nothing indented under it: what follows is not part of it")
+        elif not in_code and '"' in line and _UNCLOSED_TITLE.fullmatch(line):
+            notes.append(f"{_quoted(line)} is not a marker MkDocs reads (its title has no closing quote): kept as text")
+        lines.append(text)
     return normalize_text("\n".join(lines)), tuple(notes)
+
+
+def _has_body(lines: list[str], marker: int) -> bool:
+    """Whether the first non-blank line after ``lines[marker]`` is indented deeper than it (its body).
+
+    Linear over a page: each look runs over blank lines only, to the next line that is not blank."""
+    indent = len(lines[marker]) - len(lines[marker].lstrip(" "))
+    for following in range(marker + 1, len(lines)):
+        line = lines[following]
+        if line.strip():
+            return len(line) - len(line.lstrip(" ")) > indent
+    return False
+
+
+def _quoted(line: str) -> str:
+    """A line of the page as a note quotes it: stripped, at most ``QUOTED_CHARS`` characters."""
+    line = line.strip()
+    return repr(line if len(line) <= QUOTED_CHARS else line[: QUOTED_CHARS - 3] + "...")
 
 
 def _marker_as_text(line: str) -> str:
@@ -216,6 +255,8 @@ def _without_snippets(lines: list[str], notes: list[str]) -> list[str]:
             notes.append(_snippet_note(snippet.group(2)[1:-1]))
         else:
             kept.append(line.replace(";", "", 1) if (snippet or _SNIPPET_BLOCK.fullmatch(line)) else line)
+    if len(markers) % 2:
+        notes.append("snippet block (--8<--) is never closed: its marker and the lines after it are kept as text")
     return kept
 
 

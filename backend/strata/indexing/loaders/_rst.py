@@ -15,7 +15,12 @@ put docutils' error messages in the text: an unknown role keeps its text
 (``:ref:`Title <label>``` is ``Title``), an unknown directive keeps its
 argument and content (``versionadded`` and the like with a readable label),
 navigation directives (``toctree``, ``index``, ``contents`` ...) are dropped,
-and a directive option docutils does not know is ignored. Nothing reads
+and a directive option docutils does not know is ignored. Markup docutils
+refuses (a system message of level ERROR or SEVERE: a malformed table, a title
+that skips a level, a directive missing its argument) is a note naming the
+line and docutils' message; the refused table's text (without its borders) and
+title's text are kept, other refused markup is not indexed, and warnings (an
+unclosed ``*``, a short underline) are not notes: their text is kept. Nothing reads
 another file: ``include``, ``literalinclude`` and ``raw``/``csv-table`` with
 ``:file:``/``:url:`` are reported as unresolved notes, not indexed, and
 docutils' own file insertion and raw output are off.
@@ -51,6 +56,8 @@ from strata.indexing.loaders._text import LINE_BREAKS, Parsed, assemble, decode_
 
 INLINE_PIECE_CHARS = 1024
 LINE_LENGTH_LIMIT = 10_000  # docutils' default: a longer line fails the file
+ERROR_LEVEL = 3  # docutils' system messages from ERROR up (SEVERE) are notes; INFO and WARNING are not
+MESSAGE_CHARS = 200  # a docutils message quoted in a note, at most
 
 _SETTINGS = {
     "report_level": 5,  # no system message is reported ...
@@ -117,8 +124,9 @@ def parse_rst(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
         raise LoaderError("reStructuredText nested too deeply") from None
     text, sections = assemble(heading_parts(lines, (str(title).strip(),) if title not in (None, "") else ()))
     limits.check_elements("reStructuredText sections", len(sections))
-    notes = tuple(f"unresolved {what}: not indexed (strata reads no other file)" for what in unresolved)
-    return Parsed(text, sections, metadata, notes)
+    notes = [f"unresolved {what}: not indexed (strata reads no other file)" for what in unresolved]
+    notes.extend(_error_note(m) for m in document.findall(nodes.system_message) if m["level"] >= ERROR_LEVEL)
+    return Parsed(text, sections, metadata, tuple(notes))
 
 
 def _check_line_lengths(text: str) -> None:
@@ -325,7 +333,7 @@ class _Renderer:
 
     def node(self, node: nodes.Node, depth: int) -> None:
         if isinstance(node, nodes.system_message):
-            self.block(_title_of_skipped_level(node))
+            self.block(_kept_of_refused(node))
             return
         if isinstance(node, _SKIPPED):
             return
@@ -344,12 +352,58 @@ class _Renderer:
             self.out.extend((None, line) for line in (*text.split("\n"), ""))
 
 
-def _title_of_skipped_level(message: nodes.system_message) -> str:
-    """The title docutils refused for skipping a level (``Inconsistent title style``), as text; else ``""``."""
-    if not message.children or not message.children[0].astext().startswith("Inconsistent title style"):
+# docutils errors whose markup strata keeps as text: a title docutils refused, and a malformed table.
+_TITLE_ERRORS = (
+    "Inconsistent title style",
+    "Title level inconsistent",
+    "Title overline",
+    "Missing matching underline",
+    "Incomplete section title",
+)
+_TABLE_ERRORS = ("Malformed table",)
+_TABLE_BORDER = frozenset("+-=|: ")
+
+
+def _message(message: nodes.system_message) -> str:
+    """What docutils says in ``message``, on one line."""
+    return " ".join(message.children[0].astext().split()) if message.children else ""
+
+
+def _refused_markup(message: nodes.system_message) -> str:
+    """The markup ``message`` quotes (docutils puts the lines it refused in a literal block), or ``""``."""
+    return next((c.astext() for c in message.children if isinstance(c, nodes.literal_block)), "")
+
+
+def _kept_of_refused(message: nodes.system_message) -> str:
+    """The text strata keeps of markup docutils refused: a title as text (one line), a malformed table's lines
+    without its borders; else ``""`` (other messages, and the lines they quote, are not text; a warning's
+    markup, such as a title whose overline is short, was read as docutils reads it)."""
+    if message["level"] < ERROR_LEVEL:
         return ""
-    source = next((c.astext() for c in message.children if isinstance(c, nodes.literal_block)), "")
-    return " ".join(line.strip() for line in source.split("\n") if line.strip() and not _adornment(line.strip()))
+    said = _message(message)
+    lines = [line.strip() for line in _refused_markup(message).split("\n") if line.strip()]
+    if said.startswith(_TITLE_ERRORS):
+        return " ".join(line for line in lines if not _adornment(line))
+    if said.startswith(_TABLE_ERRORS):
+        return "\n".join(line for line in lines if not set(line) <= _TABLE_BORDER)
+    return ""
+
+
+def _error_note(message: nodes.system_message) -> str:
+    """A note of one docutils error: its line, what docutils said, and what strata indexed of the markup."""
+    said = _message(message)
+    if len(said) > MESSAGE_CHARS:
+        said = said[: MESSAGE_CHARS - 3] + "..."
+    where = f" at line {message['line']}" if message.get("line") else ""
+    if said.startswith(_TITLE_ERRORS):
+        kept = " (the title is indexed as text, not as a heading)"
+    elif said.startswith(_TABLE_ERRORS):
+        kept = " (the table's lines are indexed as text, without its borders)"
+    elif _refused_markup(message):
+        kept = " (that markup is not indexed)"
+    else:
+        kept = ""
+    return f"docutils error{where}: {said}{kept}"
 
 
 def _adornment(line: str) -> bool:
@@ -358,6 +412,9 @@ def _adornment(line: str) -> bool:
 
 def _block_lines(node: nodes.Node) -> list[str]:
     """The lines of one block-level node (a paragraph, list, table, admonition ...), nested ones indented."""
+    if isinstance(node, nodes.system_message):
+        kept = _kept_of_refused(node)
+        return kept.split("\n") if kept else []
     if isinstance(node, _SKIPPED):
         return []
     if isinstance(node, nodes.Text):

@@ -36,9 +36,10 @@ class Part(NamedTuple):
 class Parsed(NamedTuple):
     """What a format loader returns: normalized text, the sections tiling it, metadata, and notes.
 
-    A note is something a user should know that does not fail the file: what it names and strata did not
-    index (an include or snippet of another file, which no loader reads). ``load_document`` logs each one
-    as a warning naming the file.
+    A note is something a user should know that does not fail the file, on one line: what it names and strata
+    did not index (an include or snippet of another file, which no loader reads), or markup the parser refused
+    or found left open (a docutils error, an admonition with no body). ``load_document`` logs each one as a
+    warning naming the file and keeps them on the ``SourceDocument`` (``SourceDocument.notes``).
     """
 
     text: str

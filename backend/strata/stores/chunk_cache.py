@@ -1,9 +1,11 @@
-"""The parent-text cache: Redis when configured, an in-process LRU otherwise.
+"""The chunk cache: chunks (parents, and the leaves retrieval reads) in Redis when configured, an
+in-process LRU otherwise.
 
 Keys are namespaced ``{prefix}:{kb}:chunk:{id}``; values are the chunk as
 JSON. Batches are one ``MGET`` (read) or one pipeline (write/delete), so a
 round of auto-merge costs one cache round trip. Redis errors surface as
-``CacheError``; the ``ParentStore`` decides what to do with them.
+``CacheError``; ``CachedChunks`` (``strata.stores.cached_chunks``) decides what
+to do with them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from strata.types import Chunk
 ChunkRef = tuple[str, str]  # (kb_id, chunk_id)
 
 
-class ParentCache(Protocol):
+class ChunkCache(Protocol):
     """A batch key-value cache of chunks, addressed by (kb id, chunk id)."""
 
     name: str
@@ -51,7 +53,7 @@ def decode_chunk(raw: str | bytes) -> Chunk:
     return Chunk(**json.loads(raw))
 
 
-class LocalParentCache:
+class LocalChunkCache:
     """A bounded, thread-safe in-process LRU (the embedded default)."""
 
     name = "local"
@@ -92,7 +94,7 @@ class LocalParentCache:
         pass
 
 
-class RedisParentCache:
+class RedisChunkCache:
     """Chunks in Redis with a TTL; short explicit timeouts so an outage costs little."""
 
     name = "redis"
@@ -174,8 +176,8 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def create_parent_cache(settings: RedisSettings, *, namespace: str = "") -> ParentCache:
+def create_chunk_cache(settings: RedisSettings, *, namespace: str = "") -> ChunkCache:
     """Redis when ``STRATA_REDIS__URL`` is set (keys under ``{prefix}:{namespace}``), else the in-process LRU."""
     if settings.url:
-        return RedisParentCache(settings, namespace=namespace)
-    return LocalParentCache(settings.local_cache_size)
+        return RedisChunkCache(settings, namespace=namespace)
+    return LocalChunkCache(settings.local_cache_size)

@@ -1,4 +1,4 @@
-"""The parent cache contract: in-process LRU and real Redis."""
+"""The chunk cache contract: in-process LRU and real Redis."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import redis
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.parent_cache import LocalParentCache, ParentCache, RedisParentCache
+from strata.stores.chunk_cache import ChunkCache, LocalChunkCache, RedisChunkCache
 from strata.types import Chunk
 
 
@@ -31,10 +31,10 @@ def chunk(kb: str, cid: str, text: str = "父块文本") -> Chunk:
 
 
 @pytest.fixture(params=["local", "redis"])
-def cache(request: pytest.FixtureRequest) -> ParentCache:
+def cache(request: pytest.FixtureRequest) -> ChunkCache:
     if request.param == "local":
-        return LocalParentCache(100)
-    return RedisParentCache(request.getfixturevalue("redis_settings"))
+        return LocalChunkCache(100)
+    return RedisChunkCache(request.getfixturevalue("redis_settings"))
 
 
 def test_round_trip_is_exact_and_namespaced_by_kb(cache) -> None:
@@ -50,7 +50,7 @@ def test_round_trip_is_exact_and_namespaced_by_kb(cache) -> None:
 
 
 def test_local_cache_evicts_least_recently_used() -> None:
-    cache = LocalParentCache(2)
+    cache = LocalChunkCache(2)
     cache.put_many([chunk("k", "a"), chunk("k", "b")])
     cache.get_many([("k", "a")])
     cache.put_many([chunk("k", "c")])
@@ -59,7 +59,7 @@ def test_local_cache_evicts_least_recently_used() -> None:
 
 def test_redis_keys_have_prefix_and_ttl(redis_settings: RedisSettings) -> None:
     settings = redis_settings.model_copy(update={"ttl_s": 120})
-    cache = RedisParentCache(settings)
+    cache = RedisChunkCache(settings)
     cache.put_many([chunk("kb", "c1")])
     client = redis.Redis.from_url(str(settings.url))
     key = f"{settings.key_prefix}:kb:chunk:c1"
@@ -67,7 +67,7 @@ def test_redis_keys_have_prefix_and_ttl(redis_settings: RedisSettings) -> None:
 
 
 def test_redis_down_raises_cache_error_quickly(private_redis) -> None:
-    cache = RedisParentCache(RedisSettings(url=private_redis.url))
+    cache = RedisChunkCache(RedisSettings(url=private_redis.url))
     cache.put_many([chunk("kb", "c1")])
     private_redis.stop()
     with pytest.raises(CacheError, match="MGET"):
@@ -75,7 +75,7 @@ def test_redis_down_raises_cache_error_quickly(private_redis) -> None:
 
 
 def test_deleting_a_kb_with_glob_characters_leaves_other_kbs(redis_settings: RedisSettings) -> None:
-    cache = RedisParentCache(redis_settings)
+    cache = RedisChunkCache(redis_settings)
     cache.put_many([chunk("a*", "c1"), chunk("ab", "c1"), chunk("a?", "c1")])
     assert cache.delete_kb("a*") == 1
     assert cache.get_many([("ab", "c1")]) and cache.get_many([("a?", "c1")])

@@ -1,9 +1,12 @@
-"""The read-through parent store: cache first, SQL for the misses.
+"""Chunks read through the chunk cache: cache first, SQL for the misses.
 
-One ``get_many`` is one batched cache read, at most one batched SQL read for
-the misses, and a cache backfill. A failing cache (Redis down or hanging) is
-logged, counted and bypassed for ``STRATA_REDIS__RETRY_AFTER_S``: SQL answers and the
-caller learns about it from ``ParentFetch.cache_error``; nothing is raised.
+``CachedChunks`` serves the chunk texts retrieval reads (the candidates'
+leaves, the parents they merge into) and takes the parents indexing writes
+through. One ``get_many`` is one batched cache read, at most one batched SQL
+read for the misses, and a cache backfill. A failing cache (Redis down or
+hanging) is logged, counted and bypassed for ``STRATA_REDIS__RETRY_AFTER_S``:
+SQL answers and the caller learns about it from ``ChunkFetch.cache_error``;
+nothing is raised.
 The bypass is the deployment's one ``RedisBreaker``, shared with the query
 cache: an outage either of them meets, both skip.
 """
@@ -18,7 +21,7 @@ from typing import Protocol
 
 from strata.config import RedisSettings
 from strata.errors import CacheError
-from strata.stores.parent_cache import ChunkRef, ParentCache
+from strata.stores.chunk_cache import ChunkCache, ChunkRef
 from strata.stores.redis_client import RedisBreaker
 from strata.types import Chunk
 
@@ -26,13 +29,13 @@ logger = logging.getLogger(__name__)
 
 
 class ChunkSource(Protocol):
-    """The source of truth for chunks (``DocumentStore``)."""
+    """The source of truth for chunks (``DocumentStore.chunks``)."""
 
     def get_chunks(self, chunk_ids: Iterable[str], *, timeout_s: float | None = None) -> dict[str, Chunk]: ...
 
 
 @dataclass(frozen=True)
-class ParentFetch:
+class ChunkFetch:
     """The chunks found and what it cost."""
 
     chunks: Mapping[str, Chunk] = field(default_factory=dict)
@@ -44,10 +47,10 @@ class ParentFetch:
     missing: tuple[str, ...] = ()
 
 
-class ParentStore:
-    """Parents by (kb id, chunk id): cache, then SQL, then backfill."""
+class CachedChunks:
+    """Chunks by (kb id, chunk id): cache, then SQL, then backfill."""
 
-    def __init__(self, cache: ParentCache, source: ChunkSource, *, breaker: RedisBreaker | None = None) -> None:
+    def __init__(self, cache: ChunkCache, source: ChunkSource, *, breaker: RedisBreaker | None = None) -> None:
         """``breaker`` is the deployment's Redis breaker (default: one of this store's own)."""
         self.cache = cache
         self._source = source
@@ -55,18 +58,18 @@ class ParentStore:
         self._lock = threading.Lock()
         self.cache_errors = 0
 
-    def get_many(self, refs: Sequence[ChunkRef], *, timeout_s: float | None = None) -> ParentFetch:
+    def get_many(self, refs: Sequence[ChunkRef], *, timeout_s: float | None = None) -> ChunkFetch:
         """The chunks named by ``refs``; SQL errors propagate as ``StoreError`` (``timeout_s`` bounds the SQL read)."""
         refs = list(dict.fromkeys(refs))
         if not refs:
-            return ParentFetch()
+            return ChunkFetch()
         cached, error, trips = self._cache_read(refs)
         misses = [ref for ref in refs if ref[1] not in cached]
         loaded = self._source.get_chunks([cid for _, cid in misses], timeout_s=timeout_s) if misses else {}
         if loaded and error is None:
             error = self._cache_call(self.cache.put_many, list(loaded.values()))
         found = {**cached, **loaded}
-        return ParentFetch(
+        return ChunkFetch(
             chunks=found,
             cache_hits=len(cached),
             cache_misses=len(misses),
