@@ -78,14 +78,17 @@ def test_a_piece_under_the_minimum_is_left_out() -> None:
 
 
 def test_every_cut_is_the_documents_own_text_within_the_budget() -> None:
+    cuts = 0
     for room in range(MIN_PIECE, len(PAGE) + 1, 7):
         for hit in range(0, len(PAGE), 23):
             piece = cut_to(doc(PAGE, char_start=5, hit_start=5 + hit), room)
             if piece is None:
                 continue
+            cuts += 1
             assert len(piece.content) <= room
             start, end = piece.metadata["char_start"] - 5, piece.metadata["char_end"] - 5
             assert PAGE[start:end] == piece.content and piece.content == piece.content.strip()
+    assert cuts > 100  # nearly every room and hit gives a piece
 
 
 @pytest.mark.parametrize("bad", [0, -3, True, 2.5, "100"])

@@ -22,10 +22,15 @@ MIN_PIECE = 40
 _PIECE_END = re.compile(r"[。！？；…]|[.!?;](?=\s)|\n")
 
 
-def fit_to_budget(docs: Sequence[RetrievedDocument], max_chars: int) -> list[RetrievedDocument]:
-    """``docs`` whose contents total at most ``max_chars`` characters, by the rule above."""
+def check_budget(max_chars: object) -> None:
+    """``InvalidArgumentError`` unless ``max_chars`` is a positive integer."""
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
         raise InvalidArgumentError(f"max_chars must be a positive integer, got {max_chars!r}")
+
+
+def fit_to_budget(docs: Sequence[RetrievedDocument], max_chars: int) -> list[RetrievedDocument]:
+    """``docs`` whose contents total at most ``max_chars`` characters, by the rule above."""
+    check_budget(max_chars)
     kept: list[RetrievedDocument] = []
     room = max_chars
     for doc in docs:

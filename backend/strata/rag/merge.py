@@ -94,7 +94,7 @@ def _replace_children(
 ) -> tuple[list[Candidate], int]:
     """Puts each merged parent at the position of the first candidate it contains."""
     out: list[Candidate] = []
-    placed: set[str] = set()
+    placed: dict[str, int] = {}  # merged parent id -> its position in out
     absorbed = 0
     for cand in ordered:
         container = next((a for a in cand.ancestors() if a in merged), None)
@@ -103,13 +103,13 @@ def _replace_children(
             continue
         absorbed += 1
         if container not in placed:
-            placed.add(container)
+            placed[container] = len(out)
             parent = merged[container]
             if score_mode == "max":
                 parent = replace(parent, score=max(parent.score, cand.score))
             out.append(_widened(parent, cand))
         else:  # a deeper descendant (an L3 of a merged L1) widens the span that hit
-            at = next(i for i, c in enumerate(out) if c.chunk_id == container)
+            at = placed[container]
             out[at] = _widened(out[at], cand)
     return out, absorbed
 

@@ -26,7 +26,7 @@ from strata.config import Settings, get_settings
 from strata.errors import InvalidArgumentError, NotFoundError, StoreError
 from strata.rag import stages
 from strata.rag.bm25_hygiene import BM25QueryHygiene
-from strata.rag.budget import fit_to_budget
+from strata.rag.budget import check_budget, fit_to_budget
 from strata.rag.candidates import Candidate
 from strata.rag.deadline import Deadline
 from strata.rag.expansion import load_synonyms
@@ -136,7 +136,7 @@ class Retriever:
         """
         self._cfg.check_query(query, top_k, queries or ())
         if max_chars is not None:
-            fit_to_budget((), max_chars)  # refuses a bad budget before any work
+            check_budget(max_chars)  # before any work
         budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
         if isinstance(kb_ids, str):
             raise InvalidArgumentError("kb_ids must be a list of knowledge base ids, not a string")
