@@ -63,6 +63,9 @@ function fmt(value, digits = 4) {
   return typeof value === "number" && !Number.isInteger(value) ? value.toFixed(digits) : String(value);
 }
 
+// a score is a float even when it is a whole number (1 = ranked first by every route)
+const fmtScore = (value) => (typeof value === "number" ? value.toFixed(4) : fmt(value));
+
 const pairs = (object, prefix = "") => Object.entries(object).map(([k, v]) => `${prefix}${k} ${v}`).join(", ");
 const headRow = (names) => el("thead", {}, el("tr", {}, names.map((name) => el("th", {}, name))));
 
@@ -477,7 +480,7 @@ function renderCard(doc, rank, terms) {
       el("span", { class: "rank" }, `#${rank}`),
       el("span", { class: `level l${m.level}` }, `L${m.level}`),
       el("span", { class: "heading" }, m.heading_path || "(no heading)"),
-      el("span", { class: "score", title: `score from ${trace.score_stage || "?"}` }, `score ${fmt(doc.score)}`)),
+      el("span", { class: "score", title: `score from ${trace.score_stage || "?"}` }, `score ${fmtScore(doc.score)}`)),
     el("div", { class: "card-sub" },
       el("span", { class: "source" }, m.source || m.doc_id || ""),
       m.kb_id ? el("span", {}, `kb ${m.kb_id}`) : null,
@@ -487,7 +490,7 @@ function renderCard(doc, rank, terms) {
       el("summary", {}, "trace"),
       el("table", { class: "table trace-table" }, el("tbody", {},
         TRACE_FIELDS.map(([key, label]) =>
-          el("tr", { "data-field": key }, el("th", {}, label), el("td", {}, fmt(trace[key])))),
+          el("tr", { "data-field": key }, el("th", {}, label), el("td", {}, key.endsWith("_score") ? fmtScore(trace[key]) : fmt(trace[key])))),
         (m.merged_from || []).length ? el("tr", { "data-field": "merged_from" }, el("th", {}, "merged from"),
           el("td", {}, `${m.merged_from.length} chunk(s): ${m.merged_from.join(", ")}`)) : null))));
 }
@@ -561,7 +564,7 @@ function renderSide(name, options, result) {
     el("ol", { class: "compact" }, result.docs.map((doc, i) => el("li", { "data-chunk-id": doc.metadata.chunk_id },
       el("span", { class: `level l${doc.metadata.level}` }, `L${doc.metadata.level}`), " ",
       el("strong", {}, `#${i + 1}`), ` ${doc.metadata.heading_path || doc.metadata.source} `,
-      el("span", { class: "score" }, fmt(doc.score)), " ", el("code", {}, doc.metadata.chunk_id)))));
+      el("span", { class: "score" }, fmtScore(doc.score)), " ", el("code", {}, doc.metadata.chunk_id)))));
 }
 
 // A chunk contains another when both are of one document version and its character span covers the other's.
