@@ -35,11 +35,9 @@ import argparse
 import json
 import logging
 import os
-import pwd
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,12 +56,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.rag.rerank_server import RerankServer, answer, hang, raw, status  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
+from tests.support.servers import PrivatePostgres, PrivateRedis  # noqa: E402
 
 from strata.cli.milvus_server import server_command  # noqa: E402
 from strata.client import StrataClient  # noqa: E402
 
 STRATA = Path(sys.executable).with_name("strata")
-PG_BIN = Path(os.environ.get("STRATA_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 QUERIES = [
     "密码重置链接多久失效？",
     "How do I filter search results by tag?",
@@ -77,36 +76,7 @@ QUERIES = [
 WINDOW_S = 5.0  # the "before" and "after" windows of each fault
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# -- the private servers -------------------------------------------------------------------
-
-
-class Postgres:
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-        self._user = "postgres" if os.geteuid() == 0 else None
-        if self._user:
-            entry = pwd.getpwnam(self._user)
-            os.chown(root, entry.pw_uid, entry.pw_gid)
-        self._pg("initdb", "-D", str(root / "data"), "-A", "trust", "-U", "postgres", "--no-sync")
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._pg("pg_ctl", "-D", str(self.root / "data"), "-o", options, "-l", str(self.root / "log"), "-w", "start")
-
-    def stop(self) -> None:
-        self._pg("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
-
-    def _pg(self, tool: str, *args: str) -> None:
-        command = [str(PG_BIN / tool), *args]
-        command = ["runuser", "-u", self._user, "--", *command] if self._user else command
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
+# -- the private servers: PostgreSQL and Redis are tests/support/servers.py's ----------------
 
 
 class _Signalled:
@@ -120,43 +90,6 @@ class _Signalled:
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
-        if self.process:
-            self.process.wait(10)
-
-
-class Redis(_Signalled):
-    def __init__(self, root: Path) -> None:
-        self.root, self.port = root, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.root),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(100):
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
         if self.process:
             self.process.wait(10)
 
@@ -345,7 +278,9 @@ class Indexer:
 Plan = list[tuple[str, Callable[[], None], Callable[[], None]]]
 
 
-def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer, milvus: MilvusServer | None) -> Plan:
+def schedule(
+    redis: PrivateRedis, pg: PrivatePostgres, rerank: RerankServer, indexer: Indexer, milvus: MilvusServer | None
+) -> Plan:
     """(name, inject, clear) in the order they happen; PostgreSQL and the indexer kill come once, early.
     With a Milvus server, one fault in three is one of Milvus's, a SIGKILL first: the clear of each
     returns once the server answers again."""
@@ -355,7 +290,7 @@ def schedule(redis: Redis, pg: Postgres, rerank: RerankServer, indexer: Indexer,
         return (lambda: setattr(rerank, "behaviour", behaviour)), (lambda: setattr(rerank, "behaviour", healthy))
 
     redis_kill = ("redis SIGKILL", redis.kill, redis.start)
-    redis_pause = ("redis SIGSTOP", lambda: redis.signal(signal.SIGSTOP), lambda: redis.signal(signal.SIGCONT))
+    redis_pause = ("redis SIGSTOP", redis.pause, redis.resume)
     once = [
         ("postgres stop/start", pg.stop, pg.start),
         ("indexer SIGKILL", indexer.kill_next.set, lambda: None),
@@ -510,7 +445,8 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], deadline_s: float = 3
 
 
 def run(args: argparse.Namespace, root: Path, pg_root: Path) -> int:
-    pg, redis = Postgres(pg_root), Redis(root)
+    pg, redis = PrivatePostgres(pg_root), PrivateRedis(root)
+    pg.init()
     milvus = MilvusServer(root) if args.milvus == "server" else None
     pg.start()
     redis.start()

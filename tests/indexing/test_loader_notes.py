@@ -18,71 +18,11 @@ from strata.indexing.loaders import MAX_NOTES, LoaderLimits, load_document
 from strata.indexing.loaders._markdown import _UNCLOSED_TITLE
 from strata.indexing.report import IndexReport
 from strata.indexing.scan import scan_paths
-from tests.support.documents import write_files
+from tests.support.documents import BROKEN_MKDOCS, BROKEN_MKDOCS_NOTES, BROKEN_RST, BROKEN_RST_NOTES, write_files
 
 pytestmark = [pytest.mark.unit]
 
 MEGABYTE = 1024 * 1024
-
-# A Sphinx page whose author broke two things docutils refuses: a grid table's right border, a title that
-# skips a level; and an image directive without its argument. An unclosed "*" is only a docutils warning.
-BROKEN_RST = """\
-Lamp room
-=========
-
-The lamp burns paraffin.
-
-+-----------+----------------+
-| Lens      | Fresnel, first |
-| Period    | 30 s           |
-+-----------+
-
-Wicks
------
-
-Trim the wick *before dusk.
-
-Spare wicks
-~~~~~~~~~~~
-
-Kept in the store.
-
-Gallery
-=======
-
-.. image::
-
-Skipped level
-~~~~~~~~~~~~~
-
-The rail is loose.
-"""
-
-# A MkDocs page with markup left open: a snippet, an admonition and a tab with nothing indented under them,
-# an admonition whose title's quote is never closed, and a snippet block without its closing marker.
-BROKEN_MKDOCS = """\
-# Installing
-
---8<-- "includes/proxy.md"
-
-!!! warning
-
-Uninstall the old tools first.
-
-## Platforms
-
-=== "Linux"
-
-Run the installer.
-
-!!! note "Before you start
-    You need Python 3.11.
-
-## Snippets
-
---8<--
-includes/abbreviations.md
-"""
 
 
 def test_a_malformed_rst_table_loads_with_a_note_and_keeps_its_text(tmp_path: Path) -> None:
@@ -98,14 +38,7 @@ def test_a_malformed_rst_table_loads_with_a_note_and_keeps_its_text(tmp_path: Pa
     assert "paraffin.\n\n| Lens      | Fresnel, first |\n| Period    | 30 s           |\n\nWicks" in doc.text
     assert "Skipped level\n\nThe rail is loose." in doc.text  # a refused title is text
     assert "*before dusk." in doc.text  # a warning: its text kept, and no note
-    assert doc.notes == (
-        "docutils error at line 9: Malformed table. Right border not aligned or missing. "
-        "(the table's lines are indexed as text, without its borders)",
-        'docutils error at line 24: Error in "image" directive: 1 argument(s) required, 0 supplied. '
-        "(that markup is not indexed)",
-        "docutils error at line 26: Inconsistent title style: skip from level 1 to 3. "
-        "(the title is indexed as text, not as a heading)",
-    )
+    assert doc.notes == BROKEN_RST_NOTES
 
 
 def test_a_mkdocs_page_with_markup_left_open_loads_with_a_note_each(tmp_path: Path) -> None:
@@ -119,13 +52,7 @@ def test_a_mkdocs_page_with_markup_left_open_loads_with_a_note_each(tmp_path: Pa
     assert "Warning:\n\nUninstall the old tools first." in doc.text and "Tab: Linux\n\nRun the installer." in doc.text
     assert '!!! note "Before you start\n    You need Python 3.11.' in doc.text  # not a marker: as written
     assert doc.text.endswith("--8<--\nincludes/abbreviations.md")  # an unclosed block swallows nothing
-    assert doc.notes == (
-        "unresolved snippet 'includes/proxy.md' (--8<--): not indexed (strata reads no other file)",
-        "snippet block (--8<--) is never closed: its marker and the lines after it are kept as text",
-        "admonition '!!! warning' has nothing indented under it: what follows is not part of it",
-        "content tab '=== \"Linux\"' has nothing indented under it: what follows is not part of it",
-        "'!!! note \"Before you start' is not a marker MkDocs reads (its title has no closing quote): kept as text",
-    )
+    assert doc.notes == BROKEN_MKDOCS_NOTES
 
 
 def test_a_code_fence_never_closed_is_noted_in_any_markdown(tmp_path: Path) -> None:

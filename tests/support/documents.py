@@ -53,6 +53,86 @@ A loamy soil with compost keeps moisture. Test the pH every spring; tomatoes lik
 GARDEN = "# Garden\n\n## Watering\n\nTomatoes need deep watering twice a week in summer, early in the morning.\n"
 
 
+# A Sphinx page whose author broke two things docutils refuses: a grid table's right border, a title that
+# skips a level; and an image directive without its argument. An unclosed "*" is only a docutils warning.
+BROKEN_RST = """\
+Lamp room
+=========
+
+The lamp burns paraffin.
+
++-----------+----------------+
+| Lens      | Fresnel, first |
+| Period    | 30 s           |
++-----------+
+
+Wicks
+-----
+
+Trim the wick *before dusk.
+
+Spare wicks
+~~~~~~~~~~~
+
+Kept in the store.
+
+Gallery
+=======
+
+.. image::
+
+Skipped level
+~~~~~~~~~~~~~
+
+The rail is loose.
+"""
+
+# A MkDocs page with markup left open: a snippet, an admonition and a tab with nothing indented under them,
+# an admonition whose title's quote is never closed, and a snippet block without its closing marker.
+BROKEN_MKDOCS = """\
+# Installing
+
+--8<-- "includes/proxy.md"
+
+!!! warning
+
+Uninstall the old tools first.
+
+## Platforms
+
+=== "Linux"
+
+Run the installer.
+
+!!! note "Before you start
+    You need Python 3.11.
+
+## Snippets
+
+--8<--
+includes/abbreviations.md
+"""
+
+BROKEN_RST_NOTES = (
+    "docutils error at line 9: Malformed table. Right border not aligned or missing. "
+    "(the table's lines are indexed as text, without its borders)",
+    'docutils error at line 24: Error in "image" directive: 1 argument(s) required, 0 supplied. '
+    "(that markup is not indexed)",
+    "docutils error at line 26: Inconsistent title style: skip from level 1 to 3. "
+    "(the title is indexed as text, not as a heading)",
+)
+"""The notes ``BROKEN_RST`` loads with, in order."""
+
+BROKEN_MKDOCS_NOTES = (
+    "unresolved snippet 'includes/proxy.md' (--8<--): not indexed (strata reads no other file)",
+    "snippet block (--8<--) is never closed: its marker and the lines after it are kept as text",
+    "admonition '!!! warning' has nothing indented under it: what follows is not part of it",
+    "content tab '=== \"Linux\"' has nothing indented under it: what follows is not part of it",
+    "'!!! note \"Before you start' is not a marker MkDocs reads (its title has no closing quote): kept as text",
+)
+"""The notes ``BROKEN_MKDOCS`` loads with, in order."""
+
+
 def alias_bomb(levels: int) -> str:
     """Front matter of nested YAML aliases: ``levels`` (at most 9) levels of nine references each ("billion laughs")."""
     names = "abcdefghi"[:levels]

@@ -67,6 +67,12 @@ class PrivateRedis:
             self.process.terminate()
             self.process.wait(10)
 
+    def kill(self) -> None:
+        """SIGKILL: nothing is saved (the server keeps nothing on disk); ``start`` brings it back on its port."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
     def pause(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
@@ -92,6 +98,7 @@ class PrivatePostgres:
         self.data = root / "data"
         self._user = "postgres" if os.geteuid() == 0 else None
         self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"  # its SQLAlchemy URL
 
     def init(self) -> None:
         if self._user:
