@@ -251,6 +251,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         integration = slow or fixtures & STORE_FIXTURES
         item.add_marker(pytest.mark.integration if integration else pytest.mark.unit)
+    items.sort(key=lambda item: -module_cost(item))
+
+
+def module_cost(item: pytest.Item) -> float:
+    """The seconds a module declares with ``pytest.mark.cost(seconds)``, 0 without. Sorting by it is stable, so
+    a module's tests stay together and in order; pytest-xdist (``--no-loadscope-reorder``) then hands the
+    costliest modules out first, and the run does not wait at its end on one worker's long module."""
+    marker = item.get_closest_marker("cost")
+    return float(marker.args[0]) if marker else 0.0
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -22,6 +22,8 @@ from tests.api.shared_service import METRICS, TENANT_A_READ, TENANT_B_READ, Shar
 from tests.support.processes import wait_for
 from tests.support.stores import fresh_pg_database
 
+pytestmark = pytest.mark.cost(30)
+
 WAIT_S = 60.0  # an upper bound for the service to act
 BODY_TIMEOUT_S = 4  # the service's, so that the attack's slot holders time out while the test runs
 HEADER_TIMEOUT_S = 2

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.processes import run_strata, strata_env
 
-pytestmark = pytest.mark.slow  # strata in processes of its own
+pytestmark = [pytest.mark.slow, pytest.mark.cost(20)]  # strata in processes of its own
 
 KEY = "Tenant-A-Secret-Key-7f3e9c01"  # mixed case, so that its upper- and lower-case forms differ from it
 OTHER = "Tenant-B-Secret-Key-0a41d2b6"

@@ -23,7 +23,7 @@ from tests.api.shared_service import TENANT_A_WRITE, TENANT_B_WRITE, SharedServi
 from tests.pathological_text import pathology
 from tests.support.stores import fresh_pg_database
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.cost(55)]
 
 SIZES = {"100KB": 100 * 1024, "1MB": 1024 * 1024}
 # What each upload must come to: indexed ("added") or failed with a reason containing these words.

@@ -28,6 +28,8 @@ from tests.api.shared_service import SharedService, shared_service
 from tests.api.test_serve_process import slow_document
 from tests.support.api import auth
 
+pytestmark = pytest.mark.cost(20)
+
 ADMIN = auth("admin-key")
 T = TypeVar("T")
 

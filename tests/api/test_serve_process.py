@@ -26,7 +26,7 @@ from tests.support.documents import write_files
 from tests.support.milvus import MilvusTarget
 from tests.support.processes import run_strata, start_serve, strata_env
 
-pytestmark = pytest.mark.slow  # strata serve in a process of its own
+pytestmark = [pytest.mark.slow, pytest.mark.cost(35)]  # strata serve in a process of its own
 
 NOTES = {
     "lighthouse.md": "---\nmodule: coast\nskill_points: [lamp]\n---\n# Lighthouse\n\n"

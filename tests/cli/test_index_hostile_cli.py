@@ -23,7 +23,7 @@ from tests.support.processes import STRATA, run_strata, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened, settings_for
 
-pytestmark = pytest.mark.slow  # strata in processes of its own
+pytestmark = [pytest.mark.slow, pytest.mark.cost(25)]  # strata in processes of its own
 
 # The CLI runs under this address-space limit, so an expanding bomb is stopped by the kernel instead of taking the
 # machine's memory; the bound that is asserted is its peak RSS. The limit is twice the run's own need: unlimited, it

@@ -19,7 +19,7 @@ from tests.support.processes import run_strata, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened, settings_for
 
-pytestmark = pytest.mark.slow  # strata in processes of its own
+pytestmark = [pytest.mark.slow, pytest.mark.cost(30)]  # strata in processes of its own
 
 EXAMPLES_KB = REPO / "examples" / "kb"
 QUERIES = 100

@@ -34,7 +34,7 @@ from tests.support.paths import REPO
 from tests.support.processes import STRATA, free_port, run_strata, strata_env
 from tests.support.stores import fresh_pg_database
 
-pytestmark = pytest.mark.slow  # several strata processes at once
+pytestmark = [pytest.mark.slow, pytest.mark.cost(55)]  # several strata processes at once
 
 T = TypeVar("T")
 

@@ -31,6 +31,8 @@ from tests.support.documents import write_files
 from tests.support.paths import REPO
 from tests.support.processes import STRATA, free_port, strata_env
 
+pytestmark = pytest.mark.cost(30)
+
 ZH_QUERY = "如何重置登录密码？"
 ZH_PASSAGES = [
     "忘记密码时，在登录页点击“忘记密码”，按邮件中的链接即可重置登录密码。",

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.paths import CMRC2018_SUBSET, REPO
 
-pytestmark = pytest.mark.slow  # strata eval
+pytestmark = [pytest.mark.slow, pytest.mark.cost(20)]  # strata eval
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import StoreState, assert_equal_but_renumbered, store_state
 from tests.support.stores import opened, settings_for
 
-pytestmark = pytest.mark.slow  # the crash matrix: strata index SIGKILLed at each write step
+pytestmark = [pytest.mark.slow, pytest.mark.cost(70)]  # the crash matrix: strata index SIGKILLed at each write step
 
 
 def index_in_process(docs: Path, env: dict[str, str], encoder: Any) -> StoreState:

@@ -46,7 +46,8 @@ from tests.support.paths import EXAMPLES_KB
 from tests.support.processes import start_serve, strata_env
 from tests.support.stores import make_settings, opened, settings_for
 
-pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]  # a Milvus server killed under strata serve
+# a Milvus server killed under strata serve
+pytestmark = [pytest.mark.milvus_server, pytest.mark.slow, pytest.mark.cost(65)]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")

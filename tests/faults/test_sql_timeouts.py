@@ -36,6 +36,8 @@ from tests.support.processes import wait_for
 from tests.support.servers import PrivatePostgres
 from tests.support.stores import with_sections
 
+pytestmark = pytest.mark.cost(20)
+
 SETTING = "STRATA_DATABASE__CALL_TIMEOUT_S"
 HANG_S = 60.0  # far past every timeout here: a call still blocked then would block forever
 

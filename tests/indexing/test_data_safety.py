@@ -27,6 +27,8 @@ from tests.support.processes import run_strata, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened, settings_for
 
+pytestmark = pytest.mark.cost(60)
+
 EXAMPLES_KB = REPO / "examples" / "kb"
 PAGES = {
     "alpha.md": "# Alpha\n\nThe alpha launch code is RED-17, kept in the blue safe.\n",

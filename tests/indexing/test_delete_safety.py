@@ -20,6 +20,8 @@ from tests.support.processes import run_strata, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened, settings_for
 
+pytestmark = pytest.mark.cost(20)
+
 PAGES = {
     f"{name}.md": f"# {name.title()}\n\nThe {name} page tells how the {name} harbour works.\n"
     for name in (

@@ -29,7 +29,7 @@ from tests.support.processes import run_strata, strata_env, wait_for
 from tests.support.retrieval import texts
 from tests.support.stores import fresh_pg_database, opened, settings_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.milvus_server]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.milvus_server, pytest.mark.cost(40)]
 
 DOCS = 4
 

@@ -42,7 +42,7 @@ from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened
 
-pytestmark = pytest.mark.integration  # stores opened in the tests' bodies
+pytestmark = [pytest.mark.integration, pytest.mark.cost(50)]  # stores opened in the tests' bodies
 
 
 class HashEncoder:

@@ -27,7 +27,7 @@ from strata.indexing.loaders._text import _TRAILING_SPACES
 from strata.types import Chunk, SourceDocument
 from tests.pathological_text import NORMAL, PATHOLOGIES, Pathology, pathology
 
-pytestmark = [pytest.mark.unit]
+pytestmark = [pytest.mark.unit, pytest.mark.cost(20)]
 
 MEGABYTE = 1024 * 1024
 # Element counts are not what these tests are about (many_headings has 200k sections, the HTML ones 150k+

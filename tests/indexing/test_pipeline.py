@@ -33,6 +33,8 @@ from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import StoreState, store_state
 from tests.support.stores import opened, settings_for
 
+pytestmark = pytest.mark.cost(100)
+
 GUIDE_V1 = """# Guide
 
 ## Alpha

@@ -19,7 +19,7 @@ from strata.indexing.loaders import LoaderLimits, is_supported, load_document
 from strata.indexing.loaders._rst import INLINE_PIECE_CHARS, _pieces, parse_rst
 from strata.types import SourceDocument
 
-pytestmark = [pytest.mark.unit]
+pytestmark = [pytest.mark.unit, pytest.mark.cost(95)]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "docs"
 MEGABYTE = 1024 * 1024

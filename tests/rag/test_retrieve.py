@@ -31,6 +31,8 @@ from tests.support.paths import EXAMPLES_KB
 from tests.support.retrieval import retriever, texts
 from tests.support.stores import fresh_pg_database, make_settings
 
+pytestmark = pytest.mark.cost(35)
+
 
 @pytest.fixture(scope="module")
 def indexed(

@@ -31,7 +31,7 @@ from tests.support.processes import run_strata, strata_env
 from tests.support.retrieval import QUERIES, cut_queries, leaf_texts, top10
 from tests.support.stores import fresh_pg_database
 
-pytestmark = [pytest.mark.milvus_server, pytest.mark.slow]
+pytestmark = [pytest.mark.milvus_server, pytest.mark.slow, pytest.mark.cost(25)]
 KB = "docs"
 
 

@@ -27,6 +27,8 @@ from tests.support.milvus import MILVUS_TARGETS, MilvusTarget, server_collection
 from tests.support.paths import CMRC2018_SUBSET as CMRC
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.cost(30)
+
 PER_KB = 200
 
 

@@ -31,7 +31,7 @@ from tests.support.paths import REPO
 from tests.support.processes import STRATA, run_strata, strata_env
 from tests.support.stores import assert_kb_rows_kept, fresh_pg_database, write_kb_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(30)]
 
 MIGRATIONS = Path(schema_version.__file__).parent / "migrations"
 HEAD = schema_version.head_revision()

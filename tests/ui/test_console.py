@@ -25,7 +25,7 @@ from tests.support.documents import write_files
 from tests.support.paths import EXAMPLES_KB, REPO
 from tests.support.processes import free_port, start_serve, stop_process, strata_env
 
-pytestmark = pytest.mark.slow  # a browser driving strata serve
+pytestmark = [pytest.mark.slow, pytest.mark.cost(25)]  # a browser driving strata serve
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
