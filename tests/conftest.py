@@ -255,10 +255,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def module_cost(item: pytest.Item) -> float:
-    """The seconds a module declares with ``pytest.mark.cost(seconds)``, 0 without. Sorting by it is stable, so
-    a module's tests stay together and in order; pytest-xdist (``--no-loadscope-reorder``) then hands the
-    costliest modules out first, and the run does not wait at its end on one worker's long module."""
-    marker = item.get_closest_marker("cost")
+    """The seconds ``item``'s module declares with ``pytestmark = pytest.mark.cost(seconds)``, 0 without. Read
+    from the module, never the test, so that sorting by it (stable) keeps a module's tests together and in order;
+    pytest-xdist (``--no-loadscope-reorder``) then hands the costliest modules out first, and the run does not
+    wait at its end on one worker's long module."""
+    module = item.getparent(pytest.Module)
+    marker = module.get_closest_marker("cost") if module else None
     return float(marker.args[0]) if marker else 0.0
 
 
