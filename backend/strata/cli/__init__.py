@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -249,6 +251,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("strata: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _stdout_is_a_pipe():
+            raise
+        # The reader of the output left (``strata query ... | head``): no traceback, and nothing more written
+        # at exit (Python flushes stdout then, and would fail again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command that SIGPIPE ended: 128 + 13
+
+
+def _stdout_is_a_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ from its schema and properties:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -122,13 +124,42 @@ class LeafCollection:
             self._check_analyzer(described)
             self._adopt_layout(described)
             self.dictionary = dictionary_of(described)
-            self._client.load_collection(
-                self._name, replica_number=self._settings.replica_number, timeout=self._timeout
-            )
+            self._load()
             if self._use_partitions:
                 self._partitions = set(self._client.list_partitions(self._name, timeout=self._timeout))
         except MilvusException as exc:
             raise StoreError(f"Milvus collection {self._name!r} could not be opened: {exc}") from exc
+
+    def _load(self) -> None:
+        """Loads the collection; on a Milvus Lite file, again after removing each index file it could not read.
+
+        Milvus Lite builds a segment's index after a flush and writes it in place (``faiss.write_index``), so a
+        process killed meanwhile leaves a truncated ``.idx`` file that every later open failed on ("read error
+        in ...dense.hnsw.idx"). An index file is derived from its segment's rows: removed, Lite builds it again
+        from them. Only a file the error names, in this collection's own ``indexes`` folders, is removed, and
+        each at most once.
+        """
+        removed: set[str] = set()
+        while True:
+            try:
+                self._client.load_collection(
+                    self._name, replica_number=self._settings.replica_number, timeout=self._timeout
+                )
+                return
+            except MilvusException as exc:
+                named = (
+                    lite_index_named(str(exc), str(self._settings.uri), self._name) if self._settings.is_lite else None
+                )
+                if named is None or named in removed:
+                    raise
+                removed.add(named)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(named)
+            logger.warning(
+                "Milvus Lite could not read the index file %s (a process stopped while writing it?): "
+                "removed it, Milvus Lite builds it again from the segment's rows",
+                named,
+            )
 
     @property
     def analyzer_tokenizer(self) -> str:
@@ -510,6 +541,20 @@ def layout_of(described: dict[str, Any]) -> str:
         return "single"
     kb_field: dict[str, Any] = next((f for f in described.get("fields", []) if f.get("name") == "kb_id"), {})
     return "partition_key" if kb_field.get("is_partition_key", False) else "partition"
+
+
+_LITE_INDEX_FILE = re.compile(r"/[^\s:'\"]+\.s?idx\b")  # an index file's path in a Milvus Lite error
+
+
+def lite_index_named(message: str, uri: str, collection: str) -> str | None:
+    """The index file of ``collection`` in the Milvus Lite file ``uri`` that an error ``message`` names: a
+    ``.idx`` or ``.sidx`` file in one of the collection's ``indexes`` folders; None when it names none."""
+    root = os.path.join(os.path.abspath(uri), "collections", collection) + os.sep
+    for found in _LITE_INDEX_FILE.finditer(message):
+        path = os.path.normpath(os.path.abspath(found.group(0)))
+        if path.startswith(root) and os.path.basename(os.path.dirname(path)) == "indexes":
+            return path
+    return None
 
 
 # Milvus Lite's gRPC server (in this process for a ``.db`` file, or a ``milvus-lite server``) keeps grpc's

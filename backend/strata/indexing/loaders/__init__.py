@@ -49,22 +49,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import logging
 import os
 import stat
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from strata.errors import IndexingStoppedError, LoaderError
-from strata.indexing.loaders._docx import parse_docx
-from strata.indexing.loaders._html import parse_html
-from strata.indexing.loaders._isolated import Parse, parse_isolated
+from strata.indexing.loaders._isolated import parse_isolated
 from strata.indexing.loaders._limits import LoaderLimits
-from strata.indexing.loaders._markdown import parse_markdown, parse_text
-from strata.indexing.loaders._pdf import parse_pdf
-from strata.indexing.loaders._rst import parse_rst
 from strata.indexing.loaders._text import Parsed, normalize_text
 from strata.types import SourceDocument
 
@@ -252,20 +249,34 @@ def _read_bytes(path: Path, limits: LoaderLimits, *, text_is_the_file: bool) -> 
     return raw
 
 
-def _parse_text(raw: bytes, limits: LoaderLimits) -> Parsed:
-    return parse_text(raw)  # one section: nothing to count
-
-
 # Formats whose text is the file's bytes decoded, only normalized: the file's size tells the text's (check_text_file).
 _TEXT_IS_THE_FILE = frozenset({".md", ".markdown", ".txt"})
 
-_PARSERS: dict[str, Parse] = {
-    ".md": parse_markdown,
-    ".markdown": parse_markdown,
-    ".rst": parse_rst,
-    ".txt": _parse_text,
-    ".html": parse_html,
-    ".htm": parse_html,
-    ".pdf": parse_pdf,
-    ".docx": parse_docx,
+
+@dataclass(frozen=True)
+class _Parser:
+    """A parser by its module's and function's names: what the parse child imports and calls.
+
+    The child's forkserver has imported every parser's module (``_isolated``); this process imports none of
+    them (python-docx, pypdf, lxml, docutils: 0.3 s of a ``strata`` command's start on a 2-core VM, for
+    commands that parse nothing or parse only in the child).
+    """
+
+    module: str
+    name: str
+
+    def __call__(self, raw: bytes, limits: LoaderLimits) -> Parsed:
+        parse = getattr(importlib.import_module(f"strata.indexing.loaders.{self.module}"), self.name)
+        return parse(raw, limits)
+
+
+_PARSERS: dict[str, _Parser] = {
+    ".md": _Parser("_markdown", "parse_markdown"),
+    ".markdown": _Parser("_markdown", "parse_markdown"),
+    ".rst": _Parser("_rst", "parse_rst"),
+    ".txt": _Parser("_markdown", "parse_plain_text"),
+    ".html": _Parser("_html", "parse_html"),
+    ".htm": _Parser("_html", "parse_html"),
+    ".pdf": _Parser("_pdf", "parse_pdf"),
+    ".docx": _Parser("_docx", "parse_docx"),
 }

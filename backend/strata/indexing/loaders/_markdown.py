@@ -66,6 +66,11 @@ def parse_text(raw: bytes) -> Parsed:
     return Parsed(text, (Section((), 0, len(text)),) if text else (), {})
 
 
+def parse_plain_text(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
+    """``parse_text`` as a loader calls it: one section, nothing to count against ``limits``."""
+    return parse_text(raw)
+
+
 def parse_markdown(raw: bytes, limits: LoaderLimits = LoaderLimits()) -> Parsed:
     """Markdown: front matter as metadata, one section per ATX heading (and one for a preamble)."""
     text = LINE_BREAKS.sub("\n", decode_text(raw))
