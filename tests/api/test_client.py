@@ -34,7 +34,7 @@ RESET_QUERY = "密码重置链接多久失效？"
 def served_url(stores: tuple[Settings, Resources]) -> Iterator[str]:
     base, resources = stores
     api = base.api.model_copy(update={"keys": {k: ApiKeyGrant(**v) for k, v in KEYS.items()}})
-    settings = base.model_copy(update={"api": api, "retrieval": base.retrieval.model_copy(update={"cache_size": 0})})
+    settings = base.model_copy(update={"api": api})  # the engine answers from the shared stores' query cache
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings, resources=resources), host="127.0.0.1", port=port, log_config=None)
@@ -108,10 +108,12 @@ def test_the_client_passes_strategy_expand_and_queries(served_url: str, stores: 
 
 
 def test_a_requests_deadline_is_the_services_budget(served_url: str) -> None:
+    query = f"{RESET_QUERY} {uuid.uuid4().hex}"  # a query of its own: another test's answer in the cache is no run
     with StrataClient(served_url, "admin-key") as client:
-        hurried = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], deadline_ms=1)
-        relaxed = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], deadline_ms=600_000)
+        hurried = client.retrieve_documents(query, 3, kb_ids=["demo"], deadline_ms=1)
+        relaxed = client.retrieve_documents(query, 3, kb_ids=["demo"], deadline_ms=600_000)
     reasons = set(hurried.meta.degraded) | {e.error for e in hurried.meta.errors}
+    assert hurried.meta.cache == "miss", hurried.meta
     assert hurried.meta.status != "ok" and reasons & {"deadline_exceeded", "DeadlineExceeded"}, hurried.meta
     assert relaxed.meta.status == "ok"  # a longer deadline than the service's own is cut to it, not refused
 

@@ -72,12 +72,41 @@ def test_a_sane_request_id_is_kept_and_echoed(client: TestClient) -> None:
         ({"query": "ok", "kb_ids": ["../etc"]}, "kb_ids"),
         ({"query": "ok", "kb_ids": []}, "kb_ids"),
         ({"query": "ok", "unknown": 1}, "unknown"),
+        ({"query": "ok", "top_k": True}, "top_k"),  # each member of its own JSON type: nothing coerced
+        ({"query": "ok", "top_k": "3"}, "top_k"),
+        ({"query": "ok", "explain": 1}, "explain"),
+        ({"query": "ok", "rerank": "false"}, "rerank"),
+        ({"query": "ok", "deadline_ms": "100"}, "deadline_ms"),
+        ({"query": "ok", "filters": {"modules": "auth"}}, "filters.modules"),
         ({"top_k": 3}, "query"),
     ],
 )
 def test_invalid_input_is_a_422(client: TestClient, body: dict[str, Any], fragment: str) -> None:
     problem = assert_problem(client.post("/retrieve", json=body, headers=ADMIN), 422)
     assert fragment in problem["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        ("/retrieve/by-module", {"module": "auth", "level": "1"}, "level"),
+        ("/retrieve/by-module", {"module": "auth", "level": True}, "level"),
+        ("/retrieve/by-module", {"module": "auth", "top_k": False}, "top_k"),
+        ("/retrieve/by-skill", {"skill": "reset", "explain": "true"}, "explain"),
+        ("/kbs", {"kb_id": 5}, "kb_id"),
+    ],
+)
+def test_every_request_body_takes_each_member_in_its_own_type(
+    client: TestClient, path: str, body: dict[str, Any], fragment: str
+) -> None:
+    """``true`` is no integer and ``"true"`` no boolean, as the published schema says (schemathesis sends them)."""
+    problem = assert_problem(client.post(path, json=body, headers=ADMIN), 422)
+    assert fragment in problem["detail"]
+
+
+def test_an_integral_number_is_an_integer_as_json_schema_says(client: TestClient) -> None:
+    body = {"query": "ok", "top_k": 2.0, "deadline_ms": 60000.0, "kb_ids": ["demo"]}
+    assert client.post("/retrieve", json=body, headers=ADMIN).json()["meta"]["top_k"] == 2
 
 
 def test_malformed_json_is_a_422(client: TestClient) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
 from pydantic.json_schema import SkipJsonSchema
 
 from strata.config import RetrievalSettings
@@ -78,7 +78,18 @@ Name = Annotated[
     Field(json_schema_extra={"pattern": NAME_PATTERN}),
 ]
 KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
-TopK = Annotated[int, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})]
+
+
+def _json_integer(value: Any) -> Any:
+    """What the schema calls an integer and nothing else: pydantic alone would take ``true`` as 1 and ``"5"`` as 5.
+    A number without a fractional part (``5.0``) is an integer to JSON Schema and stays accepted."""
+    if isinstance(value, bool | str | bytes):
+        raise InvalidArgumentError(f"must be an integer, not {type(value).__name__}")
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_json_integer)]
+TopK = Annotated[Integer, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})]
 
 
 def publish_limits(node: Any, retrieval: RetrievalSettings) -> Any:
@@ -95,6 +106,8 @@ def publish_limits(node: Any, retrieval: RetrievalSettings) -> Any:
 
 
 class _Strict(BaseModel):
+    """A request body: unknown members refused; its integers ``Integer`` and its booleans ``StrictBool``."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -136,24 +149,20 @@ class RetrieveRequest(_Strict):
         None, min_length=1, max_length=100, description="knowledge bases to search; default all you may read"
     )
     filters: FiltersIn | None = None
-    rerank: bool | None = Field(None, description="false skips the reranker; default as configured")
-    expand: bool = Field(True, description="expand the BM25 query through the synonym dictionary")
-    explain: bool = Field(False, description="keep the per-document score trace")
+    rerank: StrictBool | None = Field(None, description="false skips the reranker; default as configured")
+    expand: StrictBool = Field(True, description="expand the BM25 query through the synonym dictionary")
+    explain: StrictBool = Field(False, description="keep the per-document score trace")
     strategy: StrategyName | None = Field(None, description="retrieval strategy; default as configured")
     queries: list[QueryText] | None = Field(
         None, max_length=8, description="the fusion strategy's extra query variants"
     )
-    deadline_ms: int | None = Field(
+    deadline_ms: Annotated[int, Field(ge=1, le=MAX_DEADLINE_MS), BeforeValidator(_json_integer)] | None = Field(
         None,
-        ge=1,
-        le=MAX_DEADLINE_MS,
         description="this request's time budget in milliseconds; the service's own (STRATA_RETRIEVAL__DEADLINE_MS) "
         "applies when it is shorter",
     )
-    max_chars: int | None = Field(
+    max_chars: Annotated[int, Field(ge=1, le=MAX_EVIDENCE_CHARS), BeforeValidator(_json_integer)] | None = Field(
         None,
-        ge=1,
-        le=MAX_EVIDENCE_CHARS,
         description="at most this many characters of evidence: whole documents in rank order, the first that does "
         "not fit cut to the part that answered (metadata cut: true), the rest left out; default top_k whole documents",
     )
@@ -164,7 +173,7 @@ class SkillRequest(_Strict):
     query: QueryText | None = None
     top_k: TopK = 5
     kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
-    explain: bool = False
+    explain: StrictBool = False
 
 
 class ModuleRequest(_Strict):
@@ -172,8 +181,10 @@ class ModuleRequest(_Strict):
     query: QueryText | None = None
     top_k: TopK = 5
     kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
-    level: Literal[1, 2, 3] = Field(1, description="chunk level listed when no query is given")
-    explain: bool = False
+    level: Annotated[Literal[1, 2, 3], BeforeValidator(_json_integer)] = Field(
+        1, description="chunk level listed when no query is given"
+    )
+    explain: StrictBool = False
 
 
 class KbCreate(_Strict):
