@@ -40,6 +40,10 @@ def create_app(
 ) -> FastAPI:
     """The service for ``settings``; with ``resources`` it shares them (and leaves closing them to the caller).
 
+    With ``resources``, pass the settings they were built with, changed only in the service's own sections
+    (``api``, tracing): the engine answers with ``resources.settings`` (stores, retrieval, query cache), so another
+    ``retrieval`` section here would apply to the service's checks and not to its answers.
+
     ``keys`` are the settings' keys when not given; raises ``ConfigError`` for a key that could never match.
     """
     metrics = Metrics()
