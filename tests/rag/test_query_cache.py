@@ -193,6 +193,29 @@ def test_concurrent_misses_share_a_non_cacheable_result_but_do_not_store_it() ->
     assert degraded.calls == 2
 
 
+def test_a_call_waits_for_an_identical_one_in_flight_no_longer_than_its_own_deadline() -> None:
+    """A query with little time left computes itself rather than wait out a slower identical query's run."""
+    cache = QueryCache(size=8, ttl_s=60)
+    started, release = threading.Event(), threading.Event()
+    leader_answer: list[Lookup] = []
+
+    def slow() -> tuple[dict[str, Any], bool]:
+        started.set()
+        assert release.wait(timeout=10), "the test never released the first call"
+        return result("first"), True
+
+    leader = threading.Thread(target=lambda: leader_answer.append(cache.get_or_compute("k", slow)))
+    leader.start()
+    assert started.wait(timeout=30)
+    own = Compute(result("second"))
+    follower = cache.get_or_compute("k", own, wait_s=0.0)  # no time left to wait: the first is still running
+    release.set()
+    leader.join(timeout=30)
+
+    assert follower == Lookup(result("second"), "miss") and own.calls == 1
+    assert leader_answer == [Lookup(result("first"), "miss")]
+
+
 def test_hits_are_copies_a_caller_cannot_corrupt_the_cache() -> None:
     cache = QueryCache(size=8, ttl_s=60)
     first = cache.get_or_compute("k", Compute(result("k"))).value

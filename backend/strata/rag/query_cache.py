@@ -60,6 +60,9 @@ class Lookup:
     cache_error: str | None = None
 
 
+FOLLOW_WAIT_S = 60.0  # the longest a call waits for an identical one in flight
+
+
 class _Flight:
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -94,8 +97,13 @@ class QueryCache:
     def enabled(self) -> bool:
         return self._items.maxsize > 0
 
-    def get_or_compute(self, key: str, compute: Callable[[], tuple[dict[str, Any], bool]]) -> Lookup:
-        """The cached value of ``key``, or ``compute()``'s (value, cacheable), computed once per key at a time."""
+    def get_or_compute(
+        self, key: str, compute: Callable[[], tuple[dict[str, Any], bool]], *, wait_s: float = FOLLOW_WAIT_S
+    ) -> Lookup:
+        """The cached value of ``key``, or ``compute()``'s (value, cacheable), computed once per key at a time.
+
+        A call that finds the same key in flight waits for it at most ``wait_s`` (the caller's deadline), then
+        computes itself: a query with a short deadline never waits out a longer one's run."""
         found, error = self._get(key)
         if found is not None:
             return Lookup(copy.deepcopy(found), "hit", error)
@@ -106,10 +114,10 @@ class QueryCache:
                 flight = self._inflight[key] = _Flight()
         assert flight is not None  # set above, under the lock
         if not leader:
-            flight.done.wait(timeout=60)
+            flight.done.wait(timeout=max(0.0, min(wait_s, FOLLOW_WAIT_S)))
             if flight.value is not None:
                 return Lookup(copy.deepcopy(flight.value), "shared", error)
-            return self._compute(key, compute, error)  # the leader died without a result
+            return self._compute(key, compute, error)  # the leader died without a result, or is still running
         try:
             return self._compute(key, compute, error, flight)
         finally:

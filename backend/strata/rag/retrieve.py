@@ -175,7 +175,8 @@ class Retriever:
             computed = run.result()
             return computed.to_dict(), computed.meta.status == "ok"
 
-        lookup = self._cache.get_or_compute(self._cache_key(run, state, rerank, cache_scope), compute)
+        key = self._cache_key(run, state, rerank, cache_scope)
+        lookup = self._cache.get_or_compute(key, compute, wait_s=run.deadline.remaining())
         run.add(_cache_outcome(run, lookup))
         return _within(run.finish(), max_chars)
 
