@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.testclient import TestClient
 
 from tests.support.api import AppFactory
@@ -36,6 +38,26 @@ def test_a_request_at_the_published_limits_is_accepted(make_client: AppFactory) 
     assert client.post("/retrieve", json={"query": query, "top_k": top_k, "kb_ids": ["garden"]}).status_code == 200
     assert client.post("/retrieve", json={"query": query + "x", "top_k": top_k}).status_code == 422
     assert client.post("/retrieve", json={"query": query, "top_k": top_k + 1}).status_code == 422
+
+
+def test_bounds_are_published_as_json_schema_keywords(make_client: AppFactory) -> None:
+    """pydantic publishes a bound placed after a validator as an unknown key ("ge"), which no client reads."""
+    document = make_client().get("/openapi.json").json()
+    stray: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            stray.extend(f"{path}.{key}" for key in ("ge", "le", "gt", "lt") if key in node)
+            for key, child in node.items():
+                walk(child, f"{path}.{key}")
+        elif isinstance(node, list):
+            for n, child in enumerate(node):
+                walk(child, f"{path}[{n}]")
+
+    walk(document, "")
+    assert stray == []
+    body = document["components"]["schemas"]["RetrieveRequest"]["properties"]
+    assert next(b for b in body["deadline_ms"]["anyOf"] if b.get("type") == "integer")["minimum"] == 1
 
 
 def test_docs_are_off_unless_switched_on(make_client: AppFactory) -> None:

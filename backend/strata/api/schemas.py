@@ -88,6 +88,8 @@ def _json_integer(value: Any) -> Any:
     return value
 
 
+# A bounded integer names its bounds before the validator (``Annotated[int, Field(ge=1), BeforeValidator(...)]``):
+# bounds after a BeforeValidator would be published as unknown keys ("ge") instead of minimum/maximum.
 Integer = Annotated[int, BeforeValidator(_json_integer)]
 TopK = Annotated[Integer, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})]
 

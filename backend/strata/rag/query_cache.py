@@ -114,7 +114,7 @@ class QueryCache:
                 flight = self._inflight[key] = _Flight()
         assert flight is not None  # set above, under the lock
         if not leader:
-            flight.done.wait(timeout=max(0.0, min(wait_s, FOLLOW_WAIT_S)))
+            flight.done.wait(timeout=min(wait_s, FOLLOW_WAIT_S))
             if flight.value is not None:
                 return Lookup(copy.deepcopy(flight.value), "shared", error)
             return self._compute(key, compute, error)  # the leader died without a result, or is still running
