@@ -224,6 +224,20 @@ def test_milvus_server_command_runs_milvus_lites_server(tmp_path: Path, processe
     assert (tmp_path / "milvus").is_dir()
 
 
+def test_milvus_server_refuses_a_port_another_server_listens_on(tmp_path: Path) -> None:
+    """milvus-lite's server binds beside another with SO_REUSEPORT and would take half its clients silently."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a gRPC server binds
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        done = run_strata(
+            ["milvus-server", "--data-dir", str(tmp_path / "milvus"), "--port", str(port)], strata_env(tmp_path)
+        )
+    assert done.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in done.stderr, done.stderr
+    assert done.stdout == "" and not (tmp_path / "milvus").exists()
+
+
 def _answers(server: subprocess.Popen[str], uri: str) -> bool:
     assert server.poll() is None, f"strata milvus-server exited {server.returncode}: {server.communicate()}"
     return milvus_answers(uri)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from strata.cli.milvus_server import server_command
+from strata.cli.milvus_server import port_taken, server_command
 from strata.config import MilvusSettings
 from tests.support.processes import free_port, stop_process
 
@@ -37,11 +37,18 @@ class MilvusServerProcess:
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.data_dir = data_dir
+        self._port_given = port is not None  # a restart keeps its port; a port of its own is chosen again if taken
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, *, within_s: float = 60.0) -> None:
+        # another test's server on this port would share it (SO_REUSEPORT) and answer some of this one's clients
+        if port_taken("127.0.0.1", self.port):
+            if self._port_given:
+                raise RuntimeError(f"port {self.port} is in use: this server would share it with another")
+            self.port = free_port()
+            self.uri = f"http://127.0.0.1:{self.port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             server_command(self.data_dir, host="127.0.0.1", port=self.port),  # what `strata milvus-server` runs

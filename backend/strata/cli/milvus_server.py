@@ -13,8 +13,10 @@ the server has no authentication.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -25,6 +27,11 @@ from strata.config import ConfigError, Settings
 def cmd_milvus_server(args: argparse.Namespace, settings: Settings) -> int:
     if importlib.util.find_spec("milvus_lite") is None:
         raise ConfigError("milvus-lite is not installed in this environment (pip install milvus-lite)")
+    if port_taken(args.host, args.port):  # milvus-lite would bind beside it (SO_REUSEPORT) and get half the clients
+        raise ConfigError(
+            f"port {args.port} on {args.host} is already in use: a second server there would share it and answer "
+            "some clients from another data directory; stop the other one or choose another --port"
+        )
     command = server_command(args.data_dir, host=args.host, port=args.port)
     print(f"export STRATA_MILVUS__URI={client_uri(args.host, args.port)}", flush=True)
     if not is_loopback(args.host):
@@ -51,6 +58,21 @@ def server_command(data_dir: Path, *, host: str, port: int) -> list[str]:
         "--port",
         str(port),
     ]
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` already. milvus-lite's gRPC server sets ``SO_REUSEPORT``, so a
+    second one binds the same port without an error and the kernel splits new connections between the two."""
+    family, kind, proto, _, address = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no server
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
 
 
 def client_uri(host: str, port: int) -> str:
