@@ -220,23 +220,16 @@ def count(client: Any) -> int:
 # -- main -------------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dataset", type=Path, help="the SQuAD-style file `strata eval` read")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="the `strata eval --out` folder (writes flat-baseline/)"
-    )
-    parser.add_argument("--sample", type=int, help="questions to sample (seed 13), as `strata eval --sample`")
-    parser.add_argument("--route-limit", type=int, default=20)
-    parser.add_argument("--rebuild", action="store_true", help="build the baseline's Milvus file anew")
-    args = parser.parse_args()
-    tune_openmp()
-    quiet_logging()
+def flat_outcomes(
+    dataset: Path, out: Path, sample: int | None, route_limit: int = 20, rebuild: bool = False
+) -> tuple[list[QueryOutcome], int, str]:
+    """The baseline's (outcomes, leaves, system label) on ``dataset``'s sampled questions; its store under
+    ``out/flat-baseline``, reused when built from the same data file and recipe (``rebuild``: anew)."""
     from pymilvus import AnnSearchRequest, MilvusClient, RRFRanker
 
-    home = args.out / "flat-baseline"
+    home = out / "flat-baseline"
     db, manifest_path = home / "milvus.db", home / "manifest.json"
-    articles, _ = load_squad(args.dataset)
+    articles, _ = load_squad(dataset)
     names = write_corpus(articles, home / "corpus")
     paragraph_ids = {a.doc_id: [p.paragraph_id for p in a.paragraphs] for a in articles}
     documents = {
@@ -259,7 +252,7 @@ def main() -> None:
     try:
         encoder = resources.encoder
         manifest = {
-            "data_sha256": sha256(args.dataset),
+            "data_sha256": sha256(dataset),
             "recipe": {
                 "version": RECIPE_VERSION,
                 "max_chars": MAX_CHARS,
@@ -272,7 +265,7 @@ def main() -> None:
         }
         built = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else None
         reuse = (
-            not args.rebuild
+            not rebuild
             and db.exists()
             and built is not None
             and all(built.get(key) == value for key, value in manifest.items())
@@ -283,7 +276,7 @@ def main() -> None:
                 shutil.rmtree(db)
             else:
                 db.unlink(missing_ok=True)
-        queries, total = sampled_queries(args.dataset, args.sample)
+        queries, total = sampled_queries(dataset, sample)
         started = time.perf_counter()
         vectors = encoder.encode_queries([q.question for q in queries])
         print(f"{len(queries)} question vectors in {time.perf_counter() - started:.1f} s")
@@ -307,8 +300,8 @@ def main() -> None:
 
             def search(vector: Any, question: str, k: int) -> tuple[tuple[Item, ...], float]:
                 requests = [
-                    AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": SEARCH_EF}}, args.route_limit),
-                    AnnSearchRequest([question], "sparse", {}, args.route_limit),
+                    AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": SEARCH_EF}}, route_limit),
+                    AnnSearchRequest([question], "sparse", {}, route_limit),
                 ]
                 started = time.perf_counter()
                 hits = client.hybrid_search(
@@ -330,14 +323,31 @@ def main() -> None:
                 outcomes.append(QueryOutcome(query.query_id, query.doc_id, query.answers, at_5, at_10, ms_5, ms_10))
         finally:
             client.close()
-        print(machine())
-        print(f"{len(queries)} of {total} questions; {len(leaves)} leaves; latency without query encoding")
-        system = (
-            f"flat hybrid (§8 recipe: {MAX_CHARS}-char leaves, hybrid_search RRF {RRF_K}, routes {args.route_limit})"
-        )
-        print(markdown_table({system: summarize(outcomes)}))
     finally:
         resources.close()
+    print(f"{len(queries)} of {total} questions; {len(leaves)} leaves; latency without query encoding")
+    return (
+        outcomes,
+        len(leaves),
+        f"flat hybrid (§8 recipe: {MAX_CHARS}-char leaves, hybrid_search RRF {RRF_K}, routes {route_limit})",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", type=Path, help="the SQuAD-style file `strata eval` read")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the `strata eval --out` folder (writes flat-baseline/)"
+    )
+    parser.add_argument("--sample", type=int, help="questions to sample (seed 13), as `strata eval --sample`")
+    parser.add_argument("--route-limit", type=int, default=20)
+    parser.add_argument("--rebuild", action="store_true", help="build the baseline's Milvus file anew")
+    args = parser.parse_args()
+    tune_openmp()
+    quiet_logging()
+    outcomes, _, system = flat_outcomes(args.dataset, args.out, args.sample, args.route_limit, args.rebuild)
+    print(machine())
+    print(markdown_table({system: summarize(outcomes)}))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
+from strata.cli.supervisor import EXIT_BUDGET_S, SUPERVISOR_SLACK_S
 from strata.config import ENV_PREFIX, ConfigError, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -681,6 +682,53 @@ def test_make_secrets_refuses_placeholders_and_minios_default_naming_the_key(tmp
     assert done.returncode != 0 and "milvus-credentials.env: accesskey is MinIO's default minioadmin" in done.stderr
 
 
+def _previous_release_secrets(directory: Path) -> dict[str, str]:
+    """The two files the previous release's make-secrets.sh wrote (root's Milvus token, the tables' owner's URL)."""
+    directory.mkdir()
+    (directory / "milvus-credentials.env").write_text(
+        f"accesskey=strata\nsecretkey={'s' * 48}\nrootpassword={'r' * 48}\n", encoding="utf-8"
+    )
+    old = {
+        "STRATA_API__API_KEY": "k" * 48,
+        "STRATA_MILVUS__TOKEN": "root:" + "r" * 48,
+        "STRATA_DATABASE__URL": "postgresql+psycopg://strata:owner-pw@pg.example:5432/strata",
+        "STRATA_REDIS__URL": "redis://:redis-pw@redis.example:6379/0",
+    }
+    (directory / "strata-secrets.env").write_text("".join(f"{k}={v}\n" for k, v in old.items()), encoding="utf-8")
+    return old
+
+
+def test_make_secrets_upgrades_the_previous_releases_secrets(tmp_path: Path) -> None:
+    old = _previous_release_secrets(tmp_path / "given")
+    done = _make_secrets(tmp_path / "given", STRATA_DATABASE__URL=URLS["STRATA_DATABASE__URL"])
+    assert done.returncode == 0, done.stderr
+    assert "upgraded the previous release's secrets" in done.stdout
+    files = {
+        name: _env_file(tmp_path / "given" / name)
+        for name in ("milvus-credentials.env", "strata-secrets.env", "strata-migration.env", "strata-metrics.env")
+    }
+    for name, values in files.items():
+        assert set(values) == set(_env_file(K8S / f"{name}.example")), name
+    strata = files["strata-secrets.env"]
+    assert strata["STRATA_API__API_KEY"] == old["STRATA_API__API_KEY"]  # clients keep their key
+    assert strata["STRATA_REDIS__URL"] == old["STRATA_REDIS__URL"]
+    assert strata["STRATA_DATABASE__URL"] == URLS["STRATA_DATABASE__URL"]  # the pods: the serving role
+    assert files["strata-migration.env"]["STRATA_DATABASE__URL"] == old["STRATA_DATABASE__URL"]  # the owner: DDL
+    user, password = strata["STRATA_MILVUS__TOKEN"].split(":")
+    assert user == "strata" and len(password) >= 32  # no pod logs in as root
+    assert json.loads(strata["STRATA_API__KEYS"]) == {files["strata-metrics.env"]["token"]: {"metrics": True}}
+    assert _env_file(tmp_path / "given" / "strata-secrets.previous.env") == old
+
+    # without the serving role's URL: written with a placeholder on the owner's host, and refused naming the key
+    _previous_release_secrets(tmp_path / "placeholder")
+    done = _make_secrets(tmp_path / "placeholder")
+    assert done.returncode == 1
+    assert "strata-secrets.env: STRATA_DATABASE__URL still holds a CHANGE_ME placeholder: set it" in done.stderr
+    serving = _env_file(tmp_path / "placeholder" / "strata-secrets.env")["STRATA_DATABASE__URL"]
+    assert serving == "postgresql+psycopg://strata_app:CHANGE_ME@pg.example:5432/strata"
+    assert _make_secrets(tmp_path / "placeholder").returncode == 1  # run again: kept and checked, not upgraded twice
+
+
 def test_the_secrets_come_from_git_ignored_env_files_not_from_a_manifest() -> None:
     kustomization = _kustomization()
     assert not [r for r in kustomization["resources"] if "secret" in r.lower()]  # apply -k would overwrite them
@@ -990,7 +1038,8 @@ def test_the_documented_model_loading_applies_the_loader_job() -> None:
     assert "job/strata-model-loader" in section and "model folder /models/bge-m3: not found" in section
 
 
-SHUTDOWN_MARGIN_S = 10  # after the grace: cancelling what is left, closing the stores, the workers' exit
+# after the grace: cancelling what is left, closing the stores, the workers' exit (strata ends itself past it)
+SHUTDOWN_MARGIN_S = EXIT_BUDGET_S + SUPERVISOR_SLACK_S
 
 
 def _seconds(value: str | int) -> float:
@@ -1017,3 +1066,36 @@ def test_strata_shutdown_fits_in_the_grace_the_orchestrators_give() -> None:
     service = _compose()["services"]["strata"]
     compose_grace = float(_environment_of(service).get("STRATA_API__SHUTDOWN_GRACE_S", default_grace))
     assert compose_grace + SHUTDOWN_MARGIN_S <= _seconds(service["stop_grace_period"])
+
+
+def _strata_ports() -> dict[str, int]:
+    """Every place a deploy file (or the settings' default) names the port strata serves on, by where."""
+    from strata.config import ApiSettings
+
+    ports = {"config.py default": int(ApiSettings.model_fields["port"].default)}
+    ports["production.env"] = int(_env_file(DEPLOY / "production.env")["STRATA_API__PORT"])
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    ports["Dockerfile ENV"] = int(_dockerfile_env()["STRATA_API__PORT"])
+    ports |= {f"Dockerfile {what}": int(port) for what, port in re.findall(r"^(EXPOSE) (\d+)", dockerfile, re.M)}
+    ports |= {f"Dockerfile CMD {n}": int(p) for n, p in enumerate(re.findall(r'"--port", "(\d+)"', dockerfile))}
+    ports |= {f"Dockerfile probe {n}": int(p) for n, p in enumerate(re.findall(r"127\.0\.0\.1:(\d+)", dockerfile))}
+    service = _compose()["services"]["strata"]
+    ports["compose command"] = int(service["command"][service["command"].index("--port") + 1])
+    ports |= {f"compose ports {n}": int(str(mapping).rsplit(":", 1)[1]) for n, mapping in enumerate(service["ports"])}
+    probe = json.dumps(service["healthcheck"]["test"])
+    ports |= {f"compose probe {n}": int(p) for n, p in enumerate(re.findall(r"127\.0\.0\.1:(\d+)", probe))}
+    if "STRATA_API__PORT" in _environment_of(service):
+        ports["compose environment"] = int(_environment_of(service)["STRATA_API__PORT"])
+    docs = _k8s_documents()
+    (container,) = [c for c in _containers(_workloads(docs)["Deployment/strata"]) if c["name"] == "strata"]
+    ports["k8s command"] = int(container["command"][container["command"].index("--port") + 1])
+    ports |= {f"k8s containerPort {p['name']}": int(p["containerPort"]) for p in container["ports"]}
+    if "STRATA_API__PORT" in _container_environment(container, docs):
+        ports["k8s environment"] = int(_container_environment(container, docs)["STRATA_API__PORT"])
+    return ports
+
+
+def test_every_deploy_file_serves_strata_on_one_port() -> None:
+    ports = _strata_ports()
+    assert {"production.env", "Dockerfile EXPOSE", "compose command", "k8s containerPort http"} <= set(ports)
+    assert len(set(ports.values())) == 1, ports

@@ -58,6 +58,7 @@ NOT_SETTINGS = frozenset(
         "STRATA_IMAGE",
         "STRATA_MODELS_DIR",
         "STRATA_RERANK_URL",
+        "STRATA_SLOTS_DIR",  # set by `strata serve --workers N` for its workers (strata.api.shared_slots)
     }
 )
 NOT_SETTINGS_PREFIX = (
@@ -145,6 +146,12 @@ class MilvusSettings(_Section):
         description="timeout of a count, id listing or id probe of a whole kb (strata stats, reconcile, "
         "an indexing run's checks): Milvus Lite reads every matching row, 60 s for 250,000 leaves on a loaded 2-core host",
     )
+    flush_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="timeout of a flush, which seals every row written since the last one and waits for it: a "
+        "document of 100,000+ leaves on a loaded server takes minutes (timeout_s bounds the other writes)",
+    )
     lite_in_process: bool = Field(
         True,
         description="Milvus Lite: the query path's searches call Lite's engine in this process instead of its "
@@ -189,7 +196,12 @@ class DatabaseSettings(_Section):
     url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///{data_dir}/strata.sqlite3")
     echo: bool = False
     pool_size: int = Field(5, ge=1)
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="PostgreSQL: how long a new connection may take (libpq counts whole seconds, 2 at least)"
+    )
+    pool_timeout_s: float = Field(
+        30.0, gt=0, description="how long a call waits for a free pooled connection (a request: its deadline at most)"
+    )
     query_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement timeout of the query path's reads")
     call_timeout_s: float = Field(
         60.0,
@@ -294,7 +306,13 @@ class IndexingSettings(_Section):
         60.0, gt=0, description="how long parsing one file (in a child process, any format) may take"
     )
     parse_max_memory_bytes: int = Field(
-        1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the child process parsing one file may add (bytes)"
+        1024 * 1024 * 1024, ge=64 * 1024 * 1024, description="memory the process parsing one file may add (bytes)"
+    )
+    parse_workers: int = Field(
+        default_factory=lambda: min(os.cpu_count() or 1, 2),
+        ge=1,
+        description="parse worker processes of the pool, each parsing file after file (killed and replaced on "
+        "a timeout, a memory cap or a crash); default: the CPU count, at most 2",
     )
     lease_ttl_s: float = Field(
         60.0,
@@ -437,6 +455,13 @@ class ApiSettings(_Section):
         ge=0,
         description="seconds /ready reuses its last check (concurrent probes share one); 0 = check on every probe",
     )
+    ready_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=30,
+        description="bound of one readiness check (its components checked at once): a component that has not "
+        "answered by then is down (hung); keep it well inside the probe's timeoutSeconds",
+    )
     ready_requires: list[Literal["sql", "milvus", "redis", "reranker", "encoder"]] = Field(
         default_factory=list,
         description="shared components whose outage makes /ready answer 503, JSON list; default none: an outage of a store every "
@@ -463,6 +488,16 @@ class ApiSettings(_Section):
         description="slots one key may hold at once (more of its requests wait in the queue, then 503); unset = half of max_concurrency (at least 1), so two keys are always served; at most max_concurrency",
     )
     queue_timeout_s: float = Field(2.0, ge=0, description="how long a request waits for a slot before a 503")
+    max_uploads_per_key: int = Field(
+        2,
+        ge=1,
+        description="uploads (each a parse, then indexing) one key may run at once across every worker; another is refused at once with 429 and Retry-After",
+    )
+    max_uploads: int | None = Field(
+        None,
+        ge=1,
+        description="uploads the whole service runs at once across every worker (each parse takes a CPU); another is refused at once with 503 and Retry-After; unset = no bound but the keys' shares (the CPUs less one keeps a CPU for queries: docs/benchmarks.md)",
+    )
     body_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -481,7 +516,22 @@ class ApiSettings(_Section):
     max_connections: int = Field(
         1000,
         ge=1,
-        description="open connections per server process; at the cap the longest-idle one (no request in progress) is closed to make room. Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised to its hard limit) less a reserve",
+        description="open connections per server process; at the cap the one that has waited longest on its client (for a request, or to read its answer) is reset to make room. Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised to its hard limit) less a reserve",
+    )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a connection whose answer has been waiting this many seconds for the client to read it (bytes left unsent in the process) is reset, whatever it was doing",
+    )
+    send_buffer_bytes: int = Field(
+        65536,
+        ge=0,
+        description="the kernel's send buffer of each connection (SO_SNDBUF, which Linux doubles for its bookkeeping): what a client that does not read can hold in the kernel besides the one answer in the process; 0 = the kernel's autotuning (up to net.ipv4.tcp_wmem's maximum, 4 MiB by default, per connection)",
+    )
+    max_pipelined_requests: int = Field(
+        16,
+        ge=1,
+        description="requests a connection may have answered in a row while it had sent the next before reading the answer (HTTP pipelining); the connection closes after the last",
     )
     shutdown_grace_s: float = Field(
         30.0,

@@ -12,7 +12,8 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
     │   ├── IndexLockedError     the Milvus Lite file is held by another process
     │   ├── EncoderMismatchError a collection/kb was built with another encoder
     │   ├── LeavesMissingError   the configured collection lacks leaves a kb serves in SQL
-    │   └── CacheError           the chunk cache (Redis) failed
+    │   ├── CacheError           the chunk cache (Redis) failed
+    │   └── StoreTimeoutError    a store did not answer within a bound (names the store and the setting)
     ├── LoaderError              a source file could not be read
     ├── IndexingError            a document could not be indexed consistently
     │   └── IndexingStoppedError an indexing run was stopped (the service is shutting down)
@@ -72,6 +73,17 @@ class LeavesMissingError(StoreError):
 
 class CacheError(StoreError):
     """The chunk cache failed; callers fall back to SQL."""
+
+
+class StoreTimeoutError(StoreError):
+    """A store call waited out its bound (a hung or overloaded server): ``store`` names the store ("PostgreSQL",
+    "Milvus", "Redis"), ``setting`` the bound that ended the wait (a setting's variable, or the request's
+    deadline). Built by ``strata.stores.store_timeouts``, the one place such errors are worded. Not a
+    ``TimeoutError``: ``concurrent.futures`` would take it for its own wait running out."""
+
+    def __init__(self, message: str, *, store: str, setting: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.store, self.setting, self.timeout_s = store, setting, timeout_s
 
 
 class LoaderError(StrataError):

@@ -1,23 +1,28 @@
-"""``StrataClient`` over real HTTP (uvicorn on loopback, in a thread) against the in-process library."""
+"""``StrataClient`` and ``AsyncStrataClient`` over real HTTP (the service's app served by uvicorn on loopback, in a
+thread) against the in-process library: every client test runs for both (the ``connect`` fixture), the async one
+awaited on an event loop of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import io
 import math
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
 from strata.api import create_app
-from strata.client import ServiceError, StrataClient
+from strata.client import AsyncStrataClient, ServiceError, StrataClient
 from strata.config import ApiKeyGrant, Settings
 from strata.errors import InvalidArgumentError, NotFoundError
 from strata.rag.retrieve import Retriever
@@ -28,6 +33,51 @@ from tests.support.api import KEYS
 from tests.support.processes import free_port, run_strata, strata_env
 
 RESET_QUERY = "密码重置链接多久失效？"
+
+pytestmark = pytest.mark.integration
+
+
+class Awaited:
+    """An ``AsyncStrataClient`` called like a ``StrataClient``: each call awaited on one event loop of its own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = AsyncStrataClient(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        return lambda *args, **kwargs: self._loop.run_until_complete(method(*args, **kwargs))
+
+    def __enter__(self) -> Awaited:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
+
+
+Connect = Callable[..., Any]  # StrataClient's arguments -> a client (a StrataClient, or an Awaited async one)
+
+
+@pytest.fixture(params=["StrataClient", "AsyncStrataClient"])
+def connect(request: pytest.FixtureRequest) -> Connect:
+    return StrataClient if request.param == "StrataClient" else Awaited
+
+
+def test_both_clients_have_the_same_methods_arguments_and_defaults() -> None:
+    """One API twice: the same public names, parameters, kinds and defaults; every async one a coroutine."""
+
+    def methods(client: type) -> dict[str, list[tuple[str, object, object]]]:
+        public = {n: m for n, m in vars(client).items() if not n.startswith("_") and callable(m)}
+        return {
+            n: [(p.name, p.kind, p.default) for p in inspect.signature(m).parameters.values()]
+            for n, m in public.items()
+        }
+
+    assert methods(AsyncStrataClient) == methods(StrataClient)
+    assert all(inspect.iscoroutinefunction(m) for n, m in vars(AsyncStrataClient).items() if n in methods(StrataClient))
+    init = {c: inspect.signature(c).parameters for c in (StrataClient, AsyncStrataClient)}
+    assert list(init[StrataClient]) == list(init[AsyncStrataClient])
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +100,10 @@ def served_url(stores: tuple[Settings, Resources]) -> Iterator[str]:
     thread.join(30)
 
 
-def test_the_client_returns_what_the_library_returns(served_url: str, stores: tuple[Settings, Resources]) -> None:
-    with StrataClient(served_url, "admin-key") as client:
+def test_the_client_returns_what_the_library_returns(
+    connect: Connect, served_url: str, stores: tuple[Settings, Resources]
+) -> None:
+    with connect(served_url, "admin-key") as client:
         remote = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], filters=Filters(modules=("auth",)))
     local = Retriever(stores[1]).retrieve(RESET_QUERY, 3, kb_ids=["demo"], filters=Filters(modules=("auth",)))
     assert [d.metadata["chunk_id"] for d in remote.docs] == [d.metadata["chunk_id"] for d in local.docs]
@@ -66,40 +118,41 @@ def test_the_client_returns_what_the_library_returns(served_url: str, stores: tu
     )
 
 
-def test_the_client_raises_like_the_library(served_url: str) -> None:
-    with StrataClient(served_url, "demo-reader-key") as client:
+def test_the_client_raises_like_the_library(connect: Connect, served_url: str) -> None:
+    with connect(served_url, "demo-reader-key") as client:
         with pytest.raises(InvalidArgumentError, match="top_k"):  # a ValueError, as the library's
             client.retrieve_documents("x", 0)
         with pytest.raises(NotFoundError, match="garden"):
             client.retrieve_documents("tomatoes", 3, kb_ids=["garden"])  # not this key's: as if it did not exist
         assert {k["kb_id"] for k in client.list_kbs()} == {"demo"}
-    with StrataClient(served_url, "wrong-key") as client, pytest.raises(ServiceError) as refused:
+    with connect(served_url, "wrong-key") as client, pytest.raises(ServiceError) as refused:
         client.retrieve_documents("x", 3)
     assert refused.value.status == 401 and refused.value.problem["title"] == "Unauthorized"
-    with StrataClient(f"http://127.0.0.1:{free_port()}") as client, pytest.raises(ServiceError, match="cannot reach"):
+    with connect(f"http://127.0.0.1:{free_port()}") as client, pytest.raises(ServiceError, match="cannot reach"):
         client.retrieve_documents("x", 3)
 
 
 # -- the library's call, its deadline and its timeout ----------------------------------------------
 
 
-def test_the_client_takes_the_librarys_arguments() -> None:
+@pytest.mark.parametrize("client", [StrataClient, AsyncStrataClient])
+def test_the_client_takes_the_librarys_arguments(client: type) -> None:
     """Same parameters, kinds and defaults as ``strata.rag.retrieve_documents``; the client adds ``timeout``
     (and takes no ``settings``: the service's apply)."""
-    import inspect
-
     from strata.rag.retrieve import retrieve_documents
 
     def params(function: object, leave_out: set[str]) -> list[tuple[str, object, object]]:
         found = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
         return [(p.name, p.kind, p.default) for p in found if p.name not in leave_out]
 
-    assert params(StrataClient.retrieve_documents, {"self", "timeout"}) == params(retrieve_documents, {"settings"})
+    assert params(client.retrieve_documents, {"self", "timeout"}) == params(retrieve_documents, {"settings"})
 
 
-def test_the_client_passes_strategy_expand_and_queries(served_url: str, stores: tuple[Settings, Resources]) -> None:
+def test_the_client_passes_strategy_expand_and_queries(
+    connect: Connect, served_url: str, stores: tuple[Settings, Resources]
+) -> None:
     options = {"strategy": "fusion", "expand": False, "queries": ["how long is a reset link valid"]}
-    with StrataClient(served_url, "admin-key") as client:
+    with connect(served_url, "admin-key") as client:
         remote = client.retrieve_documents(RESET_QUERY, 3, kb_ids=["demo"], **options)
     local = Retriever(stores[1]).retrieve(RESET_QUERY, 3, kb_ids=["demo"], **options)
     assert remote.meta.strategy == local.meta.strategy == "fusion"
@@ -107,9 +160,9 @@ def test_the_client_passes_strategy_expand_and_queries(served_url: str, stores: 
     assert [d.metadata["chunk_id"] for d in remote.docs] == [d.metadata["chunk_id"] for d in local.docs]
 
 
-def test_a_requests_deadline_is_the_services_budget(served_url: str) -> None:
+def test_a_requests_deadline_is_the_services_budget(connect: Connect, served_url: str) -> None:
     query = f"{RESET_QUERY} {uuid.uuid4().hex}"  # a query of its own: another test's answer in the cache is no run
-    with StrataClient(served_url, "admin-key") as client:
+    with connect(served_url, "admin-key") as client:
         hurried = client.retrieve_documents(query, 3, kb_ids=["demo"], deadline_ms=1)
         relaxed = client.retrieve_documents(query, 3, kb_ids=["demo"], deadline_ms=600_000)
     reasons = set(hurried.meta.degraded) | {e.error for e in hurried.meta.errors}
@@ -118,14 +171,14 @@ def test_a_requests_deadline_is_the_services_budget(served_url: str) -> None:
     assert relaxed.meta.status == "ok"  # a longer deadline than the service's own is cut to it, not refused
 
 
-def test_a_service_that_never_answers_raises_within_the_timeout() -> None:
+def test_a_service_that_never_answers_raises_within_the_timeout(connect: Connect) -> None:
     import socket
 
     with socket.socket() as silent:  # accepts connections (the backlog) and never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        with StrataClient(url) as client:
+        with connect(url) as client:
             started = time.monotonic()
             with pytest.raises(ServiceError, match="no answer") as raised:
                 client.retrieve_documents("x", 3, timeout=0.5)
@@ -139,13 +192,18 @@ def test_a_service_that_never_answers_raises_within_the_timeout() -> None:
 # -- answers of a service of another version (httpx's own fake transport answers) -------------------
 
 
-def answering(status: int, body: dict) -> StrataClient:
-    """A client whose every request gets ``status`` and ``body``."""
-    transport = httpx.MockTransport(lambda _: httpx.Response(status, json=body))
-    return StrataClient("http://strata.test", transport=transport)
+@pytest.fixture
+def answering(connect: Connect) -> Callable[[int, dict], Any]:
+    """A client (of either kind) whose every request gets ``status`` and ``body``."""
+
+    def client(status: int, body: dict) -> Any:
+        transport = httpx.MockTransport(lambda _: httpx.Response(status, json=body))  # answers sync and async calls
+        return connect("http://strata.test", transport=transport)
+
+    return client
 
 
-def test_a_newer_services_fields_are_ignored_and_an_older_ones_missing_fields_default() -> None:
+def test_a_newer_services_fields_are_ignored_and_an_older_ones_missing_fields_default(answering: Callable) -> None:
     result = RetrievalResult(
         (RetrievedDocument("a", 0.5, {"chunk_id": "c1"}), RetrievedDocument("b", float("nan"))),
         RetrievalMeta("q", 2, 6, status="degraded", degraded=("rerank_failed",), timings_ms={"search": 1.5}),
@@ -166,7 +224,7 @@ def test_a_newer_services_fields_are_ignored_and_an_older_ones_missing_fields_de
         assert client.retrieve_documents("q", 2).meta == result.meta
 
 
-def test_a_failed_retrieval_from_another_version_still_reads_as_failed() -> None:
+def test_a_failed_retrieval_from_another_version_still_reads_as_failed(answering: Callable) -> None:
     errors = [{"stage": "search", "error": "StoreError", "message": "Milvus down", "hint": "new"}]
     readable = {
         "type": "about:blank",
@@ -193,7 +251,7 @@ def test_a_failed_retrieval_from_another_version_still_reads_as_failed() -> None
     assert (meta.status, meta.query, meta.errors[0].message) == ("failed", "q", "Milvus down")
 
 
-def test_a_refused_request_raises_invalid_argument() -> None:
+def test_a_refused_request_raises_invalid_argument(answering: Callable) -> None:
     problem = {"type": "about:blank", "title": "Invalid Input", "status": 422, "detail": "top_k must be at least 1"}
     with answering(422, problem) as client, pytest.raises(InvalidArgumentError, match="top_k must be at least 1"):
         client.retrieve_documents("q", 2)
@@ -294,3 +352,16 @@ def test_a_root_id_names_the_root_and_is_refused_without_a_server(served_url: st
     assert next(u.root for u in collect_files([folder]).uploads).endswith(f":{folder}")
     local = run_strata(["index", str(folder), "--kb", "x", "--root-id", "team-wiki"], strata_env(tmp_path / "data"))
     assert local.returncode == 2 and "--root-id" in local.stderr and "--server" in local.stderr
+
+
+def test_a_client_uploads_lists_deletes_and_reads_readiness(connect: Connect, served_url: str, tmp_path: Path) -> None:
+    kb = f"cl-{uuid.uuid4().hex[:6]}"
+    folder = write_files(tmp_path / "notes", {"alpha.md": FOLDER["alpha.md"]})
+    with connect(served_url, "admin-key") as client:
+        assert client.index_files(kb, [("alpha.md", folder / "alpha.md")])["added"] == 1
+        assert kb in {k["kb_id"] for k in client.list_kbs()}
+        assert client.retrieve_documents("when is the alpha lamp lit", 1, kb_ids=[kb]).docs
+        client.delete_document(kb, "alpha.md")
+        with pytest.raises(NotFoundError):
+            client.delete_document(kb, "alpha.md")
+        assert client.ready()["status"] in ("ready", "degraded")

@@ -11,7 +11,9 @@ to a request whose own ``deadline_ms`` ran out. Bounded to a few minutes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import pytest
 import schemathesis
@@ -51,7 +53,13 @@ enabled = true
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", "504"]
 """
-TENANTS = ("garden-writer-key", "demo-reader-key")  # two tenants: garden (may write) and demo (reads)
+TENANTS = ("garden-writer-key", "demo-reader-key")
+# the properties CI holds schemathesis to: no undeclared status, no answer off its schema or content type
+CONFORMANCE = (
+    "status_code_conformance",
+    "response_schema_conformance",
+    "content_type_conformance",
+)  # two tenants: garden (may write) and demo (reads)
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +135,11 @@ def engine_failures(app: FastAPI, key: str) -> list[str]:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     failures: list[str] = []
     scenarios = 0
+    ran: set[str] = set()
     for event in from_schema(schema).execute():
         if isinstance(event, events.ScenarioFinished):
             scenarios += 1
+            ran |= {check.name for checks in event.recorder.checks.values() for check in checks}
             failures += [
                 f"{event.recorder.label} [{check.name}] {check.failure_info.failure.title}: "
                 f"{str(check.failure_info.failure.message)[:300]}"
@@ -140,6 +150,7 @@ def engine_failures(app: FastAPI, key: str) -> list[str]:
         elif isinstance(event, (events.NonFatalError, events.FatalError)):
             failures.append(f"engine error: {event}")
     assert scenarios >= 10, f"only {scenarios} scenarios ran"
+    assert set(CONFORMANCE) <= ran, f"the conformance checks did not run: {sorted(ran)}"
     return sorted(set(failures))
 
 
@@ -156,3 +167,69 @@ def test_creating_a_kb_that_exists_answers_as_declared(api_schema) -> None:
     response = case.call(headers=auth("garden-writer-key"))
     assert response.status_code == 200 and response.json() == {"kb_id": "garden", "created": False}
     case.validate_response(response, checks=all_checks(), headers=auth("garden-writer-key"))
+
+
+# -- what schemathesis found against a real server, each case checked by hand ------------------------------------
+
+
+def conformance_checks() -> list:
+    """The two properties the fuzzing must hold: every status declared, every answer on its declared schema."""
+    load_all_checks()
+    found = [check for check in CHECKS.get_all() if check.__name__ in CONFORMANCE]
+    assert {check.__name__ for check in found} == set(CONFORMANCE)
+    return found
+
+
+def test_a_deadline_that_runs_out_over_every_kb_answers_a_declared_504(api_schema) -> None:
+    for path in ("/retrieve", "/retrieve/by-skill", "/retrieve/by-module"):
+        body = {"query": "浇水 watering tomatoes", "deadline_ms": 1}
+        if path != "/retrieve":
+            body |= {"skill": "watering"} if path.endswith("skill") else {"module": "garden"}
+        case = api_schema[path]["POST"].Case(body=body, media_type="application/json")
+        response = case.call(headers=auth("garden-writer-key"))
+        assert response.status_code == 504, (path, response.status_code, response.text[:300])
+        case.validate_response(response, checks=conformance_checks(), headers=auth("garden-writer-key"))
+
+
+def declared(app: FastAPI, path: str, method: str, response) -> None:
+    """``response``'s status is one the document declares for the operation, with one of its content types."""
+    operation = app.openapi()["paths"][path][method.lower()]
+    answer = operation["responses"].get(str(response.status_code))
+    assert answer is not None, f"{method} {path} -> undeclared {response.status_code}: {response.text[:300]}"
+    media = response.headers["content-type"].split(";")[0]
+    assert media in answer.get("content", {}), f"{method} {path} -> {response.status_code} as {media}"
+
+
+UPLOAD = "/kbs/{kb}/documents"
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        (b"--B--\r\n", 422),  # a multipart body with no parts
+        (b'--B\r\nContent-Disposition: form-data; name="files"\r\n\r\n# a note\r\n--B--\r\n', 422),  # files as text
+    ],
+    ids=["no-parts", "files-as-text"],
+)
+def test_a_multipart_body_without_files_is_refused_as_declared(fuzzed_app: FastAPI, body: bytes, refused: int) -> None:
+    headers = auth("garden-writer-key") | {"Content-Type": "multipart/form-data; boundary=B"}
+    with TestClient(fuzzed_app) as client:
+        response = client.post("/kbs/garden/documents", content=body, headers=headers)
+    assert response.status_code == refused, response.text[:300]
+    declared(fuzzed_app, UPLOAD, "POST", response)
+
+
+def test_the_document_id_rule_is_in_the_schema(fuzzed_app: FastAPI) -> None:
+    """The ids the schema's pattern allows are those the service takes: a control character (U+0000-U+001F,
+    U+007F-U+009F) is refused by both, and a schema-valid id never gets the 422."""
+    path = "/kbs/{kb}/documents/{doc_id}"
+    (parameter,) = [p for p in fuzzed_app.openapi()["paths"][path]["delete"]["parameters"] if p["name"] == "doc_id"]
+    pattern = re.compile(parameter["schema"]["pattern"])
+    with TestClient(fuzzed_app) as client:
+        for code in [*range(0x00, 0xA2), 0x2028, 0xFEFF, 0x1F600]:
+            doc_id = f"notes{chr(code)}.md"
+            if code in (0x0A, 0x23, 0x25, 0x2F, 0x3F):  # no route has a newline; # and ? end the path, % escapes
+                continue
+            response = client.delete(f"/kbs/garden/documents/{quote(doc_id)}", headers=auth("garden-writer-key"))
+            assert (response.status_code == 422) == (pattern.fullmatch(doc_id) is None), (hex(code), response.text)
+            declared(fuzzed_app, path, "DELETE", response)

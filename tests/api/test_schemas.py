@@ -21,6 +21,7 @@ from strata.api.schemas import ProblemOut, RetrieveRequest
 from strata.errors import InvalidArgumentError
 from strata.indexing.consistency import KbStats, check_leaves
 from strata.indexing.report import IndexReport
+from strata.request import option_names
 from strata.types import (
     MergeRound,
     RerankOutcome,
@@ -207,6 +208,48 @@ def test_a_refused_string_is_an_invalid_argument(query: str, why: str) -> None:
         RetrieveRequest.model_validate({"query": query})
     error = refused.value.errors()[0]["ctx"]["error"]
     assert isinstance(error, InvalidArgumentError) and why in str(error)
+
+
+# -- the requests: one record (strata.request) in every body ------------------------------------------------------
+
+
+def test_openapi_publishes_every_field_of_the_request_in_every_retrieval_body(client: TestClient) -> None:
+    components = client.get("/openapi.json").json()["components"]["schemas"]
+    for body, own in [("RetrieveRequest", {"explain"}), ("SkillRequest", {"skill"}), ("ModuleRequest", {"module"})]:
+        assert set(option_names()) | own <= set(components[body]["properties"]), body
+    assert components["SkillRequest"]["required"] == ["skill"] and components["ModuleRequest"]["required"] == ["module"]
+
+
+LONG = 120  # characters of evidence: less than one merged section of examples/kb
+
+
+@pytest.mark.parametrize(
+    ("path", "own"),
+    [
+        ("/retrieve", {"query": "密码重置链接多久失效？"}),
+        ("/retrieve/by-skill", {"skill": "浇水", "kb_ids": ["garden"]}),
+        ("/retrieve/by-module", {"module": "billing", "query": "invoice refund"}),
+        ("/retrieve/by-module", {"module": "billing"}),  # a listing
+    ],
+)
+def test_every_retrieval_route_takes_max_chars_and_meta_counts_what_is_returned(
+    client: TestClient, path: str, own: dict[str, Any]
+) -> None:
+    whole = client.post(path, json={"top_k": 3, **own}, headers=ADMIN).json()
+    cut = client.post(path, json={"top_k": 3, "max_chars": LONG, **own}, headers=ADMIN).json()
+    assert sum(len(d["content"]) for d in whole["docs"]) > LONG, whole  # the budget cuts something
+    assert 0 < sum(len(d["content"]) for d in cut["docs"]) <= LONG
+    assert cut["meta"]["returned"] == len(cut["docs"]) and whole["meta"]["returned"] == len(whole["docs"])
+    assert all({"hit_start", "hit_end"} <= set(d["metadata"]) for d in whole["docs"])
+
+
+def test_a_route_that_sets_a_filter_refuses_a_request_that_sets_it_too(client: TestClient) -> None:
+    skill = {"skill": "浇水", "filters": {"skill_points": ["x"]}}
+    module = {"module": "billing", "query": "invoice", "filters": {"modules": ["auth"]}}
+    assert client.post("/retrieve/by-skill", json=skill, headers=ADMIN).status_code == 422
+    assert client.post("/retrieve/by-module", json=module, headers=ADMIN).status_code == 422
+    other = {"module": "billing", "query": "invoice", "top_k": 2, "filters": {"source_prefix": "billing"}}
+    assert client.post("/retrieve/by-module", json=other, headers=ADMIN).status_code == 200
 
 
 # -- the kb routes' answers: the indexing report and the stats, each from its one record ---------------------------

@@ -76,7 +76,7 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path: Path, milvus_target: MilvusTarget) -> Iterator[Service]:
-    # a grace long enough that the drain below is what ends the slow upload (test_serve_shutdown: a short one)
+    # a grace so long that only the stop at SIGTERM can end the slow upload below in time
     env = strata_env(
         tmp_path / "data", STRATA_LOG_LEVEL="INFO", STRATA_API__SHUTDOWN_GRACE_S="600", **milvus_target.env()
     )
@@ -150,7 +150,8 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
         )
         assert there.status_code == 200 and there.json()["docs"][0]["metadata"]["doc_id"] == "orchard.md"
 
-    # SIGTERM while a slow upload is being indexed: it finishes, then the process exits 0
+    # SIGTERM while a slow upload is being indexed: it stops at its next batch boundary, long before the grace
+    # ends (600 s), answering 503 with Retry-After; then the process exits 0 (test_serve_shutdown: what is left)
     outcome: list[httpx.Response] = []
     files = [("files", ("logbook.md", slow_document().encode(), "text/markdown"))]
     upload = threading.Thread(target=lambda: outcome.append(service.http.post("/kbs/logs/documents", files=files)))
@@ -161,8 +162,9 @@ def test_serve_answers_indexes_through_server_and_drains_on_sigterm(service: Ser
     assert upload.is_alive(), "the upload finished before the signal could be sent"
     service.process.send_signal(signal.SIGTERM)
     upload.join(180)
-    assert outcome and outcome[0].status_code == 200, outcome
-    assert (outcome[0].json()["added"], outcome[0].json()["failed"]) == (1, 0)
+    assert outcome and outcome[0].status_code == 503, outcome
+    assert outcome[0].headers["content-type"] == "application/problem+json" and outcome[0].headers["retry-after"]
+    assert outcome[0].json()["type"].endswith("/indexing-stopped")
     assert service.process.wait(60) == 0
     stderr = service.process.stderr.read() if service.process.stderr else ""
     assert "without authentication" in stderr  # no keys: said at start-up

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.cli.index import _print_report
+from strata.cli.index_report import print_report
 from strata.cli.remote_index import with_local_paths
 from strata.indexing.loaders import MAX_NOTES, LoaderLimits, load_document
 from strata.indexing.loaders._markdown import _UNCLOSED_TITLE
@@ -128,12 +128,12 @@ def test_a_scan_lists_each_note_of_a_file_it_read_as_a_warning_naming_it(tmp_pat
 
 
 def test_the_human_report_prints_a_warning_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("strata.cli.index._outcome_is_final", lambda: None)  # it would ignore SIGINT from now on
+    monkeypatch.setattr("strata.cli.index_report.outcome_is_final", lambda: None)  # it would ignore SIGINT from now on
     report = IndexReport(kb="kb", added=1)
     report.warnings.append({"source": "docs/lamp.rst", "note": "docutils error at line 9: Malformed table."})
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _print_report(report.to_dict(), as_json=False)
+        print_report(report.to_dict(), as_json=False)
 
     assert "\n  warning docs/lamp.rst: docutils error at line 9: Malformed table.\n" in out.getvalue()
 

@@ -8,6 +8,7 @@ what the encoder saw, not only by the report.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import delete, func, select
 
 from strata.config import MilvusSettings, Settings, load_settings
 from strata.errors import LeaseHeldError, NotFoundError
+from strata.evaluation.dataset import load_squad, write_corpus
 from strata.indexing.embedding import search_text, text_hash
 from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
@@ -25,7 +27,8 @@ from strata.stores.leaf_index import LeafIndex
 from strata.stores.lease import KbLease
 from strata.stores.sql_schema import kb_embeddings
 from tests.support.fakes import CountingEncoder
-from tests.support.paths import REPO
+from tests.support.paths import CMRC2018_SUBSET, REPO
+from tests.support.retrieval import QUERIES, cut_queries, leaf_texts, top10
 
 EXAMPLES_KB = REPO / "examples" / "kb"
 
@@ -166,3 +169,43 @@ def test_a_kb_another_process_is_indexing_is_not_rebuilt(indexed: Resources, tmp
     ):
         Rebuilder(indexed, _copy_settings(tmp_path)).rebuild("demo")
     assert not (tmp_path / "copy").exists()
+
+
+# 40 CMRC 2018 articles (their front-matter doc ids sort apart from their file names) in two folders, and
+# examples/kb beside them: about 400 leaves, enough for the order rows arrive in to change a top 10.
+RANKING_ARTICLES = 40
+
+
+def test_a_rebuilt_copy_ranks_exactly_like_its_source(tmp_path: Path, memo_encoder: Any) -> None:
+    folder = tmp_path / "docs"
+    articles, _ = load_squad(CMRC2018_SUBSET)
+    write_corpus(articles[: RANKING_ARTICLES // 2], folder / "b")
+    write_corpus(articles[RANKING_ARTICLES // 2 : RANKING_ARTICLES], folder / "a" / "inner")
+    shutil.copytree(EXAMPLES_KB, folder / "a" / "kb")
+    (folder / "top.md").write_text("---\ndoc_id: aaa-first\n---\n# Top\n\nA page beside the folders.\n", "utf-8")
+    settings = _settings(tmp_path / "data")
+    resources = Resources(settings, encoder=memo_encoder)
+    target = _copy_settings(tmp_path)
+    try:
+        assert Indexer(resources).index_paths([folder], kb_id="ranked").failed == 0
+        versions = resources.documents.versions.of_kb("ranked")
+        assert [v.source for v in versions] != sorted((v.source for v in versions), key=_walk_key)
+        queries = cut_queries(leaf_texts(resources, "ranked"))
+        source = top10(resources, queries, "ranked")
+        assert Rebuilder(resources, target).rebuild("ranked").verified
+        copy = Resources(settings.model_copy(update={"milvus": target}), encoder=memo_encoder)
+        try:
+            copied = top10(copy, queries, "ranked")
+        finally:
+            copy.close()
+    finally:
+        resources.close()
+        server_manager_instance.release_server(str(settings.milvus.uri))
+        server_manager_instance.release_server(str(target.uri))
+    differ = [q for q, a, b in zip(queries, source, copied) if a != b]
+    assert not differ, f"{len(differ)} of {QUERIES} top-10 lists differ, e.g. {differ[:3]}"
+
+
+def _walk_key(source: str) -> tuple[tuple[int, str], ...]:
+    *folders, name = source.split("/")
+    return (*((1, f) for f in folders), (0, name))

@@ -90,7 +90,7 @@ def test_planning_writes_nothing_not_even_the_kb(tmp_path: Path) -> None:
     with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
         doc = load_document(docs / "a.md", root=docs)
         options = RunOptions(delete_missing=True, recreate=False, dry_run=False, limit=DeleteLimit(10))
-        planned = plan_run(resources, "fresh", Scan(docs=(doc,)), options, signature="sig")
+        planned = plan_run(resources, "fresh", Scan(docs=(doc,)), options, signature="sig", read=lambda doc: doc)
         assert [item.doc.doc_id for item in planned.plan.to_write] == ["a.md"]
         assert (planned.failures, planned.notes) == ((), ())
         assert resources.documents.kbs.get_kb("fresh") is None
@@ -109,12 +109,14 @@ def test_planning_returns_what_the_report_is_to_say_and_the_run_puts_it_there(tm
         dry = RunOptions(delete_missing=True, recreate=False, dry_run=True, limit=DeleteLimit(10))
         scan_report = IndexReport(kb="kb")
 
-        conflict = plan_run(resources, "kb", scan_paths([moved], scan_report), dry, signature="sig")
+        conflict = plan_run(
+            resources, "kb", scan_paths([moved], scan_report), dry, signature="sig", read=lambda doc: doc
+        )
         (failure,) = conflict.failures
         assert failure.source.endswith("a.md") and "already indexed from" in failure.reason
         assert conflict.plan.to_write == () and conflict.notes == ()
 
-        refused = plan_run(resources, "kb", scan_paths([docs], scan_report), dry, signature="sig")
+        refused = plan_run(resources, "kb", scan_paths([docs], scan_report), dry, signature="sig", read=lambda doc: doc)
         (note,) = refused.notes
         assert "would delete 3 document(s)" in note and "would be refused" in note and refused.plan.to_delete == ()
         assert scan_report.failed == 0 and scan_report.notes == []  # the scan's report: planning wrote nothing

@@ -176,3 +176,29 @@ def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving)
     assert [r.meta.status for r in results] == ["ok"] * len(questions)
     assert {q: [d.metadata["chunk_id"] for d in r.docs] for q, r in zip(questions, results)} == alone
     assert max(slow.batch_sizes) > 1 and sum(slow.batch_sizes) == len(questions)  # shared dense searches
+
+
+def test_orphan_leaves_that_fill_the_candidate_list_neither_displace_served_evidence_nor_answer_ok(
+    serving, memo_encoder
+) -> None:
+    """Leaves SQL does not serve (a lost run's late upsert, a Milvus restored from an older backup): copies of
+    every served leaf under a document SQL never had, so they rank beside their originals and fill the list."""
+    from dataclasses import replace
+
+    from strata.indexing.embedding import search_text
+
+    resources, retriever = serving
+    before = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False, strategy="hybrid")
+    ids = resources.documents.chunks.active_chunk_ids("demo")
+    leaves = list(resources.documents.chunks.get_chunks(ids).values())
+    orphans = [replace(c, chunk_id=f"orphan-{i}", doc_id="ghost", version=9) for i, c in enumerate(leaves)]
+    texts = [search_text(c, resources.settings.chunking.contextualize) for c in orphans]
+    resources.leaf_index.upsert(orphans, memo_encoder.encode_passages(texts), texts)
+    resources.leaf_index.flush()
+
+    result = retriever.retrieve(RESET_QUERY, 3, kb_ids=["demo"], expand=False, strategy="hybrid")
+
+    ids = [d.metadata["chunk_id"] for d in result.docs]
+    assert ids == [d.metadata["chunk_id"] for d in before.docs], "an orphan took a served leaf's place"
+    assert result.meta.status == "degraded" and "unserved_leaves" in result.meta.degraded
+    assert any(e.error == "MissingLeaf" and "orphan-" in e.message for e in result.meta.errors)

@@ -14,9 +14,11 @@ from strata.api.problems import RETRIEVAL_FAILED, Problem, Refusal, refusal_of
 from strata.api.schemas import ModuleListingMeta, ModuleOut, ModuleResponse, SkillOut
 from strata.api.service import Service
 from strata.errors import InvalidArgumentError
+from strata.rag.budget import fit_to_budget
 from strata.rag.deadline import REASON as DEADLINE_REASON
 from strata.rag.deadline import DeadlineExceeded
 from strata.rag.retrieve import evidence_metadata
+from strata.request import RetrievalRequest
 from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 
 CLOSEST_SHOWN = 5
@@ -93,6 +95,15 @@ class SkillSelection:
         return SkillOut(terms=list(self.terms), matched_skill_points=list(self.matched), filtered=bool(self.matched))
 
 
+def with_skill_points(request: RetrievalRequest, selection: SkillSelection) -> RetrievalRequest:
+    """``request`` restricted to the skill points the skill names (when it names known ones); a request that sets
+    that filter itself is refused: the route sets it."""
+    own = request.filters or Filters()
+    if own.skill_points:
+        raise InvalidArgumentError("/retrieve/by-skill sets the skill_points filter from the skill: leave it out")
+    return replace(request, filters=replace(own, skill_points=selection.matched)) if selection.matched else request
+
+
 def skill_selection(service: Service, skill: str, scope: Sequence[str] | None) -> SkillSelection:
     terms = service.synonyms.group_of(skill)
     wanted = {t.casefold() for t in terms}
@@ -115,6 +126,14 @@ class ModuleMatch:
 
     def describe(self) -> ModuleOut:
         return ModuleOut(requested=self.requested, matched=self.module, score=round(self.score, 3))
+
+
+def with_module(request: RetrievalRequest, match: ModuleMatch) -> RetrievalRequest:
+    """``request`` restricted to the matched module; a request that sets that filter itself is refused."""
+    own = request.filters or Filters()
+    if own.modules:
+        raise InvalidArgumentError("/retrieve/by-module sets the modules filter from the module: leave it out")
+    return replace(request, filters=replace(own, modules=(match.module,)))
 
 
 def similarity(a: str, b: str) -> float:
@@ -141,16 +160,21 @@ def match_module(service: Service, requested: str, scope: Sequence[str] | None) 
 
 
 def module_listing(
-    service: Service, match: ModuleMatch, scope: Sequence[str] | None, *, top_k: int, level: int
+    service: Service, match: ModuleMatch, scope: Sequence[str] | None, request: RetrievalRequest, *, level: int
 ) -> ModuleResponse:
-    """The module's chunks of one level in document order (no query to rank by)."""
-    chunks = service.catalog.module_chunks(scope, match.module, level=level, limit=top_k)
+    """The module's chunks of one level in document order (no query to rank by): ``request``'s ``top_k`` of them,
+    within its ``max_chars`` (``strata.rag.budget``, as a retrieval's)."""
+    chunks = service.catalog.module_chunks(scope, match.module, level=level, limit=request.top_k)
     docs = tuple(_listed(c) for c in chunks)
+    if request.max_chars is not None:
+        docs = tuple(fit_to_budget(docs, request.max_chars))
     kb_ids = tuple(scope) if scope is not None else None
-    meta = ModuleListingMeta(top_k=top_k, level=level, kb_ids=kb_ids, returned=len(docs))
+    meta = ModuleListingMeta(top_k=request.top_k, level=level, kb_ids=kb_ids, returned=len(docs))
     return ModuleResponse(docs, meta, match.describe())
 
 
 def _listed(chunk: Chunk) -> RetrievedDocument:
-    """A listed chunk as evidence; it has no score (NaN: ``null`` on the wire)."""
-    return RetrievedDocument(chunk.text, math.nan, {**evidence_metadata(chunk), "ordinal": chunk.ordinal})
+    """A listed chunk as evidence; it has no score (NaN: ``null`` on the wire). Nothing in it was hit by a query:
+    its hit offsets are the whole chunk's, as every document's metadata has them."""
+    hit = {"hit_start": chunk.char_start, "hit_end": chunk.char_end}
+    return RetrievedDocument(chunk.text, math.nan, {**evidence_metadata(chunk), **hit, "ordinal": chunk.ordinal})

@@ -27,6 +27,8 @@ from strata.api.middleware import Authenticate, BodyLimit, ConcurrencyLimit, Req
 from strata.api.readiness import Readiness
 from strata.api.routes import health, kbs, retrieve, ui
 from strata.api.service import Service
+from strata.api.shared_slots import slots_from_environment
+from strata.api.upload_limit import UploadLimit
 from strata.api.uploads import remove_orphaned_folders
 from strata.config import Settings, get_settings
 from strata.resources import Resources
@@ -94,6 +96,13 @@ def create_app(
     app.openapi = complete_openapi  # type: ignore[method-assign]  # FastAPI's way to extend the schema
     problems.install(app, request_id_header=settings.api.request_id_header, routes=routes)
     api = settings.api
+    app.add_middleware(  # inside ConcurrencyLimit: an upload holds a request slot, then an upload slot
+        UploadLimit,
+        per_key=api.max_uploads_per_key,
+        total=api.max_uploads,
+        slots=slots_from_environment(),
+        metrics=metrics,
+    )
     app.add_middleware(
         ConcurrencyLimit,
         limit=api.max_concurrency,

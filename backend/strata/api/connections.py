@@ -1,4 +1,4 @@
-"""Connection limits of ``strata serve``: a header deadline, an idle keep-alive timeout, a cap on open connections.
+"""Connection limits of ``strata serve``: header and write deadlines, bounded pipelining, a cap on open connections.
 
 uvicorn (0.54, h11; httptools is not installed and ``auto`` would pick h11 here
 too, so the protocol is pinned) keeps a silent connection open forever: it has
@@ -8,18 +8,51 @@ descriptor, and once the process runs out of them asyncio's accept loop fails on
 every pass and logs each failure (Python 3.11 retries the whole backlog per
 pass): the service stops answering and floods its log.
 
-``BoundedH11Protocol`` closes a connection that has not sent a request's
-complete headers within ``header_timeout_s`` of opening (or of its previous
-answer), and keeps at most ``max_connections`` open per process: at the cap, a
-new connection closes the longest-idle one (no request in progress: silent,
-headers half sent, or between requests), so a legitimate client still gets in
-while an attacker's idle sockets are shed. Only when every connection has a
-request in progress is the new one closed instead. The cap is set below the
-open-file limit (raised to its hard limit at start) with room for the engine's
-own files and for what asyncio accepts before a shed connection is closed, so
-accept does not meet EMFILE.
+A client that does not read is the other half: ``transport.close()`` waits for
+unsent data, so a connection closed while its answer sat behind a full send
+buffer kept its descriptor and buffer forever, out of the book's count, and a
+request whose answer could not be written counted as busy forever.
 
-Each close is counted once in ``strata_http_connections_closed{reason}`` (the
+``BoundedH11Protocol`` bounds every state a connection can be in:
+
+- headers: a connection that has not sent a request's complete headers within
+  ``header_timeout_s`` of opening (or of its previous answer) is reset;
+- answers: the transport's write limits are zero, so ``pause_writing`` comes as
+  soon as a byte of an answer is left unsent in this process and
+  ``resume_writing`` when the last one leaves. A connection paused for
+  ``write_timeout_s`` is reset, whatever it was doing (answering, between
+  requests, or closing);
+- the kernel: each connection's send buffer is ``send_buffer_bytes``
+  (``SO_SNDBUF``). Left to autotuning it grew to 4 MiB on loopback for a client
+  reading nothing, so eight pipelined 50 KB answers all "left" the process,
+  each one rendered, and the kernel held them;
+- pipelining: the next request is not started while bytes of the previous
+  answer are unsent (one answer per connection in memory, and no work done for
+  a client that is not reading once its buffers are full), and a connection may have
+  ``max_pipelined_requests`` answered in a row whose next request was already
+  waiting when the previous answer completed; it closes after the last.
+  Reading stops while a request is answered (uvicorn), so at most one read of
+  input waits per connection;
+- the cap: at most ``max_connections`` open per process. A new connection
+  resets one that waits on its client: first the longest *stalled* (an answer
+  unsent: the client is not reading), then the longest *idle* (no request in
+  progress: silent, headers half sent, between requests), so a legitimate
+  client still gets in while an attacker's sockets are shed. Only when every
+  connection has a request being served is the new one reset instead;
+- shutdown: a connection between requests with an answer unsent is reset at
+  once rather than closed (closing would wait for the client).
+
+Every connection shed for a limit is *reset*: ``SO_LINGER`` 0 and
+``transport.abort()``, so its descriptor and buffers go in the next loop pass
+and the kernel drops what the client did not read. One that uvicorn closes
+itself (keep-alive timeout, ``Connection: close``) stays in the book until its
+socket is closed, unsent bytes bounded by the write deadline, so the book
+counts descriptors, not intentions. The cap is set below the open-file limit
+(raised to its hard limit at start) with room for the engine's own files and
+for what asyncio accepts before a shed connection is closed, so accept does not
+meet EMFILE.
+
+Each reset is counted once in ``strata_http_connections_closed{reason}`` (the
 counter the app puts in its lifespan state under ``CLOSED_CONNECTIONS``) and
 never logged: logging per attempt is what an attacker would use to fill the disk.
 """
@@ -27,7 +60,10 @@ never logged: logging per attempt is what an attacker would use to fill the disk
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import struct
 import time
 import weakref
 from collections.abc import Hashable
@@ -38,6 +74,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from strata.api.malformed import ProblemBadRequest
 from strata.logs import LogSetup
 from strata.logs import configure as configure_logs
 
@@ -56,6 +93,7 @@ ACCEPT_PASSES = 4
 FD_RESERVE = 256  # the engine's own descriptors: store pools, gRPC channels, logs, model files, uploads, parses
 _NO_HARD_LIMIT = 1 << 20  # Linux's default nr_open: the most a soft limit can be raised to without privileges
 _ACCEPT_FAILED = "socket.accept() out of system resource"  # asyncio's message, logged with a traceback
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST and drops unsent data
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,10 @@ class ConnectionLimits:
     header_timeout_s: float
     keep_alive_s: float
     max_connections: int
+    # ApiSettings' defaults, for tests that set only the limits above (a test checks that they agree)
+    write_timeout_s: float = 30.0
+    max_pipelined_requests: int = 16
+    send_buffer_bytes: int = 65536  # 0: the kernel's autotuning
 
     @classmethod
     def for_process(cls, api: ApiSettings, fd_limit: int) -> ConnectionLimits:
@@ -80,7 +122,14 @@ class ConnectionLimits:
                 fd_limit,
                 cap,
             )
-        return cls(header_timeout_s=api.header_timeout_s, keep_alive_s=api.keep_alive_s, max_connections=cap)
+        return cls(
+            header_timeout_s=api.header_timeout_s,
+            keep_alive_s=api.keep_alive_s,
+            max_connections=cap,
+            write_timeout_s=api.write_timeout_s,
+            max_pipelined_requests=api.max_pipelined_requests,
+            send_buffer_bytes=api.send_buffer_bytes,
+        )
 
 
 def connection_cap(wanted: int, fd_limit: int) -> int:
@@ -150,11 +199,18 @@ class AcceptErrorsOncePerMinute(logging.Filter):
 
 
 class ConnectionBook:
-    """The open connections of one server process, the idle ones in the order they fell idle. No I/O."""
+    """The open connections of one server process, and those waiting on their client in the order they began to
+    wait: "stalled" (an answer left unsent: the client is not reading) before "idle" (no request in progress:
+    silent, headers half sent, between requests). No I/O.
+
+    Stalled ones go first at the cap: they hold memory, and a connection that has only just been accepted (idle,
+    its request not yet read) must not be shed for them, or a flood of slow readers would shed every new client.
+    """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._open: set[Hashable] = set()
+        self._stalled: dict[Hashable, None] = {}  # insertion order: longest stalled first
         self._idle: dict[Hashable, None] = {}  # insertion order: longest idle first
 
     def __len__(self) -> int:
@@ -166,24 +222,37 @@ class ConnectionBook:
         self._idle[conn] = None
         if len(self._open) <= self.cap:
             return None
-        victim = next(iter(self._idle))  # ``conn`` itself only when every other connection has a request running
+        # ``conn`` itself only when every other connection has a request running that is not stalled
+        victim = next(iter(self._stalled)) if self._stalled else next(iter(self._idle))
         self.closed(victim)
         return victim
 
     def busy(self, conn: Hashable) -> None:
+        self._stalled.pop(conn, None)
         self._idle.pop(conn, None)
 
     def idle(self, conn: Hashable) -> None:
-        """Marks ``conn`` idle; one already idle keeps its place (sending header bytes buys no time)."""
+        """Marks ``conn`` waiting for a request; one already idle keeps its place (sending header bytes buys no
+        time)."""
+        self._stalled.pop(conn, None)
         if conn in self._open and conn not in self._idle:
             self._idle[conn] = None
 
+    def stalled(self, conn: Hashable) -> None:
+        """Marks ``conn`` waiting for its client to read; one already stalled keeps its place (reading a few bytes
+        of an answer buys no time)."""
+        self._idle.pop(conn, None)
+        if conn in self._open and conn not in self._stalled:
+            self._stalled[conn] = None
+
     def closed(self, conn: Hashable) -> None:
         self._open.discard(conn)
+        self._stalled.pop(conn, None)
         self._idle.pop(conn, None)
 
     def is_idle(self, conn: Hashable) -> bool:
-        return conn in self._idle
+        """Whether ``conn`` waits on its client (idle or stalled), so that the cap may shed it."""
+        return conn in self._idle or conn in self._stalled
 
 
 _books: weakref.WeakKeyDictionary[ServerState, ConnectionBook] = weakref.WeakKeyDictionary()
@@ -197,8 +266,9 @@ def _book_of(server_state: ServerState, cap: int) -> ConnectionBook:
     return book
 
 
-class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline and the per-process cap (see the module docstring)."""
+class BoundedH11Protocol(ProblemBadRequest, H11Protocol):  # a request h11 refuses: a problem+json 400
+    """uvicorn's h11 protocol with header and write deadlines, bounded pipelining and the per-process cap (see the
+    module docstring)."""
 
     def __init__(
         self,
@@ -211,12 +281,20 @@ class BoundedH11Protocol(H11Protocol):
         self.limits = config.limits
         self.book = _book_of(server_state, self.limits.max_connections)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._pipelined = 0  # requests in a row that were waiting when the previous answer completed
+        self._next_waits_for_drain = False  # an answer completed while bytes of it were unsent
+        self._shed = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        transport.set_write_buffer_limits(high=0)  # pause on the first byte left unsent, resume on the last
+        sock = transport.get_extra_info("socket")
+        if self.limits.send_buffer_bytes and sock is not None:  # else loopback autotunes it to 4 MiB
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
         victim = self.book.opened(self)
         if isinstance(victim, BoundedH11Protocol):
-            victim.close_for("refused" if victim is self else "evicted")
+            victim.shed("refused" if victim is self else "evicted")
         self._track()
 
     def data_received(self, data: bytes) -> None:
@@ -224,41 +302,98 @@ class BoundedH11Protocol(H11Protocol):
         self._track()
 
     def on_response_complete(self) -> None:
+        if self.flow.write_paused:  # the next request waits until this answer has left: one answer in memory
+            self._next_waits_for_drain = True
+            self._track()
+            return
+        self._next_request()
+
+    def _next_request(self) -> None:
+        """uvicorn's end of an answer (keep-alive clock, reading resumed), then the next request if it is here."""
+        answered = self.cycle
         super().on_response_complete()
+        if self.cycle is not answered:
+            self._pipelined += 1
+            if self._pipelined >= self.limits.max_pipelined_requests:
+                self.cycle.keep_alive = False  # uvicorn closes after this answer; what else was sent is dropped
+        else:
+            self._pipelined = 0
         self._track()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+        self._track()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_clock("_write_timer")
+        if self._next_waits_for_drain:
+            self._next_waits_for_drain = False
+            self._next_request()
+        else:
+            self._track()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful close, except that a connection between requests with an answer still unsent is
+        reset: closing it would hold the shutdown until the client reads."""
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self.flow.write_paused and not answering:
+            self.shed("shutdown")
+        else:
+            super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_header_clock()
+        self._stop_clocks()
         self.book.closed(self)
         super().connection_lost(exc)
 
-    def close_for(self, reason: str) -> None:
-        """Closes the connection to keep a limit, counted once under ``reason`` (never logged)."""
-        self._stop_header_clock()
+    def shed(self, reason: str) -> None:
+        """Resets the connection to keep a limit: its descriptor and buffers go now, whatever it had left to send.
+        Counted once under ``reason`` (never logged)."""
+        self._stop_clocks()
         self.book.closed(self)
-        if not self.transport.is_closing():
-            counter = self.app_state.get(CLOSED_CONNECTIONS)
-            if counter is not None:
-                counter.labels(reason).inc()
-            self.transport.close()
+        if self._shed:
+            return
+        self._shed = True
+        counter = self.app_state.get(CLOSED_CONNECTIONS)
+        if counter is not None:
+            counter.labels(reason).inc()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already gone: abort closes what is left
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        self.transport.abort()
 
     def _track(self) -> None:
-        """Idle (waiting for headers) runs the header clock and may be shed; a request in progress may not."""
-        if self.transport.is_closing():
+        """Stalled (an answer unsent) and idle (no request in progress) connections wait on their client and may be
+        shed; one whose request is being served may not. The header clock runs while the connection waits for a
+        request with nothing left to send (the write clock runs while something is)."""
+        if self._shed:
             return
-        if self.cycle is not None and not self.cycle.response_complete:
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self.flow.write_paused:
+            self.book.stalled(self)
+        elif answering and not self.transport.is_closing():
             self.book.busy(self)
-            self._stop_header_clock()
         else:
             self.book.idle(self)
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
+        if answering or self.flow.write_paused:
+            self._stop_clock("_header_timer")
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self.shed, "header_timeout")
 
-    def _headers_late(self) -> None:
-        self._header_timer = None
-        self.close_for("header_timeout")
+    def _write_late(self) -> None:
+        self._write_timer = None
+        self.shed("write_timeout")
 
-    def _stop_header_clock(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def _stop_clocks(self) -> None:
+        self._stop_clock("_header_timer")
+        self._stop_clock("_write_timer")
+
+    def _stop_clock(self, name: str) -> None:
+        timer: asyncio.TimerHandle | None = getattr(self, name)
+        if timer is not None:
+            timer.cancel()
+            setattr(self, name, None)

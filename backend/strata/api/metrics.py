@@ -83,6 +83,13 @@ class Metrics:
         self.encoder_latency = Histogram(
             "strata_encoder_seconds", "query encoding latency", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.component_down = Gauge(
+            "strata_component_down",
+            "1 while the last readiness check found the component down (refused or hung), else 0",
+            ["component"],
+            registry=r,
+            multiprocess_mode="livemax",  # across workers: down when any live worker's last check says so
+        )
         self._scrape = _scrape_registry(r)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
@@ -99,6 +106,11 @@ class Metrics:
         encode_ms = meta.timings_ms.get("encode")
         if encode_ms is not None and meta.cache != "hit":
             self.encoder_latency.observe(encode_ms / 1000)
+
+    def observe_components(self, down: dict[str, bool]) -> None:
+        """The outcome of a readiness check: whether each component (a fixed name) was down."""
+        for component, is_down in down.items():
+            self.component_down.labels(component).set(1 if is_down else 0)
 
     def render(self) -> bytes:
         return generate_latest(self._scrape)

@@ -26,7 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from strata.api.auth import CHALLENGE, OPEN, UNAUTHORIZED, KeyRing, Principal, bearer_token
 from strata.api.metrics import Metrics
-from strata.api.problems import problem_response
+from strata.api.problems import logged_problem_response
+from strata.api.shared_slots import shared_from_environment
 from strata.api.slots import KeySlots
 from strata.logs import ACCESS, REQUEST_ID
 from strata.tracing import request_span
@@ -123,7 +124,7 @@ class Authenticate:
         elif any(route.matches(scope)[0] == Match.FULL for route in self.protected):
             # a body still on its way is not read: the connection closes after the answer
             headers = {**CHALLENGE, "Connection": "close"} if _declares_body(scope) else CHALLENGE
-            response = problem_response(
+            response = logged_problem_response(
                 401,
                 UNAUTHORIZED,
                 request_id=scope.get("state", {}).get("request_id"),
@@ -166,7 +167,8 @@ class ConcurrencyLimit:
         if principal is None or scope["path"] in UNLIMITED_PATHS:
             return await self.app(scope, receive, send)
         if self._slots is None:
-            self._slots = KeySlots(self.limit, self.per_key)  # futures belong to the server's event loop
+            # futures belong to the server's event loop; a key's share holds across workers (shared_slots)
+            self._slots = KeySlots(self.limit, self.per_key, shared_from_environment())
         key = None if principal == OPEN else principal  # the principal, never the key's text
         if not await self._slots.acquire(key, self.wait_s):
             return await self._refuse(self._slots.at_share(key), scope, receive, send)
@@ -182,7 +184,7 @@ class ConcurrencyLimit:
             if at_share
             else f"the service is busy ({self.limit} requests in progress); retry shortly"
         )
-        response = problem_response(
+        response = logged_problem_response(
             503,
             detail,
             request_id=scope.get("state", {}).get("request_id"),
@@ -236,10 +238,10 @@ class BodyLimit:
         if status == 413:
             self.metrics.rejected.labels("body_size").inc()
             detail = f"the request body exceeds {self.max_bytes} bytes"
-            response = problem_response(413, detail, request_id=request_id, title="Content Too Large")
+            response = logged_problem_response(413, detail, request_id=request_id, title="Content Too Large")
         else:  # the client is still sending: close the connection rather than read the rest
             self.metrics.rejected.labels("body_timeout").inc()
-            response = problem_response(
+            response = logged_problem_response(
                 408,
                 f"the request body did not arrive within {self.timeout_s:g} s",
                 request_id=request_id,

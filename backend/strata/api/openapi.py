@@ -5,9 +5,10 @@ middleware and settings decide: the running limits (``max_top_k``,
 ``max_query_chars``), the bearer scheme on every route that needs a key, and
 the problem answers each route can give. A route lists the errors it raises
 itself (``problems(403, 409)``); those the middleware answers are added here
-from what the route is: 401 and 503 (busy, a store down) on a route that
-needs a key, 400 (unparsable), 408 and 413 on one with a body, 422 on one
-with parameters.
+from what the route is: 400 on every route (a request line or header the
+server cannot parse: ``strata.api.malformed``; on a route with a body, one
+that cannot be parsed at all), 401 and 503 (busy, a store down) on a route
+that needs a key, 408 and 413 on one with a body, 422 on one with parameters.
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def _add_schema(schemas: dict[str, Any], model: type[BaseModel]) -> None:
 
 
 def _complete_operation(operation: dict[str, Any], *, needs_key: bool) -> None:
-    codes = set()
+    codes = {400}  # a request the server cannot parse: a path of raw non-ASCII bytes, a body of no JSON at all
     if needs_key:
         operation["security"] = [{SCHEME: []}]
         codes |= {401, 503}
     if "requestBody" in operation:
-        codes |= {400, 408, 413, 422}  # 400: a body that cannot be parsed at all
+        codes |= {408, 413, 422}
     if operation.get("parameters"):
         codes.add(422)
     responses = operation.setdefault("responses", {})

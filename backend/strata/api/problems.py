@@ -47,6 +47,7 @@ from strata.errors import (
     NotFoundError,
     RerankError,
     StoreError,
+    StoreTimeoutError,
     StrataError,
 )
 from strata.key_grants import KeyGrantError
@@ -103,6 +104,11 @@ def _lost_detail(exc: LeaseLostError) -> str:
     )
 
 
+def _store_timeout_detail(exc: StoreTimeoutError) -> str:
+    # the store and the bound that ended the wait, never its address (logged under the request id)
+    return f"{exc.store} did not answer within {exc.timeout_s:.3g} s ({exc.setting}); send this again shortly"
+
+
 def _stopped_detail(exc: IndexingStoppedError) -> str:
     return f"{exc}; send the files again once it is back"
 
@@ -119,6 +125,7 @@ ERROR_TABLE: tuple[tuple[type[StrataError], Refusal], ...] = (
     (LeavesMissingError, Refusal("leaves-missing", "Leaves Missing", 503)),  # the message names the repair
     (IndexLockedError, Refusal("index-locked", "Index Locked", 503, RETRY_S, private=True)),
     (CacheError, Refusal("cache-unavailable", "Cache Unavailable", 503, RETRY_S, private=True)),
+    (StoreTimeoutError, Refusal("store-timeout", "Store Timeout", 503, RETRY_S, detail=_store_timeout_detail)),
     (StoreError, Refusal("store-unavailable", "Store Unavailable", 503, RETRY_S, private=True)),
     (IndexingStoppedError, Refusal("indexing-stopped", "Indexing Stopped", 503, RETRY_S, detail=_stopped_detail)),
     (IndexingError, Refusal("indexing-failed", "Indexing Failed", 500, private=True)),
@@ -197,6 +204,14 @@ def problem_response(
         **extra,
     }
     return JSONResponse(body, status_code=status, headers=headers, media_type=MEDIA_TYPE)
+
+
+def logged_problem_response(status: int, detail: str, **answer: Any) -> JSONResponse:
+    """``problem_response`` for an answer no exception handler gives (a middleware's: a refused key, a busy
+    service, a body too large or too slow), logged once as the handlers log theirs."""
+    title = answer.get("title") or HTTPStatus(status).phrase
+    _log_answer(status, answer.get("slug") or title.lower().replace(" ", "-"), detail)
+    return problem_response(status, detail, **answer)
 
 
 def request_id_of(request: Request) -> str | None:

@@ -1,12 +1,12 @@
 """HTTP request and response schemas (pydantic lives here, at the edge only).
 
-Strings reject control characters (a query may hold tabs and newlines) and
-lone surrogates; unknown fields are refused, so the filter keys are an
-allowlist. The limits that come from settings (``max_top_k``,
-``max_query_chars``) are checked in the routes by the library's own check
-(``RetrievalSettings.check_query``, the same message everywhere); the fields
-they bound name their setting, and ``publish_limits`` writes the running
-values into the OpenAPI document.
+The retrieval request bodies hold the fields of ``strata.request.RetrievalRequest`` (``with_request_fields``:
+their wire types, defaults and docstrings come from the record) and what each route adds. Strings reject
+control characters (a query may hold tabs and newlines) and lone surrogates (``strata.wire``); unknown fields
+are refused, so the filter keys are an allowlist. The limits that come from settings (``max_top_k``,
+``max_query_chars``) are checked in the routes by the library's own check (``RetrievalSettings.check_query``,
+the same message everywhere); the fields they bound name their setting, and ``publish_limits`` writes the
+running values into the OpenAPI document.
 
 The answers' result and meta record are ``strata.types``' records themselves
 (their JSON and schema come from ``strata.wire``); this module adds only what
@@ -16,82 +16,23 @@ and the kb routes' answers.
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints, create_model
 from pydantic.json_schema import SkipJsonSchema
 
 from strata.config import RetrievalSettings
-from strata.errors import InvalidArgumentError
-from strata.strategy_table import StrategyName
+from strata.request import QUERY_VARIANTS_NEED_FUSION, RetrievalRequest, request_of
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
-from strata.wire import WIRE
+from strata.wire import KB_ID_PATTERN as KB_ID_PATTERN  # the request fields' wire constraints are strata.wire's
+from strata.wire import LIMIT_KEY, NAME_PATTERN, WIRE, KbId, Name, QueryText, adapter, json_integer, no_control
 
-MAX_DEADLINE_MS = 3_600_000  # a bound for the schema only: the service's own deadline caps it long before
-KB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-LIMIT_KEY = "x-strata-limit"  # OpenAPI extension: the setting whose running value bounds the field
 LIMITS = {"max_query_chars": "maxLength", "max_top_k": "maximum"}  # setting -> JSON Schema keyword
-
-
-_CONTROL = r"\u0000-\u001f\u007f-\u009f"  # Cc, as ranges Python's re and JSON Schema both read
-_TEXT_CONTROL = r"\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f"  # the same, tabs and newlines allowed
-_SURROGATES = r"\ud800-\udfff"  # lone surrogates (Cs) are refused too; the published pattern leaves them out, as
-# schemathesis drops a pattern that names them, and a JSON text decodes to them only from a lone \uD8xx escape
-NAME_PATTERN = rf"^[^{_CONTROL}]*$"
-TEXT_PATTERN = rf"^[^{_TEXT_CONTROL}]*[^\s{_TEXT_CONTROL}][^{_TEXT_CONTROL}]*$"  # not blank either
-
-
-def _matching(pattern: str, why: str) -> AfterValidator:
-    """The check of ``pattern`` by Python's ``re``, which the OpenAPI document publishes (pydantic's own
-    ``pattern`` is another regex engine, one without lone surrogates)."""
-    compiled = re.compile(pattern)
-    refused = re.compile(f"[{_CONTROL}{_SURROGATES}]" if pattern == NAME_PATTERN else f"[{_TEXT_CONTROL}{_SURROGATES}]")
-
-    def check(value: str) -> str:
-        found = refused.search(value)
-        if found:
-            raise InvalidArgumentError(f"control character U+{ord(found.group()):04X} is not allowed")
-        if not compiled.search(value):
-            raise InvalidArgumentError(why)
-        return value
-
-    return AfterValidator(check)
-
-
-_no_control = _matching(NAME_PATTERN, "control characters are not allowed")
-_text = _matching(TEXT_PATTERN, "must not be blank")
-
-
-QueryText = Annotated[
-    str,
-    StringConstraints(min_length=1),
-    _text,
-    Field(json_schema_extra={LIMIT_KEY: "max_query_chars", "pattern": TEXT_PATTERN}),
-]
-Name = Annotated[
-    str,
-    StringConstraints(min_length=1, max_length=512),
-    _no_control,
-    Field(json_schema_extra={"pattern": NAME_PATTERN}),
-]
-KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
-
-
-def _json_integer(value: Any) -> Any:
-    """What the schema calls an integer and nothing else: pydantic alone would take ``true`` as 1 and ``"5"`` as 5.
-    A number without a fractional part (``5.0``) is an integer to JSON Schema and stays accepted."""
-    if isinstance(value, bool | str | bytes):
-        raise InvalidArgumentError(f"must be an integer, not {type(value).__name__}")
-    return value
-
-
-# A bounded integer names its bounds before the validator (``Annotated[int, Field(ge=1), BeforeValidator(...)]``):
-# bounds after a BeforeValidator would be published as unknown keys ("ge") instead of minimum/maximum.
-Integer = Annotated[int, BeforeValidator(_json_integer)]
-TopK = Annotated[Integer, Field(description="results wanted", json_schema_extra={"minimum": 1, LIMIT_KEY: "max_top_k"})]
+_no_control, _json_integer = no_control, json_integer
 
 
 def publish_limits(node: Any, retrieval: RetrievalSettings) -> Any:
@@ -133,56 +74,69 @@ class FiltersIn(_Strict):
         return None if filters.is_empty() else filters
 
 
-MAX_EVIDENCE_CHARS = 1_000_000
+# -- retrieval requests: the fields of strata.request.RetrievalRequest, and what a route adds ---------------------
+
+EDGE_TYPES: dict[str, Any] = {"filters": FiltersIn | None}
+"""A record field whose wire type the edge checks more closely than the record's own (unknown filter keys are
+refused, names bounded); every other field's wire type is the record's."""
+
+Body = TypeVar("Body", bound="RequestBody")
 
 
-class RetrieveRequest(_Strict):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={  # query variants are the fusion strategy's (the engine refuses them for another)
-            "if": {"required": ["queries"], "properties": {"queries": {"type": "array", "minItems": 1}}},
-            "then": {"required": ["strategy"], "properties": {"strategy": {"const": "fusion"}}},
-        },
-    )
+class RequestBody(_Strict):
+    """A request body that holds a ``RetrievalRequest``'s fields (``with_request_fields``) and what its route adds."""
 
-    query: QueryText
-    top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(
-        None, min_length=1, max_length=100, description="knowledge bases to search; default all you may read"
-    )
-    filters: FiltersIn | None = None
-    rerank: StrictBool | None = Field(None, description="false skips the reranker; default as configured")
-    expand: StrictBool = Field(True, description="expand the BM25 query through the synonym dictionary")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=QUERY_VARIANTS_NEED_FUSION)
+
+    def to_request(self, **changes: Any) -> RetrievalRequest:
+        """The ``RetrievalRequest`` this body holds, with ``changes`` (a route's own query or filters)."""
+        filters = getattr(self, "filters", None)
+        wire = {"filters": filters.to_filters() if isinstance(filters, FiltersIn) else filters}
+        return request_of(self, **{**wire, **changes})
+
+
+def with_request_fields(body: type[Body]) -> type[Body]:
+    """``body`` (a ``RequestBody`` declaring its route's own fields) with every field of ``RetrievalRequest`` it does
+    not declare itself: the record's wire type (or ``EDGE_TYPES``'), default and docstring. A field added to the
+    record is in every request body and the OpenAPI document without a change here."""
+    hints = typing.get_type_hints(RetrievalRequest, include_extras=True)
+    described = adapter(RetrievalRequest).json_schema()["properties"]
+    added: dict[str, Any] = {}
+    for spec in dataclasses.fields(RetrievalRequest):
+        if spec.name in body.model_fields:
+            continue
+        default = ... if spec.default is dataclasses.MISSING else spec.default
+        wire_type = EDGE_TYPES.get(spec.name, hints[spec.name])
+        description = " ".join(described[spec.name].get("description", "").split()) or None
+        added[spec.name] = (wire_type, Field(default, description=description))
+    return create_model(body.__name__, __base__=body, __module__=body.__module__, __doc__=body.__doc__, **added)
+
+
+@with_request_fields
+class RetrieveRequest(RequestBody):
+    """A retrieval: the fields of the library's ``RetrievalRequest``, and ``explain``."""
+
     explain: StrictBool = Field(False, description="keep the per-document score trace")
-    strategy: StrategyName | None = Field(None, description="retrieval strategy; default as configured")
-    queries: list[QueryText] | None = Field(
-        None, max_length=8, description="the fusion strategy's extra query variants"
-    )
-    deadline_ms: Annotated[int, Field(ge=1, le=MAX_DEADLINE_MS), BeforeValidator(_json_integer)] | None = Field(
-        None,
-        description="this request's time budget in milliseconds; the service's own (STRATA_RETRIEVAL__DEADLINE_MS) "
-        "applies when it is shorter",
-    )
-    max_chars: Annotated[int, Field(ge=1, le=MAX_EVIDENCE_CHARS), BeforeValidator(_json_integer)] | None = Field(
-        None,
-        description="at most this many characters of evidence: whole documents in rank order, the first that does "
-        "not fit cut to the part that answered (metadata cut: true), the rest left out; default top_k whole documents",
-    )
 
 
-class SkillRequest(_Strict):
+@with_request_fields
+class SkillRequest(RequestBody):
+    """A retrieval for a skill point: its synonym group is the query when none is given, and the known skill points
+    it names are the ``skill_points`` filter (a request that sets that filter itself is refused)."""
+
     skill: Name
-    query: QueryText | None = None
-    top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
+    query: QueryText | None = Field(None, description="default the skill's synonym group")
     explain: StrictBool = False
 
 
-class ModuleRequest(_Strict):
+@with_request_fields
+class ModuleRequest(RequestBody):
+    """A module's chunks: ranked by ``query`` (the closest known module is the ``modules`` filter; a request that sets
+    that filter itself is refused), or without one listed in document order (``top_k``, ``kb_ids``, ``level`` and
+    ``max_chars`` apply)."""
+
     module: Name
-    query: QueryText | None = None
-    top_k: TopK = 5
-    kb_ids: list[KbId] | None = Field(None, min_length=1, max_length=100)
+    query: QueryText | None = Field(None, description="default none: the module's chunks in document order")
     level: Annotated[Literal[1, 2, 3], BeforeValidator(_json_integer)] = Field(
         1, description="chunk level listed when no query is given"
     )

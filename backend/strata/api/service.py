@@ -17,7 +17,6 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from strata.api.auth import KeyRing, Principal
 from strata.api.metrics import Metrics
@@ -30,9 +29,10 @@ from strata.indexing.report import IndexReport
 from strata.rag.expansion import SynonymDictionary, load_synonyms
 from strata.rag.rerank import Reranker
 from strata.rag.retrieve import Retriever
+from strata.request import RetrievalRequest
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
-from strata.types import Filters, RetrievalResult
+from strata.types import RetrievalResult
 
 logger = logging.getLogger(__name__)
 
@@ -87,39 +87,15 @@ class Service:
         except Exception as exc:  # the service still starts; /ready shows what is wrong
             logger.warning("warm-up failed: %s: %s", type(exc).__name__, exc)
 
-    def retrieve(
-        self,
-        query: str,
-        top_k: int,
-        *,
-        kb_ids: Sequence[str] | None,
-        filters: Filters | None,
-        rerank: bool | None = None,
-        expand: bool | None = None,
-        strategy: str | None = None,
-        queries: Sequence[str] | None = None,
-        deadline_ms: int | None = None,
-        max_chars: int | None = None,
-        principal: Principal | None = None,
-    ) -> RetrievalResult:
-        """``Retriever.retrieve`` with the request's switches (unset ones keep the engine's defaults), its query-cache
-        entries the ``principal``'s own unless ``STRATA_RETRIEVAL__CACHE_SCOPE=kbs``. A requested kb that does not
-        exist raises ``NotFoundError`` (after its run is recorded and traced)."""
-        switches = {
-            "rerank": rerank,
-            "expand": expand,
-            "strategy": strategy,
-            "queries": queries,
-            "deadline_ms": deadline_ms,
-            "max_chars": max_chars,
-        }
-        if principal is not None and self.settings.retrieval.cache_scope == "key":
-            switches["cache_scope"] = principal.name
-        options: dict[str, Any] = {k: v for k, v in switches.items() if v is not None}
-        kbs = list(kb_ids) if kb_ids is not None else None
+    def retrieve(self, request: RetrievalRequest, *, principal: Principal | None = None) -> RetrievalResult:
+        """``Retriever.retrieve_request`` of the request as parsed, its query-cache entries the ``principal``'s own
+        unless ``STRATA_RETRIEVAL__CACHE_SCOPE=kbs``. A requested kb that does not exist raises ``NotFoundError``
+        (after its run is recorded and traced)."""
+        keyed = self.settings.retrieval.cache_scope == "key"
+        scope = principal.name if principal is not None and keyed else None
         # arguments the engine refuses raise InvalidArgumentError, a kb SQL does not know NotFoundError
         # (the retriever refuses unknown kbs): ERROR_TABLE answers them (422, 404)
-        result = self.retriever.retrieve(query, top_k, kb_ids=kbs, filters=filters, **options)
+        result = self.retriever.retrieve_request(request, cache_scope=scope)
         self.metrics.observe_retrieval(result)
         return result
 

@@ -17,15 +17,18 @@ then, removes it on its way out.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from fastapi import UploadFile
+from fastapi import Request, Response, UploadFile
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from strata.api.problems import Problem
 from strata.stores.lease import process_gone
@@ -36,7 +39,10 @@ NAME_SHOWN = 80  # an answer quotes this much of a name over MAX_NAME_CHARS: eno
 MAX_PART_BYTES = 255  # NAME_MAX of Linux and macOS file systems, in UTF-8 bytes
 MAX_PATH_BYTES = 3072  # below PATH_MAX (4096) with room for the temporary folder
 MAX_KEPT = 10_000
+MAX_FILES = 1000  # files in one request (Starlette's form parser's default): more are sent in several requests
+MAX_PRESENT = 1_000_000  # names of the ``present`` part (the request body's size bounds it before this)
 ROOT_PREFIX = "upload:"  # a client's folder name never passes for a folder of the server's
+ID_PREFIX = "id:"  # a root the client names by ``--root-id`` rather than its host and path
 ROOT_HELP = (
     "the folder the files came from, as the client names it; its documents record it, and delete_missing deletes "
     "only documents of this root whose files were not sent"
@@ -46,20 +52,85 @@ MAX_DELETE_HELP = (
     "most documents delete_missing may delete (default STRATA_INDEXING__MAX_DELETE); over it, or over half of the "
     "root's documents, the upload is refused (409 delete-refused) and nothing is written"
 )
+PRESENT_HELP = (
+    "a JSON array of the root's other file names: those sent in earlier requests of the same upload (a folder of "
+    f"more than {MAX_FILES} files is sent in several); with delete_missing their documents are kept, like keep's"
+)
 FORCE_HELP = "delete_missing may delete over max_delete or half of the root's documents (never all of an empty root's)"
 FOLDER_PREFIX = "strata-upload-"
 
 T = TypeVar("T")
 
 
-def root_name(root: str) -> str:
-    """The root an upload's documents record for the folder the client named."""
+def root_name(root: str, recorded: Callable[[], Collection[str]] = frozenset) -> str:
+    """The root an upload's documents record for the folder the client named: ``upload:`` and its name, so no
+    client's name passes for a folder of the server's. But a ``--root-id`` naming a local root ``recorded`` in the
+    kb (a folder indexed by a local ``strata index``, the absolute path its documents record) is that root
+    itself: the kb is continued through the service, its documents updated and deleted as a local run would.
+    ``recorded()`` gives the roots of the kb written to (by a key that may write it) and no other, so no key can
+    claim another kb's folder."""
+    local = root.removeprefix(ID_PREFIX) if root.startswith(ID_PREFIX) else ""
+    if os.path.isabs(local) and local in recorded():
+        return local
     return ROOT_PREFIX + root
+
+
+def too_many_files() -> Problem:
+    """The answer to a request of more than ``MAX_FILES`` files."""
+    return Problem(
+        413,
+        f"an upload request holds at most {MAX_FILES} files: send more in several requests, the last one with "
+        "delete_missing and the names sent before in its 'present' part (strata index --server does)",
+        title="Too Many Files",
+        slug="too-many-files",
+    )
+
+
+def present_names(part: UploadFile | None) -> list[str]:
+    """The names of the ``present`` part (a JSON array of relative names), each checked as a file name is; a
+    422 naming what is wrong (blocking I/O: run it in a worker thread)."""
+    if part is None:
+        return []
+    part.file.seek(0)
+    try:
+        names = json.load(part.file)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Problem(
+            422, f"the 'present' part is not a JSON array of file names: {exc}", title="Invalid Input"
+        ) from exc
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise Problem(422, "the 'present' part must be a JSON array of file names", title="Invalid Input")
+    if len(names) > MAX_PRESENT:
+        raise Problem(422, f"the 'present' part names {len(names)} files: at most {MAX_PRESENT}", title="Invalid Input")
+    return [str(relative_name(name)) for name in names]
+
+
+class UploadRoute(APIRoute):
+    """Answers Starlette's refusal of a multipart body past the route's ``max_files`` (a 400 in its own words,
+    ``Too many files``) as ``too_many_files``: the request is refused naming strata's limit and the remedy."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except StarletteHTTPException as exc:
+                if exc.status_code == 400 and str(exc.detail).startswith("Too many files"):
+                    raise too_many_files() from exc
+                raise
+
+        return handler
 
 
 def shown(name: str) -> str:
     """``name`` as an answer quotes it: escaped (``repr``) and cut to ``NAME_SHOWN`` characters."""
     return repr(name[:NAME_SHOWN] + "…") if len(name) > NAME_SHOWN else repr(name)
+
+
+# the names check_name lets through, for the OpenAPI document (a path parameter's ``pattern``): no control
+# character (category Cc: U+0000-U+001F, U+007F-U+009F); a surrogate (Cs) cannot reach a path, decoded as UTF-8
+NAME_PATTERN = r"^[^\x00-\x1F\x7F-\x9F]*$"
 
 
 def check_name(name: str, what: str = "file name") -> None:

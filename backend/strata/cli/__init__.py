@@ -17,6 +17,7 @@ from typing import Any
 from strata.config import ConfigError, Settings, get_settings
 from strata.errors import StrataError
 from strata.evaluation.modes import DEFAULT_MODES, MODES
+from strata.logs import fatal
 from strata.strategy_table import DEFAULT_STRATEGY, STRATEGY_NAMES
 
 logger = logging.getLogger("strata")
@@ -240,16 +241,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(settings, verbose=args.verbose)
         return int(args.handler(args, settings))
     except ConfigError as exc:
-        print(f"strata: configuration error: {exc}", file=sys.stderr)
+        fatal(f"strata: configuration error: {exc}")
         return 2
     except ValueError as exc:  # a bad argument the parser could not see (an empty query, top_k out of range)
-        print(f"strata {args.command}: error: {exc}", file=sys.stderr)
+        fatal(f"strata {args.command}: error: {exc}")
         return 2
     except StrataError as exc:
-        print(f"strata: {type(exc).__name__}: {exc}", file=sys.stderr)
+        fatal(f"strata: {type(exc).__name__}: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("strata: interrupted", file=sys.stderr)
+        fatal("strata: interrupted")
         return 130
     except BrokenPipeError:
         if not _stdout_is_a_pipe():

@@ -6,12 +6,16 @@ documents get the ids a local ``strata index`` would give them. Each folder
 argument is one upload naming its root, so ``--delete-missing`` deletes what
 the local command deletes; entries that cannot be read (a FIFO, a dangling
 symlink) are failures or skipped, as locally, and their indexed versions are
-kept.
+kept. A folder of any size is one upload in several requests
+(``StrataClient.index_files``, ``strata.upload_batches``): only the last one
+deletes, from the complete list of the folder's files.
 
 A root is an identity, not the path as typed: this host's name and the
 folder's absolute path (``docs`` typed in ``/home/alice`` and ``/home/bob``
 are two roots; ``docs`` and ``/home/alice/docs`` one), or ``--root-id``
-where several hosts or checkouts send one folder. Two folders can never
+where several hosts or checkouts send one folder. A ``--root-id`` naming the
+absolute path a local ``strata index`` recorded as the root of the kb's
+documents continues that kb through the service (``api.uploads.root_name``). Two folders can never
 share a root by their names alone, so ``--delete-missing`` from one never
 deletes another's documents.
 """
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strata.cli.index import _print_report as print_report  # the local command's printer, shared
+from strata.cli.index_report import print_report
 from strata.client import StrataClient
 from strata.config import Settings
 from strata.errors import NotFoundError

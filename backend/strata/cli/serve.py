@@ -4,10 +4,13 @@ Refuses what cannot work or is unsafe, with one line each: several workers
 on a Milvus Lite file (one process owns it), a non-loopback address without
 API keys unless ``--insecure``, and a local model folder that is missing,
 unreadable or does not load (``model folder /models/bge-m3: not found``).
-SIGTERM lets in-flight requests finish for ``STRATA_API__SHUTDOWN_GRACE_S``;
-then the ones still running are cancelled (their uploads' temporary folders
-removed), indexing runs stopped (a parse in progress killed, the kb's lease
-released), and the process exits 0. With several workers, ``/metrics`` adds
+SIGTERM stops uploads at once, at their next batch boundary (a parse in progress
+killed; a 503 with Retry-After; the pending version kept for the next upload to
+continue) and lets other requests in flight finish for
+``STRATA_API__SHUTDOWN_GRACE_S``; then the ones still running are cancelled (their
+uploads' temporary folders removed), indexing runs unwound (the kb's lease
+released), and the process exits 0, or 1 once ``supervisor.EXIT_BUDGET_S`` past
+the grace (``strata.cli.supervisor``). With several workers, ``/metrics`` adds
 up every worker's values, whichever answers (``strata.api.metrics``).
 """
 
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.config import Settings
 from strata.encoders.model_folder import check_encoder_loads, check_model_folder
+from strata.logs import fatal
 from strata.stores.schema_version import open_database_schema
 from strata.tracing import check_tracing
 
@@ -40,6 +44,7 @@ WORKER_HEALTHCHECK_S = 30  # how long a worker may take to answer the supervisor
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from strata.api.auth import KeyRing
     from strata.api.metrics import multiprocess_dir
+    from strata.api.shared_slots import shared_slots_dir
 
     host = args.host or settings.api.host
     port = args.port or settings.api.port
@@ -47,7 +52,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     keyed = keys.enabled
     refusal = serve_refusal(settings, host=host, workers=args.workers, keyed=keyed, insecure=args.insecure)
     if refusal:
-        print(f"strata serve: {refusal}", file=sys.stderr)
+        fatal(f"strata serve: {refusal}")
         return 2
     check_tracing(settings)  # tracing asked for without the otel extra stops it here, in one line
     check_model_folder(settings.embedding)  # an empty or unreadable model volume stops it here, in one line
@@ -56,7 +61,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if not keyed:
         logger.warning("no API keys configured (STRATA_API__KEYS): serving %s:%d without authentication", host, port)
     try:
-        with multiprocess_dir(args.workers):  # set before any worker creates a metric; a private one is removed
+        # set before any worker creates a metric or takes a slot; the private folders are removed at exit
+        with multiprocess_dir(args.workers), shared_slots_dir(args.workers):
             _run(
                 settings,
                 host=host,
@@ -129,10 +135,13 @@ def _run(
     signal.signal(signal.SIGTERM, lambda *_: logger.info("stopped by SIGTERM"))
     limits = ConnectionLimits.for_process(settings.api, raise_open_file_limit())  # workers inherit the raised limit
     logger.info(
-        "at most %d connections per process; headers within %g s; keep-alive %g s",
+        "at most %d connections per process; headers within %g s; answers read within %g s; keep-alive %g s; "
+        "%d pipelined requests",
         limits.max_connections,
         limits.header_timeout_s,
+        limits.write_timeout_s,
         limits.keep_alive_s,
+        limits.max_pipelined_requests,
     )
     grace = settings.api.shutdown_grace_s
     common: dict[str, Any] = {
@@ -164,10 +173,11 @@ def _run(
 
 def _serve_one(config: uvicorn.Config) -> None:
     """What ``uvicorn.run`` does for one process, with a config of strata's own."""
-    import uvicorn
     from uvicorn.config import STARTUP_FAILURE
 
-    server = uvicorn.Server(config)
+    from strata.cli.supervisor import StrataServer
+
+    server = StrataServer(config)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if not server.started:

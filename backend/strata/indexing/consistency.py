@@ -56,7 +56,13 @@ class LeafCheck:
     def difference(self) -> str:
         """One line naming what differs ("" when nothing does)."""
         parts = []
-        if self.found != self.expected:
+        if self.found > self.expected:
+            parts.append(
+                f"Milvus holds {self.found} leaves where SQL serves {self.expected}: {self.found - self.expected} "
+                "orphan or unserved leaves (a run that lost its lease, a restored backup); `strata reconcile` "
+                "names them and `--repair` deletes them, and queries leave them out (`unserved_leaves`)"
+            )
+        elif self.found != self.expected:
             parts.append(f"Milvus holds {self.found} leaves where SQL serves {self.expected}")
         if self.absent_count:
             more = f" and {self.absent_count - len(self.absent)} more" if self.absent_count > len(self.absent) else ""

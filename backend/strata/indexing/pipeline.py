@@ -33,7 +33,6 @@ in one switch at the end. The write steps are ``run.WriteStep``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import threading
 import time
@@ -41,8 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from strata.config import ChunkingSettings
-from strata.errors import InvalidArgumentError
-from strata.indexing.chunking import CHUNKER_REVISION
+from strata.errors import InvalidArgumentError, LeaseLostError
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.new_terms import front_matter_terms, note_new_terms
 from strata.indexing.plan import DeleteLimit, IndexPlan, Scan
@@ -62,9 +60,10 @@ from strata.indexing.run import (
     IndexRun,
     WriteStep,
 )
-from strata.indexing.scan import HOLD_CHARS, scan_paths
+from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths
 from strata.indexing.source import ChunkSource
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
+from strata.indexing.upgrades import settings_signature, stamp
 from strata.indexing.writer import VersionWriter, WrittenVersion
 from strata.resources import Resources
 from strata.stores.catalog import Catalog
@@ -78,9 +77,10 @@ logger = logging.getLogger(__name__)
 
 
 def chunking_signature(settings: ChunkingSettings) -> str:
-    """Changes whenever chunk boundaries or search texts would change: with the settings or the chunker's revision
-    (a document indexed under another signature is chunked again by the next run)."""
-    return hashlib.sha1(f"{CHUNKER_REVISION}:{settings.model_dump_json()}".encode()).hexdigest()[:16]
+    """What versions are hashed under: the chunking settings (a document indexed under others is chunked again by
+    the next run). The chunker's revision is the kb's ``upgrades.stamp``: a document it would chunk alike stays
+    as it is across releases (``upgrades.carried_over``)."""
+    return settings_signature(settings)
 
 
 class Indexer:
@@ -105,6 +105,7 @@ class Indexer:
         self._kb_only_notes = kb_only_notes
         self._chunking = resources.settings.chunking
         self._signature = chunking_signature(self._chunking)
+        self._stamp = stamp(self._chunking)  # the kb's record of settings and chunker revision
         self._group_leaves = group_leaves  # also the leaves looked up, encoded and upserted at a time
         self._stopping = threading.Event()
         limits = LoaderLimits.from_settings(resources.settings.indexing)
@@ -114,7 +115,7 @@ class Indexer:
         self._leases: dict[str, KbLease] = {}
         # the fence is looked up when passed: building an indexer opens no store
         self._checkpoint = Checkpoint(
-            fences=lambda: resources.documents.check_fences(), after_write_step=after_write_step
+            fences=lambda: resources.documents.check_fences(), after_write_step=after_write_step, stop=self._stopping
         )
         self._removal = Removal(resources, self._checkpoint)
         self._tokenize, why_not = term_tokenizer(resources)  # None: the analyzer's terms cannot be counted here
@@ -122,8 +123,9 @@ class Indexer:
             logger.info(why_not)
 
     def stop(self) -> None:
-        """Stops the runs in progress at their next file (a parse in progress is killed) and refuses new ones:
-        they raise ``IndexingStoppedError``, releasing their leases. For a service shutting down."""
+        """Stops the runs in progress at their next write step (``Checkpoint``: a batch boundary; a parse in
+        progress is killed) and refuses new ones: they raise ``IndexingStoppedError``, releasing their leases.
+        For a service shutting down."""
         self._stopping.set()
 
     def lease(self, kb_id: str) -> KbLease:
@@ -167,7 +169,11 @@ class Indexer:
             self._dry_run(run, self._scan(paths, run.report, root_names, keep), options)
         else:
             with self.lease(kb_id):
-                self._run(run, self._scan(paths, run.report, root_names, keep), options)
+                try:
+                    self._run(run, self._scan(paths, run.report, root_names, keep), options)
+                except LeaseLostError:
+                    self._withdraw(run)
+                    raise
         run.report.seconds = time.perf_counter() - started
         return run.report
 
@@ -181,7 +187,7 @@ class Indexer:
         encoder is refused as a run would refuse it (``ensure_kb`` of an existing kb checks and writes nothing)."""
         encoder, store = self._res.encoder, self._res.documents
         if not options.recreate and store.kbs.get_kb(run.kb_id) is not None:
-            store.kbs.ensure_kb(run.kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
+            store.kbs.ensure_kb(run.kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._stamp)
         plan = self._plan(run, scan, options)
         run.report.added = sum(1 for item in plan.to_write if item.previous is None)  # what the run would do
         run.report.updated = len(plan.to_write) - run.report.added
@@ -195,12 +201,14 @@ class Indexer:
             run.report.notes.append(f"term statistics counted for {counted} version(s) indexed before strata kept them")
         if plan.moved:
             self._res.documents.versions.set_roots(run.kb_id, plan.moved)
+        if plan.rehashed:  # unchanged documents hashed under a legacy signature: under the settings signature now
+            self._res.documents.versions.set_hashes(run.kb_id, plan.rehashed)
         if options.recreate:
             self._recreate(run, scan, plan)
         else:
             self._write_changes(run, scan, plan)
         if run.report.failed == 0:  # a partial re-chunk is not stamped: the failed documents re-chunk next run
-            self._res.documents.kbs.set_chunking(run.kb_id, self._signature)
+            self._res.documents.kbs.set_chunking(run.kb_id, self._stamp)
 
     def _prepare_kb(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
         """Opens Milvus before any document write: a Milvus Lite file held by another process must fail the run
@@ -214,12 +222,13 @@ class Indexer:
         index.open_kb(kb_id, terms)
         note_new_terms(run.report, index, kb_id, scan, self._known_terms(kb_id))
         if not options.recreate or store.kbs.get_kb(kb_id) is None:
-            store.kbs.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._signature)
+            store.kbs.ensure_kb(kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._stamp)
         retry_invalidations(self._res, kb_id)
 
     def _plan(self, run: IndexRun, scan: Scan, options: RunOptions) -> IndexPlan:
         """Plans (``planning``: reads and refusals only), then puts what planning found in the report."""
-        planned = plan_run(self._res, run.kb_id, scan, options, signature=self._signature)
+        read = functools.partial(read_again, scan, load=self._load)
+        planned = plan_run(self._res, run.kb_id, scan, options, signature=self._signature, read=read)
         for failure in planned.failures:
             record_failure(run.report, failure.source, failure.reason)
         run.report.notes.extend(planned.notes)
@@ -279,6 +288,33 @@ class Indexer:
         writer.serve(ready, retire=gone)
         run.report.deleted += len(gone)
         self._removal.remove_leftovers(run.kb_id)
+
+    def _withdraw(self, run: IndexRun) -> None:
+        """A run that lost its lease removes what it wrote outside SQL: the leaves of its versions that do not
+        serve, and the chunks it cached. It may: the run that took the lease retired those versions in the
+        transaction that took it (``KbLease``), never continues a retired version nor gives its number again.
+        A write of this run that was on the wire when it was paused has landed by now, so nothing of it
+        stays behind as an orphan. Best effort: what fails here is what ``strata reconcile --repair`` finds."""
+        writes, kb_id = run.writes, run.kb_id
+        try:
+            serving = {(v.doc_id, v.version) for v in self._res.documents.versions.of_kb(kb_id) if v.status == ACTIVE}
+            withdrawn = sorted((writes.versions | set(writes.cached)) - serving)
+            for doc_id, version in withdrawn:
+                self._res.leaf_index.delete_version(kb_id, doc_id, version)
+            if withdrawn:
+                self._res.leaf_index.flush()
+            cached = [(kb_id, chunk_id) for version in withdrawn for chunk_id in writes.cached.get(version, ())]
+            if cached:
+                self._res.cached_chunks.invalidate(cached)
+        except Exception as exc:
+            logger.warning("a run that lost the lease of %s could not withdraw its writes: %s", kb_id, exc)
+            return
+        if withdrawn:
+            logger.warning(
+                "withdrew the leaves of %d version(s) this run wrote before it lost the lease of %s",
+                len(withdrawn),
+                kb_id,
+            )
 
     # -- maintenance ------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -39,6 +39,7 @@ class IndexPlan:
     unchanged: tuple[SourceDocument, ...]
     to_delete: tuple[DocumentVersion, ...]
     moved: dict[str, str] = field(default_factory=dict)  # unchanged doc id -> the root it is now found under
+    rehashed: dict[str, tuple[int, str]] = field(default_factory=dict)  # unchanged doc id -> (version, its new hash)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def plan_changes(
     force: bool = False,
     marks: Mapping[str, int] | None = None,
     resume: bool = False,
+    carried: Collection[str] = (),
+    rechunked: Collection[str] = (),
 ) -> IndexPlan:
     """Compares the scanned files with stored versions.
 
@@ -84,7 +87,9 @@ def plan_changes(
     included), so a version number, hence a chunk id, that served is never given again.
     With ``resume``, a file to write whose pending version (left by a run that stopped) holds the same
     content under the same ``chunking`` continues that version instead: it never served, and its chunks
-    are the ones this run would write. With ``delete_missing``, see ``deletable``.
+    are the ones this run would write. With ``delete_missing``, see ``deletable``. ``carried`` are documents
+    found unchanged by their chunks (``upgrades.carried_over``: hashed under another chunker revision or a
+    legacy signature), ``rechunked`` documents whose hash matches but whose chunks this chunker makes otherwise.
     """
     active = {v.doc_id: v for v in versions if v.status == ACTIVE}
     latest: dict[str, int] = dict(marks or {})
@@ -99,7 +104,7 @@ def plan_changes(
     for doc in scan.docs:
         previous = active.get(doc.doc_id)
         root = scan.roots.get(doc.doc_id, "")
-        if not force and previous is not None and _same(previous, doc, chunking, legacy_ok):
+        if not force and previous is not None and _unchanged(previous, doc, chunking, legacy_ok, carried, rechunked):
             unchanged.append(doc)
         elif resume and (
             version := pending.get((doc.doc_id, index_hash(doc.content_hash, chunking), doc.source, root))
@@ -199,6 +204,19 @@ def _under_kept(source: str, kept: frozenset[str]) -> bool:
     """Whether ``source`` is kept or lies under a kept folder (a symlinked folder that was not followed)."""
     path = PurePosixPath(source)
     return source in kept or any(str(parent) in kept for parent in path.parents if str(parent) != ".")
+
+
+def _unchanged(
+    previous: DocumentVersion,
+    doc: SourceDocument,
+    chunking: str,
+    legacy_ok: bool,
+    carried: Collection[str],
+    rechunked: Collection[str],
+) -> bool:
+    if doc.doc_id in carried:
+        return True
+    return doc.doc_id not in rechunked and _same(previous, doc, chunking, legacy_ok)
 
 
 def _same(previous: DocumentVersion, doc: SourceDocument, chunking: str, legacy_ok: bool) -> bool:

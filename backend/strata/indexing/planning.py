@@ -26,6 +26,7 @@ from strata.indexing.plan import (
 )
 from strata.indexing.report import Failure
 from strata.indexing.scan import without_root_conflicts
+from strata.indexing.upgrades import Carried, Read, carried_over, same_settings
 from strata.resources import Resources
 from strata.types import ACTIVE, DocumentVersion
 
@@ -55,9 +56,13 @@ class PlannedRun:
     """the refusals a dry run met instead of raising"""
 
 
-def plan_run(resources: Resources, kb_id: str, scan: Scan, options: RunOptions, *, signature: str) -> PlannedRun:
+def plan_run(
+    resources: Resources, kb_id: str, scan: Scan, options: RunOptions, *, signature: str, read: Read
+) -> PlannedRun:
     """The documents to write, keep and delete, and what the report is to say of them. Raises
-    ``LeavesMissingError`` or ``DeleteRefusedError`` (not in a dry run) before the run writes anything."""
+    ``LeavesMissingError`` or ``DeleteRefusedError`` (not in a dry run) before the run writes anything.
+    ``signature`` is the settings signature versions are hashed under; ``read`` gives a document whole (its
+    text read again when the scan let it go), for the chunks a chunker upgrade compares (``upgrades``)."""
     store = resources.documents
     kb = store.kbs.get_kb(kb_id)
     versions = store.versions.of_kb(kb_id) if kb is not None else []
@@ -65,9 +70,15 @@ def plan_run(resources: Resources, kb_id: str, scan: Scan, options: RunOptions, 
     if versions and live:
         check_leaves_present(resources, kb_id, versions)
     scan, failures = without_root_conflicts(scan, versions)
-    rechunk = kb is not None and kb.chunking != signature
+    settings = resources.settings.chunking
+    rechunk = kb is not None and not same_settings(kb.chunking, settings)
     if rechunk:
         logger.info("chunking settings of %s changed: its documents are re-chunked", kb_id)
+    carried = Carried()
+    if kb is not None and not rechunk and not options.recreate:
+        carried = carried_over(
+            resources.documents.chunks, kb_id, kb.chunking, scan.docs, versions, settings=settings, read=read
+        )
     plan = plan_changes(
         scan,
         versions,
@@ -77,7 +88,10 @@ def plan_run(resources: Resources, kb_id: str, scan: Scan, options: RunOptions, 
         force=options.recreate,
         marks=store.versions.version_marks(kb_id),
         resume=live,
+        carried=carried.unchanged,
+        rechunked=carried.rechunked,
     )
+    plan = replace(plan, rehashed=carried.rehashed)
     plan, refused = _checked_deletions(kb_id, scan, versions, plan, options)
     gone = _check_recreate_gone(kb_id, scan, versions, options.dry_run) if options.recreate else None
     return PlannedRun(plan, failures, tuple(note for note in (refused, gone) if note))
@@ -91,6 +105,8 @@ def check_leaves_present(resources: Resources, kb_id: str, versions: Sequence[Do
         return
     check = check_leaves(resources.leaf_index, kb_id, versions, most=START_PROBES)
     if check.found < check.expected or check.absent_count:
+        # a run paused past its lease read versions another run has replaced since: that is the lost lease
+        resources.documents.check_fences()
         raise LeavesMissingError(
             f"the Milvus collection {resources.settings.milvus.collection!r} does not hold the leaves knowledge "
             f"base {kb_id!r} serves in SQL: {check.difference()}. They were written to another Milvus or "

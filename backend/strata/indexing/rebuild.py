@@ -9,6 +9,10 @@ Two targets:
 
 - **in place** (no target): the kb's leaves are deleted from the configured
   collection, then written again. Queries of that kb find nothing meanwhile.
+  Nothing is deleted before the checks every other command makes have passed:
+  the kb's encoder against SQL, the isolation level, and the kb's collection
+  opened as written (its encoder, its BM25 analyzer against
+  ``STRATA_MILVUS__ANALYZER``, its layout).
 - **another Milvus** (a target ``MilvusSettings``: a Lite file or a server):
   the configured Milvus is never opened, so it keeps serving; the copy is
   written and verified, and the operator switches ``STRATA_MILVUS__URI`` to it.
@@ -20,6 +24,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from strata.config import MilvusSettings
@@ -58,6 +63,15 @@ class RebuildReport:
         return {**asdict(self), "seconds": round(self.seconds, 3)}
 
 
+def index_order(version: DocumentVersion) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """Where ``strata index`` of the version's folder writes it: folder by folder, and in a folder its files by
+    name before its subfolders by name (``walk_folder``). Leaves written in that order rank as the kb indexed
+    afresh ranks: a Milvus collection's HNSW graph (and Milvus Lite's BM25 statistics, kept per segment)
+    depend on the order rows arrive in, and the order of doc ids (front-matter ``doc_id`` or path) is not it."""
+    *folders, name = PurePosixPath(version.source).parts or ("",)
+    return version.root, (*((1, folder) for folder in folders), (0, name))
+
+
 class Rebuilder:
     """Writes a kb's leaves from SQL into the configured Milvus (in place) or into ``target``."""
 
@@ -76,10 +90,14 @@ class Rebuilder:
         started = time.perf_counter()
         self._check_kb(kb_id)
         with KbLease(self._res.documents, kb_id):  # no `strata index` writes the kb while it is rebuilt
-            versions = [v for v in self._res.documents.versions.of_kb(kb_id) if v.status == ACTIVE]
+            active = [v for v in self._res.documents.versions.of_kb(kb_id) if v.status == ACTIVE]
+            versions = sorted(active, key=index_order)
             index = self._open_target()
             try:
                 if self._target is None:
+                    # Opening the kb's collection checks what every command checks of it (encoder, analyzer,
+                    # layout; the level was checked as the index opened): a rebuild refused by them drops nothing.
+                    index.open_kb(kb_id)
                     logger.info("rebuilding kb %s in place: deleting its leaves first", kb_id)
                     index.delete_kb(kb_id)
                     index.flush()

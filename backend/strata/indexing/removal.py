@@ -28,10 +28,15 @@ class Removal:
         self._checkpoint = checkpoint
 
     def remove_versions(self, versions: Sequence[DocumentVersion]) -> None:
-        """Milvus first, then cache, then SQL: SQL rows outlive their leaves, never the reverse."""
+        """Milvus first, then cache, then SQL: SQL rows outlive their leaves, never the reverse. Before any
+        delete, a fenced transaction marks the versions abandoned (``retired``): a run paused between that
+        and its deletes cannot lose served data, since no run continues or serves a retired version."""
         if not versions:
             return
-        self._res.documents.check_fences()
+        # A bug if it raises (not input): callers retire a document before removing its versions.
+        if any(v.status == ACTIVE for v in versions):
+            raise ValueError("remove_versions removes versions that do not serve; retire the document first")
+        self._res.documents.versions.abandon(versions)
         for v in versions:
             self._res.leaf_index.delete_version(v.kb_id, v.doc_id, v.version)
         self._res.leaf_index.flush()
@@ -60,23 +65,23 @@ class Removal:
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
         """Stops serving a document at once, then removes it from every store; False when the kb has no such
         document. The caller holds the kb's lease."""
-        versions = self._res.documents.versions.of_kb(kb_id, doc_id)
-        if not versions:
+        if not self._res.documents.versions.of_kb(kb_id, doc_id):
             return False
         self._res.documents.versions.retire_document(kb_id, doc_id)
-        self.remove_versions(versions)
+        self.remove_versions(self._res.documents.versions.of_kb(kb_id, doc_id))
         retry_invalidations(self._res, kb_id)
         return True
 
     def drop_kb(self, kb_id: str) -> None:
         """Deletes a knowledge base everywhere (retired in SQL first, so a crash is recoverable). The caller holds
-        the kb's lease."""
+        the kb's lease. Leaves go version by version, never by kb: a run paused here past its lease must not
+        delete what a newer run writes into a kb of the same name."""
         store = self._res.documents
         for doc_id in sorted({v.doc_id for v in store.versions.of_kb(kb_id)}):
             store.versions.retire_document(kb_id, doc_id)
+        self.remove_versions(store.versions.of_kb(kb_id))
         store.check_fences()
-        self._res.leaf_index.delete_kb(kb_id)
-        self._res.leaf_index.flush()
+        self._res.leaf_index.drop_empty_kb(kb_id)
         try:
             self._res.cached_chunks.cache.delete_kb(kb_id)
         except StoreError as exc:

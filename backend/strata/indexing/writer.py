@@ -96,6 +96,7 @@ class VersionWriter:
         wrote of a resumed version is kept, not written again."""
         self._res.documents.versions.add_chunks(batch, skip_existing=resume)
         self._run.checkpoint(WriteStep.SQL_PENDING)
+        self._run.writes.writing(batch)
         leaves = [c for c in batch if c.is_leaf]
         if leaves:
             self._upsert(leaves, resume=resume)

@@ -6,6 +6,10 @@
     docs = retriever.invoke("密码重置链接多久失效？")
     docs[0].metadata["heading_path"], docs[0].metadata["strata_meta"]["status"]
 
+On a strata service, ``StrataRetriever(client=StrataClient(url, key), async_client=AsyncStrataClient(url, key))``:
+``invoke`` uses the first, ``ainvoke`` awaits the second (no thread per call). In-process, ``ainvoke`` runs the
+engine in strata's query pool (``strata.rag.async_retrieve``).
+
 Each ``Document`` carries strata's metadata (``heading_path``, ``source``,
 ``level``, ``merged_from``, ``trace``, ``score``, ...) and the call's meta
 record under ``META_KEY``; ``on_result`` receives the whole
@@ -14,7 +18,6 @@ record under ``META_KEY``; ``on_result`` receives the whole
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 try:
@@ -28,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from pydantic import Field, field_validator
 
+from strata.client import AsyncStrataClient, StrataClient
 from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
 from strata.rag.retrieve import Retriever
 from strata.types import Filters, RetrievalResult
@@ -41,7 +45,8 @@ class StrataRetriever(BaseRetriever):
 
     ``engine`` is the ``strata.rag.retrieve.Retriever`` it runs on, e.g. one of the caller's own
     ``Resources`` or ``default_engine(settings)``; without one, ``default_engine()`` (the
-    environment's settings) answers.
+    environment's settings) answers. ``client`` and ``async_client`` answer from a strata service instead
+    (``invoke`` and ``ainvoke``; see the module docstring).
     """
 
     strategy: str | None = None
@@ -50,6 +55,8 @@ class StrataRetriever(BaseRetriever):
     top_k: int = Field(5, ge=1)
     engine: Retriever | None = None
     on_result: ResultCallback | None = None
+    client: StrataClient | None = None
+    async_client: AsyncStrataClient | None = None
 
     @field_validator("filters", mode="before")
     @classmethod
@@ -62,11 +69,10 @@ class StrataRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
-        return await asyncio.to_thread(self._documents, query)
+        return to_documents(await self._call().arun(query))
 
     def _documents(self, query: str) -> list[Document]:
-        result = self._call().run(query)
-        return to_documents(result)
+        return to_documents(self._call().run(query))
 
     def _call(self) -> RetrievalCall:
         return RetrievalCall(
@@ -76,6 +82,8 @@ class StrataRetriever(BaseRetriever):
             top_k=self.top_k,
             engine=self.engine,
             on_result=self.on_result,
+            client=self.client,
+            async_client=self.async_client,
         )
 
 

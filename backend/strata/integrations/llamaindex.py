@@ -6,6 +6,10 @@
     nodes = retriever.retrieve("密码重置链接多久失效？")
     nodes[0].score, nodes[0].node.metadata["heading_path"], nodes[0].node.metadata["strata_meta"]
 
+On a strata service, ``StrataRetriever(client=StrataClient(url, key), async_client=AsyncStrataClient(url, key))``:
+``retrieve`` uses the first, ``aretrieve`` awaits the second (no thread per call). In-process, ``aretrieve`` runs
+the engine in strata's query pool (``strata.rag.async_retrieve``).
+
 Each ``NodeWithScore`` holds a ``TextNode`` (id = chunk id) with strata's
 metadata and the call's meta record under ``META_KEY``. Only ``source`` and
 ``heading_path`` reach an LLM or embedding prompt; the rest (trace, meta
@@ -15,7 +19,6 @@ record, offsets) is excluded there. ``on_result`` receives the whole
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "strata.integrations.llamaindex needs llama-index-core: pip install 'strata-rag[llamaindex]'"
     ) from exc
 
+from strata.client import AsyncStrataClient, StrataClient
 from strata.errors import InvalidArgumentError
 from strata.integrations._common import META_KEY, ResultCallback, RetrievalCall, as_filters, document_metadata
 from strata.rag.retrieve import Retriever
@@ -44,7 +48,8 @@ class StrataRetriever(BaseRetriever):
 
     ``engine`` is the ``strata.rag.retrieve.Retriever`` it runs on, e.g. one of the caller's own
     ``Resources`` or ``default_engine(settings)``; without one, ``default_engine()`` (the
-    environment's settings) answers.
+    environment's settings) answers. ``client`` and ``async_client`` answer from a strata service instead
+    (``retrieve`` and ``aretrieve``; see the module docstring).
     """
 
     def __init__(
@@ -56,6 +61,8 @@ class StrataRetriever(BaseRetriever):
         top_k: int = 5,
         engine: Retriever | None = None,
         on_result: ResultCallback | None = None,
+        client: StrataClient | None = None,
+        async_client: AsyncStrataClient | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
@@ -63,13 +70,15 @@ class StrataRetriever(BaseRetriever):
             raise InvalidArgumentError("top_k must be at least 1")
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         kbs = list(kb_ids) if kb_ids is not None else None
-        self.call = RetrievalCall(strategy, kbs, as_filters(filters), top_k, engine, on_result)
+        self.call = RetrievalCall(
+            strategy, kbs, as_filters(filters), top_k, engine, on_result, client=client, async_client=async_client
+        )
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return to_nodes(self.call.run(query_bundle.query_str))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return await asyncio.to_thread(self._retrieve, query_bundle)
+        return to_nodes(await self.call.arun(query_bundle.query_str))
 
 
 def to_nodes(result: RetrievalResult) -> list[NodeWithScore]:

@@ -16,7 +16,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -40,9 +40,10 @@ from strata.rag.run_state import UNKNOWN_KB, RunInputs, RunState
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
 from strata.rag.strategies import StrategyPlan, plan_for, query_variants
+from strata.request import RetrievalRequest, cache_fields, takes_request_options
 from strata.resources import Resources
 from strata.stores import filters as expr
-from strata.types import Chunk, Filters, RetrievalResult, RetrievedDocument, ServingState
+from strata.types import Chunk, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -107,45 +108,38 @@ class Retriever:
     def reranker(self) -> Reranker | None:
         return self._reranker
 
+    @takes_request_options
     def retrieve(
-        self,
-        query: str,
-        top_k: int = 5,
-        *,
-        kb_ids: Sequence[str] | None = None,
-        filters: Filters | None = None,
-        rerank: bool = True,
-        expand: bool = True,
-        strategy: str | None = None,
-        queries: Sequence[str] | None = None,
-        deadline_ms: int | None = None,
-        cache_scope: str | None = None,
-        max_chars: int | None = None,
+        self, query: str, top_k: int = 5, *, cache_scope: str | None = None, **options: Any
     ) -> RetrievalResult:
         """The best ``top_k`` pieces of evidence and the meta record; never raises on outages.
 
-        ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
-        ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one
-        of ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the
-        ``fusion`` strategy's extra query variants; ``deadline_ms`` shortens this call's time
-        budget (never past ``STRATA_RETRIEVAL__DEADLINE_MS``). ``cache_scope`` keeps this call's query-cache
+        ``options`` are the other fields of ``strata.request.RetrievalRequest`` (this call's signature lists
+        them): ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
+        ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one of
+        ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the ``fusion`` strategy's
+        extra query variants; ``deadline_ms`` shortens this call's time budget (never past
+        ``STRATA_RETRIEVAL__DEADLINE_MS``); ``max_chars`` returns at most that many characters of evidence instead
+        of ``top_k`` whole documents when they hold more (``strata.rag.budget``: whole documents in rank order, the
+        first that does not fit cut to the part that answered). ``cache_scope`` keeps this call's query-cache
         entries (and its single flight) to callers of the same scope: the service passes the API key's.
-        ``max_chars`` returns at most that many characters of evidence instead of ``top_k`` whole documents
-        when they hold more (``strata.rag.budget``: whole documents in rank order, the first that does not
-        fit cut to the part that answered).
         """
-        self._cfg.check_query(query, top_k, queries or ())
-        if max_chars is not None:
-            check_budget(max_chars)  # before any work
-        budget_ms = _budget_ms(self._cfg.deadline_ms, deadline_ms)
-        if isinstance(kb_ids, str):
-            raise InvalidArgumentError("kb_ids must be a list of knowledge base ids, not a string")
+        return self.retrieve_request(RetrievalRequest(query, top_k, **options), cache_scope=cache_scope)
+
+    def retrieve_request(self, request: RetrievalRequest, *, cache_scope: str | None = None) -> RetrievalResult:
+        """``retrieve`` of a request record (the service's routes hand theirs over as parsed)."""
+        query, top_k = request.query, request.top_k
+        self._cfg.check_query(query, top_k, request.queries or ())
+        if request.max_chars is not None:
+            check_budget(request.max_chars)  # before any work
+        budget_ms = _budget_ms(self._cfg.deadline_ms, request.deadline_ms)
         self.warm_up()
-        plan = plan_for(strategy or self._cfg.strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
-        if queries and not plan.multi_query:
+        strategy = request.strategy or self._cfg.strategy
+        plan = plan_for(strategy, routes=self._cfg.routes, merge_enabled=self._cfg.merge_enabled)
+        if request.queries and not plan.multi_query:
             raise InvalidArgumentError(f"queries (query variants) apply to the fusion strategy, not {plan.name!r}")
         variants = (
-            query_variants(query, given=queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
+            query_variants(query, given=request.queries, synonyms=self._synonyms, limit=self._cfg.fusion_max_variants)
             if plan.multi_query
             else ()
         )
@@ -153,14 +147,14 @@ class Retriever:
             query,
             top_k,
             self._cfg.candidates_for(top_k),
-            tuple(kb_ids) if kb_ids is not None else None,
-            filters,
+            tuple(request.kb_ids) if request.kb_ids is not None else None,
+            request.filters,
             strategy=plan.name,
             variants=variants,
-            expansion=self._synonyms.expand(query) if expand else None,
+            expansion=self._synonyms.expand(query) if request.expand else None,
         )
         run = RunState(inputs, deadline=Deadline(budget_ms / 1000))
-        use_reranker = self._reranker if rerank else None
+        use_reranker = self._reranker if request.rerank is not False else None
         state, unknown = self._serving_state(run)
         if unknown is not None and self._refuse_unknown_kbs:
             run.finish()  # recorded (its spans, its log line) before it is refused
@@ -168,17 +162,17 @@ class Retriever:
         if state is None or not self._cache.enabled:
             self._compute(run, state, use_reranker, plan)
             run.add(CacheOutcome("query_cache", source="off"))
-            return _within(run.finish(), max_chars)
+            return _within(run.finish(), request.max_chars)
 
         def compute() -> tuple[dict[str, Any], bool]:
             self._compute(run, state, use_reranker, plan)
             computed = run.result()
             return computed.to_dict(), computed.meta.status == "ok"
 
-        key = self._cache_key(run, state, rerank, cache_scope)
+        key = query_cache_key(request, run.inputs, state, scope=cache_scope, config=self._config_key)
         lookup = self._cache.get_or_compute(key, compute, wait_s=run.deadline.remaining())
         run.add(_cache_outcome(run, lookup))
-        return _within(run.finish(), max_chars)
+        return _within(run.finish(), request.max_chars)
 
     def warm_up(self) -> None:
         """Loads what the first query would (the encoder's model, the BM25 analyzer's dictionary, chunk
@@ -207,24 +201,6 @@ class Retriever:
             loaded = self._res.documents.chunks.active_chunks(limit=room)
             cached.put_many(loaded)
             logger.info("warm-up: %d chunk texts in the in-process cache", len(loaded))
-
-    def _cache_key(self, run: RunState, state: ServingState, rerank: bool, scope: str | None) -> str:
-        inputs = run.inputs
-        return cache_key(
-            {
-                "scope": scope,
-                "q": normalize_query(inputs.query),
-                "top_k": inputs.top_k,
-                "kbs": sorted(inputs.kb_ids) if inputs.kb_ids else None,
-                "filters": inputs.filters_dict,
-                "gen": sorted(state.generations.items()),
-                "rerank": rerank,
-                "expanded": list(inputs.expansion.added_terms if inputs.expansion else ()),
-                "config": self._config_key,
-                "strategy": inputs.strategy,
-                "variants": list(inputs.variants),
-            }
-        )
 
     def close(self) -> None:
         """Releases the reranker's HTTP client, the query cache's Redis client and the encoder worker."""
@@ -400,8 +376,35 @@ def _cache_outcome(run: RunState, lookup: Lookup) -> CacheOutcome:
     return log.outcome(CacheOutcome, source=lookup.source, reused=reused)
 
 
+def query_cache_key(
+    request: RetrievalRequest, inputs: RunInputs, state: ServingState, *, scope: str | None, config: Mapping[str, Any]
+) -> str:
+    """The query-cache key of ``request``: every field of the request (``strata.request.cache_fields``: all but those
+    ``CACHE_KEY_LEAVES_OUT`` names, the query normalised, the kbs sorted), what the engine decided from it and
+    the settings (the strategy that runs, its variants, the synonyms added), the kbs' generations, the caller's
+    cache scope and the settings fingerprint."""
+    asked = cache_fields(request)
+    asked["query"] = normalize_query(request.query)
+    asked["kb_ids"] = sorted(request.kb_ids) if request.kb_ids else None
+    return cache_key(
+        {
+            "scope": scope,
+            "request": asked,
+            "gen": sorted(state.generations.items()),
+            "config": config,
+            "strategy": inputs.strategy,
+            "variants": list(inputs.variants),
+            "expanded": list(inputs.expansion.added_terms if inputs.expansion else ()),
+        }
+    )
+
+
 def _within(result: RetrievalResult, max_chars: int | None) -> RetrievalResult:
-    return result if max_chars is None else replace(result, docs=tuple(fit_to_budget(result.docs, max_chars)))
+    """``result`` cut to ``max_chars`` of evidence (``strata.rag.budget``); its meta counts what is returned."""
+    if max_chars is None:
+        return result
+    docs = tuple(fit_to_budget(result.docs, max_chars))
+    return replace(result, docs=docs, meta=replace(result.meta, returned=len(docs)))
 
 
 def evidence_metadata(chunk: Chunk) -> dict[str, Any]:
@@ -494,40 +497,20 @@ def close_default_engines() -> None:
             _engines.popitem()
 
 
+@takes_request_options
 def retrieve_documents(
-    query: str,
-    top_k: int = 5,
-    *,
-    kb_ids: list[str] | None = None,
-    filters: Filters | None = None,
-    rerank: bool = True,
-    expand: bool = True,
-    strategy: str | None = None,
-    queries: Sequence[str] | None = None,
-    deadline_ms: int | None = None,
-    max_chars: int | None = None,
-    settings: Settings | None = None,
+    query: str, top_k: int = 5, *, settings: Settings | None = None, **options: Any
 ) -> RetrievalResult:
     """The evidence for ``query`` from ``kb_ids`` (all kbs when None), plus the meta record.
 
     Outages never raise: they show in ``result.meta`` (``status`` degraded or
     failed, ``errors``, ``degraded`` reason codes). Bad arguments (an empty or
     over-long query, ``top_k`` outside 1..``max_top_k``, ``deadline_ms`` below 1)
-    raise ``strata.errors.InvalidArgumentError`` (a ``ValueError``). ``deadline_ms`` shortens this call's time budget;
-    ``max_chars`` caps the evidence's characters (``Retriever.retrieve``).
+    raise ``strata.errors.InvalidArgumentError`` (a ``ValueError``). ``options`` are the fields of
+    ``strata.request.RetrievalRequest`` (this call's signature lists them; ``Retriever.retrieve`` says what
+    each does); an unknown one raises ``TypeError``.
     """
-    return default_engine(settings).retrieve(
-        query,
-        top_k,
-        kb_ids=kb_ids,
-        filters=filters,
-        rerank=rerank,
-        expand=expand,
-        strategy=strategy,
-        queries=queries,
-        deadline_ms=deadline_ms,
-        max_chars=max_chars,
-    )
+    return default_engine(settings).retrieve(query, top_k, **options)
 
 
 def _budget_ms(configured_ms: int, requested_ms: int | None) -> int:

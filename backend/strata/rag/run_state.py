@@ -108,6 +108,7 @@ class StageLog:
                 "MissingLeaf",
                 f"{len(fetch.missing)} leaf(s) found by the search are not in SQL "
                 f"(removed since, or orphans for `strata reconcile`), left out: {', '.join(fetch.missing[:5])}",
+                "unserved_leaves",
             )
 
     def _count(self, fetch: ChunkFetch, prefix: str) -> None:

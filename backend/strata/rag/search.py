@@ -36,6 +36,8 @@ Ranked = Fused[RouteHit]
 
 # Share of the deadline the encoder leaves for the searches after it (BM25 alone, if it timed out).
 ENCODE_KEEPS = 0.4
+# Searches again without the leaves SQL does not serve, when they filled the candidate list (``_served``).
+UNSERVED_RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,7 @@ class RouteSearch:
         mode is the route(s) that answered; ``failed`` when none did or the leaves are unreadable."""
         log = run.log("search")
         with log.timed("search"):
-            routed = self._ranked(run, log, vector, where, bm25_text, routes)
-            candidates = self._with_leaves(run, log, routed.ranked) if routed.ranked else []
+            routed, candidates = self._served(run, log, vector, where, bm25_text, routes)
         mode = "failed" if candidates is None else routed.mode
         return log.outcome(
             SearchOutcome,
@@ -191,7 +192,7 @@ class RouteSearch:
     def _submit(self, route: str, run: RunState, query: Any, where: str) -> Future:
         """The route's search, queued to share a Milvus search with concurrent queries like it."""
         if run.deadline.expired():
-            raise DeadlineExceeded(f"the {route} route")
+            raise DeadlineExceeded(f"the {route} route (a Milvus search)")
         key = _RouteKey(
             route,
             tuple(run.inputs.kb_ids) if run.inputs.kb_ids is not None else None,
@@ -206,7 +207,7 @@ class RouteSearch:
         try:
             hits: list[RouteHit] = search.result(timeout=None if math.isinf(remaining) else remaining)[0]
         except FutureTimeout:
-            raise DeadlineExceeded(f"the {route} route") from None
+            raise DeadlineExceeded(f"the {route} route (a Milvus search)") from None
         prefix = _exact_prefix(run)
         return [h for h in hits if h.source.startswith(prefix)] if prefix else hits
 
@@ -224,22 +225,45 @@ class RouteSearch:
             with_source=bool(key.exact_prefix),
         )
 
-    def _with_leaves(self, run: RunState, log: StageLog, ranked: list[Ranked]) -> list[Candidate] | None:
+    def _served(
+        self, run: RunState, log: StageLog, vector: np.ndarray | None, where: str, bm25_text: str, routes: str
+    ) -> tuple[_Routed, list[Candidate] | None]:
+        """The ranked hits and their candidates, none of them a leaf SQL does not serve. Such a leaf (an orphan
+        a lost run wrote, a version removed since, a Milvus restored from an older backup) is reported
+        (``unserved_leaves``) and must not take a served leaf's place: when the search's list was full, it is
+        searched again without the leaves found unserved, at most ``UNSERVED_RETRIES`` times."""
+        unserved: list[str] = []
+        for _ in range(1 + UNSERVED_RETRIES):
+            excluded = expr.all_of(where, expr.not_in("chunk_id", unserved)) if unserved else where
+            routed = self._ranked(run, log, vector, excluded, bm25_text, routes)
+            if not routed.ranked:
+                return routed, []
+            candidates, missing = self._with_leaves(run, log, routed.ranked)
+            if candidates is None or not missing or len(routed.ranked) < run.inputs.candidate_k:
+                break
+            unserved.extend(missing)
+        return routed, candidates
+
+    def _with_leaves(
+        self, run: RunState, log: StageLog, ranked: list[Ranked]
+    ) -> tuple[list[Candidate] | None, list[str]]:
         """The fused hits as candidates: their leaves from the chunk cache (then SQL) in one
-        batch, or from the index itself when that fails (None when that fails too). A leaf SQL no
-        longer holds (its version was removed after the search) is left out and reported."""
+        batch, or from the index itself when that fails (None when that fails too); and the ids of
+        the leaves SQL does not hold (a version removed after the search, an orphan), left out and reported."""
         refs = [(f.item.kb_id, f.key) for f in ranked]
+        missing: list[str] = []
         with log.timed("leaf_fetch"):
             try:
                 fetch = self._res.cached_chunks.get_many(refs, timeout_s=run.deadline.remaining())
                 leaves: dict[str, Chunk] | None = dict(fetch.chunks)
                 log.leaf_fetch(fetch)
+                missing = list(fetch.missing)
             except Exception as exc:
                 log.error("leaf_fetch", exc, note="leaf texts read from the leaf index")
                 leaves = self._from_index(run, log, refs)
         if leaves is None:
-            return None
-        return [as_candidate(f, leaves[f.key]) for f in ranked if f.key in leaves]
+            return None, missing
+        return [as_candidate(f, leaves[f.key]) for f in ranked if f.key in leaves], missing
 
     def _from_index(self, run: RunState, log: StageLog, refs: list[tuple[str, str]]) -> dict[str, Chunk] | None:
         try:

@@ -19,8 +19,7 @@ class Chunks(SqlPart):
         """Chunks by id: one SELECT per 900 ids (one for any auto-merge round), under the query timeout."""
         ids = list(dict.fromkeys(chunk_ids))
         found: dict[str, Chunk] = {}
-        with self._connect() as conn:
-            self._db.limit_statement_time(conn, timeout_s)
+        with self._query_path(timeout_s) as conn:
             for start in range(0, len(ids), IN_BATCH):
                 batch = ids[start : start + IN_BATCH]
                 for row in conn.execute(select(chunks).where(chunks.c.chunk_id.in_(batch))):

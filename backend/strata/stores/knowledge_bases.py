@@ -80,8 +80,7 @@ class KnowledgeBases(SqlPart):
         query = select(kb.c.kb_id, kb.c.generation, kb.c.created_at)
         if kb_ids is not None:
             query = query.where(kb.c.kb_id.in_(list(kb_ids)))
-        with self._connect() as conn:
-            self._db.limit_statement_time(conn, timeout_s)
+        with self._query_path(timeout_s) as conn:
             return {r.kb_id: _generation(r) for r in conn.execute(query)}
 
     def serving_state(self, kb_ids: Sequence[str] | None, *, timeout_s: float | None = None) -> ServingState:
@@ -99,8 +98,7 @@ class KnowledgeBases(SqlPart):
         served = select(documents.c.kb_id, func.sum(documents.c.leaf_count)).where(documents.c.status == ACTIVE)
         if kb_ids is not None:
             served = served.where(documents.c.kb_id.in_(list(kb_ids)))
-        with self._connect() as conn:
-            self._db.limit_statement_time(conn, timeout_s)
+        with self._query_path(timeout_s) as conn:
             rows = conn.execute(query).all()
             leaves = {kb_id: int(n or 0) for kb_id, n in conn.execute(served.group_by(documents.c.kb_id))}
         generations = {r.kb_id: _generation(r) for r in rows}

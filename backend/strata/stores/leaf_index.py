@@ -32,7 +32,7 @@ import numpy as np
 from pymilvus.exceptions import MilvusException
 
 from strata.config import MilvusSettings
-from strata.errors import EncoderMismatchError, StoreError
+from strata.errors import EncoderMismatchError, StoreError, StoreTimeoutError
 from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
 from strata.stores.milvus import (
     DIM_PROPERTY,
@@ -43,6 +43,7 @@ from strata.stores.milvus import (
     connect,
     layout_of,
 )
+from strata.stores.store_timeouts import is_grpc_deadline, milvus_bound, timed_out
 from strata.types import Chunk, RouteHit
 
 LEVELS = ("collection", "partition", "partition_key")
@@ -206,6 +207,13 @@ class LeafIndex:
             self._written.discard(kb_id)
             if name in self._meta("list_collections"):
                 self._meta("drop_collection", name)
+
+    def drop_empty_kb(self, kb_id: str) -> None:
+        """At the ``collection`` level, the kb's collection once it holds no leaf (a dropped kb's, after its
+        versions were removed one by one); at the shared levels there is nothing of the kb's own to drop."""
+        if self._shared is not None or self.count(kb_id) > 0:
+            return
+        self.delete_kb(kb_id)
 
     def flush(self) -> None:
         """Seals written rows (of every collection written since the last flush)."""
@@ -384,6 +392,8 @@ class LeafIndex:
             return empty
         try:
             return call(collection)
+        except StoreTimeoutError:
+            raise  # a server that did not answer in time: asking it more would wait again
         except StoreError as failed:
             try:
                 gone = not self._meta(
@@ -427,9 +437,13 @@ class LeafIndex:
             return collection
 
     def _meta(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        limit = timeout or self._settings.timeout_s
         try:
-            return getattr(self._client, method)(*args, timeout=timeout or self._settings.timeout_s)
+            return getattr(self._client, method)(*args, timeout=limit)
         except (MilvusException, grpc.RpcError) as exc:
+            if is_grpc_deadline(exc):
+                bound = milvus_bound(limit, self._settings)
+                raise timed_out("Milvus", method, bound, address=str(self._settings.uri)) from exc
             raise StoreError(f"Milvus {method} failed: {exc}") from exc
 
 

@@ -39,12 +39,14 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from strata.errors import LeaseHeldError, StoreError
 from strata.stores.sql import DocumentStore
-from strata.stores.sql_schema import kb_leases
+from strata.stores.sql_schema import documents, kb_leases
+from strata.types import PENDING, RETIRED
 
 logger = logging.getLogger(__name__)
 
@@ -142,17 +144,33 @@ class KbLease:
         except StoreError as exc:  # the row exists: take it only if it expired or is ours
             if not isinstance(exc.__cause__, IntegrityError):
                 raise
-        takeable = [kb_leases.c.expires_at < now, kb_leases.c.owner == self.owner]
+        abandoned = 0
         dead = self._dead_local_holder()
-        if dead:  # a killed indexer on this host: its lease need not run out first
-            takeable.append(kb_leases.c.owner == dead)
         with self._db.begin() as conn:
-            taken = conn.execute(
-                update(kb_leases).where(kb_leases.c.kb_id == self.kb_id, or_(*takeable)).values(**values)
-            )
-        if taken.rowcount == 1 and dead:
+            holder = conn.execute(
+                select(kb_leases.c.owner, kb_leases.c.expires_at)
+                .where(kb_leases.c.kb_id == self.kb_id)
+                .with_for_update()
+            ).first()
+            if holder is None:  # released between the insert and this read: the next attempt inserts
+                return False
+            mine, gone = holder.owner == self.owner, dead is not None and holder.owner == dead
+            if not (mine or gone or holder.expires_at < now):
+                return False
+            conn.execute(update(kb_leases).where(kb_leases.c.kb_id == self.kb_id).values(**values))
+            if not (mine or gone):  # an expired holder that may still run: nothing it left pending is continued
+                abandoned = _abandon_pending(conn, self.kb_id)
+        if gone:
             logger.warning("took over the indexing lease of %s from %s, which is no longer running", self.kb_id, dead)
-        return taken.rowcount == 1
+        elif not mine and abandoned:
+            logger.warning(
+                "took over the expired indexing lease of %s from %s, which may still run: its %d pending "
+                "version(s) are retired, not continued",
+                self.kb_id,
+                holder.owner,
+                abandoned,
+            )
+        return True
 
     def _dead_local_holder(self) -> str | None:
         """The holder's name when it is a process of this pid space that no longer runs."""
@@ -194,6 +212,15 @@ class KbLease:
         )
         left_s = max(1, math.ceil((row.expires_at - self._db.now()).total_seconds()))  # when it could next be free
         return LeaseHeldError(_held_text(self.kb_id, holder), kb_id=self.kb_id, retry_after_s=float(left_s))
+
+
+def _abandon_pending(conn: Connection, kb_id: str) -> int:
+    """Retires every pending version of ``kb_id`` in the transaction that takes its lease over from a holder
+    that may still run: that holder may yet write to any of them (a call already on the wire when it was
+    paused), so none is continued, and a retired version is only ever removed. Its number is never given
+    again (``version_marks``), so nothing the old holder still writes can reach a version that serves."""
+    pending = and_(documents.c.kb_id == kb_id, documents.c.status == PENDING)
+    return int(conn.execute(update(documents).where(pending).values(status=RETIRED)).rowcount or 0)
 
 
 def _held_text(kb_id: str, holder: str) -> str:

@@ -41,6 +41,7 @@ from strata.stores.leaf_rows import leaf_row
 from strata.stores.leaf_schema import analyzer_identity, analyzer_of, analyzer_with_dictionary, dictionary_of
 from strata.stores.lite_engine import LiteEngine
 from strata.stores.milvus_search import LeafSearch
+from strata.stores.store_timeouts import Bound, is_grpc_deadline, milvus_bound, timed_out
 from strata.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ DIM_PROPERTY = "strata.dim"
 KB_PROPERTY = "strata.kb"  # the one kb of a collection of the ``collection`` isolation level
 _UPSERT_BATCH = 500
 _COLLECTION_NOT_LOADED = 101  # Milvus's error code (merr) for a collection that is not loaded
+_CONNECT_FAILED = 2  # pymilvus's code for a channel not ready within the client's timeout
 
 
 class LeafCollection:
@@ -78,6 +80,7 @@ class LeafCollection:
         self._timeout = settings.timeout_s
         self._search_timeout = settings.search_timeout_s
         self._count_timeout = settings.count_timeout_s
+        self._flush_timeout = settings.flush_timeout_s
         self._encoder_name = encoder_name
         self._dim = dim
         wanted = layout or settings.isolation
@@ -312,8 +315,9 @@ class LeafCollection:
         self._call("delete", self._name, filter=where, **in_partition)
 
     def flush(self) -> None:
-        """Seals written rows: unflushed rows make Lite searches 10-100x slower."""
-        self._call("flush", self._name)
+        """Seals written rows: unflushed rows make Lite searches 10-100x slower. Waits for them to be sealed,
+        minutes after a large document on a loaded server: cut at ``STRATA_MILVUS__FLUSH_TIMEOUT_S``."""
+        self._call("flush", self._name, timeout=self._flush_timeout)
 
     # -- reads ----------------------------------------------------------------
 
@@ -505,6 +509,11 @@ class LeafCollection:
         try:
             return self._invoke(method, args, kwargs)
         except (MilvusException, grpc.RpcError) as exc:  # pymilvus lets a call's DEADLINE_EXCEEDED out raw
+            if is_grpc_deadline(exc):
+                limit = milvus_bound(kwargs["timeout"], self._settings)
+                raise timed_out(
+                    "Milvus", f"{method} on {self._name!r}", limit, address=str(self._settings.uri)
+                ) from exc
             raise StoreError(f"Milvus {method} on {self._name!r} failed: {exc}") from exc
 
     def _invoke(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -596,11 +605,22 @@ def connect(settings: MilvusSettings) -> tuple[MilvusClient, bool]:
         lite_server = str(client.get_server_version(timeout=settings.timeout_s)).startswith("milvus_lite")
     except MilvusException as exc:
         client.close()
-        raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
+        raise _connect_error(settings, exc) from exc
     if not lite_server:
         return client, False
     client.close()
     return _client(settings, dedicated=True, grpc_options=_NO_KEEPALIVE | _RECONNECT), True
+
+
+def _connect_error(settings: MilvusSettings, exc: MilvusException) -> StoreError:
+    """A failed connection to a server: no channel within the client's timeout (refused or hung) names the
+    setting."""
+    uri = str(settings.uri)
+    if not settings.is_lite and (exc.code == _CONNECT_FAILED or is_grpc_deadline(exc)):
+        return timed_out(
+            "Milvus", "a new connection", Bound(settings.timeout_s, "STRATA_MILVUS__TIMEOUT_S"), address=uri
+        )
+    return StoreError(f"cannot connect to Milvus at {uri}: {exc}")
 
 
 def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
@@ -616,7 +636,7 @@ def _client(settings: MilvusSettings, **options: Any) -> MilvusClient:
                 "http://127.0.0.1:8080`; otherwise stop that process first, or use a Milvus server "
                 "(STRATA_MILVUS__URI=http://host:19530)."
             ) from exc
-        raise StoreError(f"cannot connect to Milvus at {uri}: {exc}") from exc
+        raise _connect_error(settings, exc) from exc
 
 
 def _lite_served_here(uri: str) -> bool:

@@ -39,7 +39,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from strata.config import DatabaseSettings
 from strata.errors import StoreError
 from strata.stores import schema_compat
-from strata.stores.sql_database import SqlDatabase, untimed
+from strata.stores.sql_database import SqlDatabase, connect_timed_out, untimed
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,10 @@ def current_revision(engine: Engine) -> str | None:
         with engine.connect() as conn:
             return _current(conn)
     except SQLAlchemyError as exc:
-        raise StoreError(f"cannot read the schema version of {_safe_url(engine)}: {exc}") from exc
+        raise (
+            connect_timed_out(exc, _safe_url(engine))
+            or StoreError(f"cannot read the schema version of {_safe_url(engine)}: {exc}")
+        ) from exc
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
@@ -147,7 +150,10 @@ def check_schema(engine: Engine, scripts: ScriptDirectory | None = None) -> None
                 _accept_newer(engine, conn, scripts, current)
                 return
     except SQLAlchemyError as exc:
-        raise StoreError(f"cannot read the schema version of {_safe_url(engine)}: {exc}") from exc
+        raise (
+            connect_timed_out(exc, _safe_url(engine))
+            or StoreError(f"cannot read the schema version of {_safe_url(engine)}: {exc}")
+        ) from exc
     head = scripts.get_current_head()
     if current != head:
         raise StoreError(f"database schema is at {current or 'none'}, strata needs {head}: run `strata db upgrade`")

@@ -201,8 +201,7 @@ class TermStatistics(SqlPart):
     ) -> TermFrequencies:
         """The active leaves of ``kb_ids`` and the terms in more than ``max_df`` of them (indexed reads
         of the kbs' term sums, under the query timeout)."""
-        with self._connect() as conn:
-            self._db.limit_statement_time(conn, timeout_s)
+        with self._query_path(timeout_s) as conn:
             return read_frequent_terms(conn, kb_ids, max_df)
 
     def uncounted_versions(self, kb_id: str) -> list[tuple[str, int]]:

@@ -129,6 +129,16 @@ class DocumentVersions(SqlPart):
                     update(documents).where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id).values(root=root)
                 )
 
+    def set_hashes(self, kb_id: str, hashes: Mapping[str, tuple[int, str]]) -> None:
+        """Records another content hash for (unchanged) versions: doc id -> (version, hash)."""
+        with self._begin() as conn:
+            for doc_id, (version, content_hash) in hashes.items():
+                conn.execute(
+                    update(documents)
+                    .where(documents.c.kb_id == kb_id, documents.c.doc_id == doc_id, documents.c.version == version)
+                    .values(content_hash=content_hash)
+                )
+
     def retire_document(self, kb_id: str, doc_id: str) -> None:
         """Stop serving every version of a document (deletion, step 1)."""
         with self._begin() as conn:
@@ -139,6 +149,24 @@ class DocumentVersions(SqlPart):
             )
             drop_absent_terms(conn, kb_id)
             bump_generation(conn, kb_id)
+
+    def abandon(self, versions: Sequence[DocumentVersion]) -> None:
+        """Those of ``versions`` still ``pending`` become ``retired``, in one (fenced) transaction: a version is
+        marked abandoned here before any of its leaves is deleted, and a retired version is never continued
+        or served again, so a delete that lands late (its run paused past its lease) reaches nothing that
+        serves."""
+        with self._begin() as conn:
+            for v in versions:
+                conn.execute(
+                    update(documents)
+                    .where(
+                        documents.c.kb_id == v.kb_id,
+                        documents.c.doc_id == v.doc_id,
+                        documents.c.version == v.version,
+                        documents.c.status == PENDING,
+                    )
+                    .values(status=RETIRED)
+                )
 
     def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
         """Remove a version's chunks and row (after its leaves left Milvus)."""

@@ -1,11 +1,15 @@
 """``POST /retrieve``, ``/retrieve/by-skill`` and ``/retrieve/by-module``.
 
-Every search runs on the intersection of the requested kbs and the kbs the
-key may read (never on the request alone), so the Milvus filter and the
-query-cache key both carry the caller's scope.
+Each body holds a ``strata.request.RetrievalRequest`` (``strata.api.schemas``), which the routes hand the
+engine with the caller's scope: every search runs on the intersection of the requested kbs and the kbs the
+key may read (never on the request alone), so the Milvus filter and the query-cache key both carry it. The
+by-skill and by-module routes add their own query and filter to the request and take every option
+``/retrieve`` takes.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from fastapi import APIRouter
 from starlette.responses import JSONResponse
@@ -23,22 +27,10 @@ router = APIRouter(tags=["retrieval"], responses=problems(404, 504), default_res
 
 @router.post("/retrieve", summary="evidence for a query, with the meta record", response_model=RetrievalResult)
 def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep) -> RetrievalResult:
-    answers.check_limits(service, body.query, body.top_k, body.queries or ())
-    scope = answers.search_scope(service, principal, body.kb_ids)
-    filters = body.filters.to_filters() if body.filters else None
-    result = service.retrieve(
-        body.query,
-        body.top_k,
-        kb_ids=scope,
-        filters=filters,
-        rerank=body.rerank,
-        expand=body.expand,
-        strategy=body.strategy,
-        queries=body.queries,
-        deadline_ms=body.deadline_ms,
-        max_chars=body.max_chars,
-        principal=principal,
-    )
+    request = body.to_request()
+    answers.check_limits(service, request.query, request.top_k, request.queries or ())
+    scope = answers.search_scope(service, principal, request.kb_ids)
+    result = service.retrieve(body.to_request(kb_ids=scope), principal=principal)
     return answers.retrieval(result, explain=body.explain)
 
 
@@ -48,12 +40,12 @@ def retrieve(body: RetrieveRequest, service: ServiceDep, principal: PrincipalDep
     response_model=SkillResponse,
 )
 def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -> SkillResponse:
-    answers.check_limits(service, body.query or body.skill, body.top_k)
-    scope = answers.search_scope(service, principal, body.kb_ids)
+    asked = body.to_request(query=body.query or body.skill)  # the skill is the query until its group is read
+    answers.check_limits(service, asked.query, asked.top_k, asked.queries or ())
+    scope = answers.search_scope(service, principal, asked.kb_ids)
     selection = answers.skill_selection(service, body.skill, scope)
-    result = service.retrieve(
-        body.query or selection.query, body.top_k, kb_ids=scope, filters=selection.filters, principal=principal
-    )
+    request = replace(asked, query=body.query or selection.query, kb_ids=scope)
+    result = service.retrieve(answers.with_skill_points(request, selection), principal=principal)
     answer = answers.retrieval(result, explain=body.explain)
     return SkillResponse(answer.docs, answer.meta, skill=selection.describe())
 
@@ -64,11 +56,12 @@ def by_skill(body: SkillRequest, service: ServiceDep, principal: PrincipalDep) -
     response_model=ModuleResponse,
 )
 def by_module(body: ModuleRequest, service: ServiceDep, principal: PrincipalDep) -> ModuleResponse:
-    answers.check_limits(service, body.query or body.module, body.top_k)
-    scope = answers.search_scope(service, principal, body.kb_ids)
+    asked = body.to_request(query=body.query or body.module)  # the module is the query of a listing's checks
+    answers.check_limits(service, asked.query, asked.top_k, asked.queries or ())
+    scope = answers.search_scope(service, principal, asked.kb_ids)
     match = answers.match_module(service, body.module, scope)
     if body.query is None:
-        return answers.module_listing(service, match, scope, top_k=body.top_k, level=body.level)
-    result = service.retrieve(body.query, body.top_k, kb_ids=scope, filters=match.filters, principal=principal)
+        return answers.module_listing(service, match, scope, asked, level=body.level)
+    result = service.retrieve(answers.with_module(replace(asked, kb_ids=scope), match), principal=principal)
     answer = answers.retrieval(result, explain=body.explain)
     return ModuleResponse(answer.docs, answer.meta, match.describe())

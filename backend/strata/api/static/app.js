@@ -23,6 +23,7 @@ const REASON_WORDS = {
   rerank_failed: "the reranker failed; the fused order was kept",
   parent_fetch_failed: "parent chunks could not be fetched; leaves were kept",
   parent_missing: "some parent chunks were not found; their leaves were kept",
+  unserved_leaves: "the search found leaves SQL does not serve (orphans for strata reconcile --repair); they were left out",
   leaves_missing: "the Milvus collection holds none of the leaves these knowledge bases serve (another Milvus or collection?)",
   parent_cache_unavailable: "the parent cache (Redis) was unreachable; SQL answered instead",
   serving_state_unavailable: "the serving state could not be read from SQL",

@@ -24,9 +24,9 @@ warning naming the file and keeps the first ``MAX_NOTES`` in
 
 Each file is bounded by ``LoaderLimits`` (``STRATA_INDEXING__*``): its bytes,
 and what it decompresses to; its elements (paragraphs, pages, tags, comments,
-headings, reStructuredText lines); and, since every format parses in a child
-process (``_isolated``), the parse's time and memory. Its text's UTF-8 is bounded by
-``max_document_bytes`` in the child, before the text comes back, and a .txt or
+headings, reStructuredText lines); and, since every format parses in a worker
+process of a pool (``_isolated``), the parse's time and memory. Its text's UTF-8 is bounded by
+``max_document_bytes`` in the worker, before the text comes back, and a .txt or
 .md file, whose text is its bytes, before it is read: over twice that bound
 (``LoaderLimits.check_text_file``). A file over a bound fails with one line naming
 the setting. ``stop``, when set, ends a parse in progress with
@@ -42,7 +42,8 @@ text in bounded pieces (``tests/indexing/test_rst_loader.py``).
 
 The private modules hold the pieces: ``_text`` (normalization and section
 assembly shared by every format), ``_markdown`` (Markdown and plain text),
-``_rst``, ``_html``, ``_pdf`` and ``_docx``, with ``_limits`` and ``_isolated``.
+``_rst``, ``_html``, ``_pdf`` and ``_docx``, with ``_limits``, and ``_isolated`` (the pool of parse
+workers), ``_worker`` (one worker) and ``_frames`` (what they say over their pipes).
 """
 
 from __future__ import annotations
@@ -255,11 +256,11 @@ _TEXT_IS_THE_FILE = frozenset({".md", ".markdown", ".txt"})
 
 @dataclass(frozen=True)
 class _Parser:
-    """A parser by its module's and function's names: what the parse child imports and calls.
+    """A parser by its module's and function's names: what the parse worker imports and calls.
 
-    The child's forkserver has imported every parser's module (``_isolated``); this process imports none of
+    The parse workers have imported every parser's module (``_worker``); this process imports none of
     them (python-docx, pypdf, lxml, docutils: 0.3 s of a ``strata`` command's start on a 2-core VM, for
-    commands that parse nothing or parse only in the child).
+    commands that parse nothing or parse only in a worker).
     """
 
     module: str

@@ -1,205 +1,259 @@
-"""Parsing a file in a child process that can be killed: bounded in time and memory, and stoppable.
+"""Parsing in warm worker processes that can be killed: bounded in time and memory, and stoppable.
 
 python-docx, pypdf, lxml and PyYAML run in C and Python loops that no check
 inside strata can interrupt, and a parse in the service's own process holds
-its interpreter lock: a slow one froze every request. So each parse,
-of every format, runs in a child process. The parent
-waits for its answer at most ``parse_timeout_s``, then kills it and fails the
-file; the child caps its own address space at what it had when it started plus
-``parse_max_memory_bytes``, so a parse that needs more fails with
-``MemoryError`` (reported as such) instead of growing the service. A text
-over ``max_document_bytes`` fails in the child, so the parent never receives
-it. A ``stop`` event set while the parent waits (the service is shutting down)
-kills the child and raises ``IndexingStoppedError``.
+its interpreter lock: a slow one froze every request. So each parse, of every
+format, runs in a worker process of a pool (``ParsePool``, one per process).
+The caller waits for the answer at most ``parse_timeout_s``, then kills the
+worker and fails the file; the worker caps its address space at its size plus
+``parse_max_memory_bytes`` for the parse, so a parse that needs more fails with
+``MemoryError`` (reported as such) instead of growing the service, and the
+worker leaves after it. A text over ``max_document_bytes`` fails in the worker,
+so the caller never receives it. A ``stop`` event set while the caller waits
+(the service is shutting down) kills the worker and raises
+``IndexingStoppedError``. A worker that dies (a crash in C, a kill from outside)
+fails the file it was parsing and only that one: the next file gets a new
+worker. At most ``parse_workers`` parse at once; more callers wait for one.
 
-The children are forked by a forkserver that has imported the parsers: a child
-starts in milliseconds (a fresh interpreter would import lxml, python-docx and
-pypdf again, a second or more each time), and none of the parent's threads,
-locks or connections come with it.
+A worker is a fresh interpreter started with ``subprocess`` (``_worker``,
+``python -P -c BOOTSTRAP``), not a multiprocessing child: multiprocessing's
+spawn and forkserver prepare each child by importing the caller's ``__main__``
+again, which re-runs a script that has no ``if __name__ == "__main__":`` guard
+(every file then failed, "the parser process died") and fails for code piped to
+``python -``; fork would copy the caller's threads' locks and its connections.
+A fresh interpreter inherits none of them (``close_fds``), imports the parsers
+once (about a second) and then parses file after file, so a small file costs a
+pipe round trip instead of a process (``scripts/bench_parse.py``,
+``docs/benchmarks.md``). It gets the caller's ``sys.path``, as a spawned child
+would, so a parse function of the caller's own modules can be sent to it.
 
-Small files go through the child too. A child costs 8-11 ms per file on a
-2-core VM against 0.3-1.6 ms for parsing a 3 KB Markdown or HTML file in
-place (``docs/benchmarks.md``): about 100 s per 10,000 files, while a small
-file is not a cheap one: 4 KB of nested YAML flow mappings in a front matter
-take PyYAML 0.7 s, and one rule for every file needs no size to be trusted.
+A small file is not a cheap one (4 KB of nested YAML flow mappings in a front
+matter take PyYAML 0.7 s), so one rule holds for every file: no size needs to
+be trusted.
 """
 
 from __future__ import annotations
 
-import gc
-import multiprocessing
-import multiprocessing.util
-import resource
-import shutil
+import atexit
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
-from types import ModuleType
 from typing import Any
 
 from strata.errors import IndexingStoppedError, LoaderError
+from strata.indexing.loaders._frames import STOPPED, TICK_S, FrameChannel
 from strata.indexing.loaders._limits import LoaderLimits, setting
-from strata.indexing.loaders._text import Parsed, reason
+from strata.indexing.loaders._text import Parsed
+
+logger = logging.getLogger(__name__)
 
 Parse = Callable[[bytes, LoaderLimits], Parsed]
 
-_CONTEXT = multiprocessing.get_context("forkserver")
-_PARSERS = [f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown", "_rst")]
-_POLL_S = 0.1  # how soon a set stop event is seen
+START_TIMEOUT_S = 120.0  # a worker importing the parsers on a loaded machine; not part of any file's time
+_BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from strata.indexing.loaders._worker import main; main()"
+)
 
 
 def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None = None) -> Parsed:
-    """``parse(raw, limits)`` in a child process; ``LoaderError`` when it fails, runs out of time or memory."""
-    _CONTEXT.set_forkserver_preload(_preload())  # takes effect when the first parse starts the forkserver
-    _short_socket_folder()
-    receiver, sender = _CONTEXT.Pipe(duplex=False)
-    child = _CONTEXT.Process(
-        target=_parse_in_child, args=(parse, raw, limits, sender), name="strata-parse", daemon=True
-    )
-    child.start()
-    sender.close()  # the child holds the only writer: its death reads as end of file
-    try:
-        outcome, value = _answer(child, receiver, limits, stop)
-    finally:
-        if child.is_alive():
-            child.kill()
-        child.join()
-        receiver.close()
-    if outcome != "parsed":
-        raise LoaderError(value)
-    return value
+    """``parse(raw, limits)`` in a parse worker; ``LoaderError`` when it fails, runs out of time or memory."""
+    return POOL.parse(parse, raw, limits, stop)
 
 
-def _short_socket_folder() -> None:
-    """Gives multiprocessing a temporary folder short enough for the forkserver's Unix socket.
+class ParseWorker:
+    """One worker process and the pool's end of its pipes."""
 
-    The forkserver listens on a socket in multiprocessing's temporary folder (``pymp-*`` under ``TMPDIR``); a
-    Unix socket's path is at most 107 bytes on Linux, so under a long ``TMPDIR`` (a deep working folder, a
-    test's own) starting it failed with "AF_UNIX path too long" and so did every parse. Then the folder is made
-    under ``/tmp`` (or the shortest writable of the usual places) and removed at exit.
-    """
-    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]  # what multiprocessing.util.get_temp_dir() reads
-    if config.get("tempdir") or len(tempfile.gettempdir()) <= _SOCKET_FOLDER_MAX:
-        return
-    for parent in ("/tmp", "/var/tmp", "/dev/shm"):
+    def __init__(self, stop: threading.Event | None) -> None:
         try:
-            folder = tempfile.mkdtemp(prefix="pymp-", dir=parent)
-        except OSError:
-            continue
-        multiprocessing.util.Finalize(None, shutil.rmtree, args=[folder, True], exitpriority=-100)
-        config["tempdir"] = folder
-        return
-
-
-_SOCKET_FOLDER_MAX = 60  # a TMPDIR this long leaves room for "/pymp-XXXXXXXX/listener-XXXXXXXX" under 107 bytes
-
-
-def _preload() -> list[str]:
-    """The parsers' modules, and those the main script's names come from.
-
-    Each child runs the main script's imports again (multiprocessing prepares it as a spawned process;
-    preloading ``"__main__"`` does nothing in Python 3.11): for the ``strata`` command that is importing
-    ``strata.cli``, 0.4 s a file (measured: 400 ms against 10 ms per 3 KB file) unless the forkserver
-    has imported it already.
-    """
-    names: set[str | None] = set()
-    for value in vars(sys.modules["__main__"]).values():
-        names.add(value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None))
-    # Only modules this process has imported by those names: they import again without surprises.
-    imported = sorted(n for n in names if isinstance(n, str) and n in sys.modules and n not in _MAIN_NAMES)
-    return [*_PARSERS, *imported]
-
-
-_MAIN_NAMES = ("__main__", "__mp_main__")
-
-
-def _answer(child: Any, receiver: Connection, limits: LoaderLimits, stop: threading.Event | None) -> tuple[str, Any]:
-    deadline = time.monotonic() + limits.parse_timeout_s
-    while not receiver.poll(_POLL_S):
-        if stop is not None and stop.is_set():
-            raise IndexingStoppedError("indexing stopped while parsing this file: the service is shutting down")
-        if time.monotonic() >= deadline:
-            raise LoaderError(
-                f"parsing took longer than {setting('parse_timeout_s')} ({limits.parse_timeout_s:g} s) and was stopped"
+            self.process = subprocess.Popen(
+                _start_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
             )
+        except OSError as exc:
+            raise LoaderError(f"the parser process could not start: {exc}") from exc
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._channel = FrameChannel(os.dup(self.process.stdin.fileno()), os.dup(self.process.stdout.fileno()))
+        self.process.stdin.close()
+        self.process.stdout.close()
+        try:
+            self._ready(stop)
+        except BaseException:
+            self.kill()
+            raise
+        logger.debug("parse worker %d started", self.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def parse(self, parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None) -> tuple[Any, ...]:
+        """``(outcome, value, retire)`` from the worker. ``BrokenPipeError`` when it was gone before it took
+        the file, ``EOFError`` when it died with it, ``TimeoutError``, ``IndexingStoppedError``."""
+        deadline = time.monotonic() + limits.parse_timeout_s
+        self._channel.send([pickle.dumps((parse, limits)), raw], deadline, stop)
+        answer = pickle.loads(self._channel.receive(deadline, stop))
+        return tuple(answer)
+
+    def death(self) -> str:
+        """How the worker ended, once its pipe closed: "exit code 1", "killed by SIGKILL"."""
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "it stopped answering"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def kill(self) -> None:
+        self._channel.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def forget(self) -> None:
+        """In a forked child: let go of the pipes without touching the process, which is the parent's."""
+        self._channel.close()
+
+    def _ready(self, stop: threading.Event | None) -> None:
+        try:
+            hello = pickle.loads(self._channel.receive(time.monotonic() + START_TIMEOUT_S, stop))
+        except EOFError:
+            raise LoaderError(f"the parser process could not start ({self.death()}); see its error above") from None
+        except TimeoutError:
+            raise LoaderError(f"the parser process did not start within {START_TIMEOUT_S:g} s") from None
+        if hello != ("ready", self.process.pid):
+            raise LoaderError(f"the parser process answered {hello!r} instead of being ready")
+
+
+def _start_command() -> list[str]:
+    """``python -P -c BOOTSTRAP SYS_PATH PARENT_PID``: the parsers and the caller's ``sys.path``, never its
+    ``__main__`` (``-P``: not the current folder either, until ``sys.path`` is set)."""
+    return [sys.executable, "-P", "-c", _BOOTSTRAP, json.dumps(sys.path), str(os.getpid())]
+
+
+class ParsePool:
+    """At most ``LoaderLimits.parse_workers`` workers parsing at once, each kept for the next file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)
+        self._idle: list[ParseWorker] = []
+        self._busy_workers: dict[int, ParseWorker] = {}
+        self._busy = 0  # callers holding a slot (a worker, or starting one)
+        self._size = 1
+        os.register_at_fork(after_in_child=self._after_fork)
+        atexit.register(self.close)
+
+    def parse(self, parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None) -> Parsed:
+        self._enter(limits.parse_workers, stop)
+        try:
+            outcome, value = self._parse_in_slot(parse, raw, limits, stop)
+        finally:
+            self._leave()
+        if outcome != "parsed":
+            raise LoaderError(value)
+        return value
+
+    def busy_pids(self) -> list[int]:
+        """The process ids of the workers parsing now."""
+        with self._lock:
+            return list(self._busy_workers)
+
+    def close(self) -> None:
+        """Kills every idle worker (at exit; a busy one is killed by the caller waiting on it)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+
+    def _parse_in_slot(
+        self, parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None
+    ) -> tuple[str, Any]:
+        for _ in range(2):
+            worker = self._idle_worker() or ParseWorker(stop)
+            with self._lock:
+                self._busy_workers[worker.pid] = worker
+            try:
+                outcome, value, keep = _ask(worker, parse, raw, limits, stop)
+            except BrokenPipeError:  # it had died before it took this file: the file never reached a parser
+                worker.kill()
+                continue
+            except BaseException:
+                worker.kill()
+                raise
+            finally:
+                with self._lock:
+                    self._busy_workers.pop(worker.pid, None)
+            if keep:
+                self._park(worker)
+            else:
+                worker.kill()
+            return outcome, value
+        return "failed", "the parser process died before it took this file, twice"
+
+    def _enter(self, size: int, stop: threading.Event | None) -> None:
+        """Waits until fewer than ``size`` workers parse (the latest caller's size holds)."""
+        with self._free:
+            self._size = size
+            while self._busy >= self._size:
+                if stop is not None and stop.is_set():
+                    raise IndexingStoppedError(STOPPED)
+                self._free.wait(TICK_S)
+            self._busy += 1
+
+    def _leave(self) -> None:
+        with self._free:
+            self._busy -= 1
+            self._free.notify()
+
+    def _idle_worker(self) -> ParseWorker | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                worker = self._idle.pop()
+            if worker.alive():
+                return worker
+            worker.kill()  # died while idle (killed from outside): it had no file
+
+    def _park(self, worker: ParseWorker) -> None:
+        with self._lock:
+            if len(self._idle) < self._size:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the workers are the parent's; this process starts its own when it parses."""
+        for worker in [*self._idle, *self._busy_workers.values()]:
+            worker.forget()
+        self._lock = threading.Lock()
+        self._free = threading.Condition(self._lock)
+        self._idle, self._busy_workers, self._busy = [], {}, 0
+
+
+def _ask(
+    worker: ParseWorker, parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None
+) -> tuple[str, Any, bool]:
+    """(outcome, value, whether the worker may parse again); ``BrokenPipeError`` when it never took the file."""
     try:
-        return receiver.recv()
+        outcome, value, retire = worker.parse(parse, raw, limits, stop)
     except EOFError:
-        child.join()
-        return "failed", f"the parser process died (exit code {child.exitcode}) before it answered"
+        return "failed", f"the parser process died ({worker.death()}) before it answered", False
+    except TimeoutError:
+        timeout = limits.parse_timeout_s
+        return "failed", f"parsing took longer than {setting('parse_timeout_s')} ({timeout:g} s) and was stopped", False
+    return outcome, value, not retire
 
 
-def _parse_in_child(parse: Parse, raw: bytes, limits: LoaderLimits, sender: Connection) -> None:
-    cap = _cap_address_space(limits.parse_max_memory_bytes)
-    failure = ""
-    try:
-        answer: tuple[str, Any] = ("parsed", parse(raw, limits))
-    except MemoryError:
-        failure = "out of memory"
-    except LoaderError as exc:
-        failure = str(exc) or "out of memory"
-    except Exception as exc:  # a parser bug: the file fails with it, the run goes on
-        failure = f"parser error: {type(exc).__name__}: {reason(exc)}"
-    del raw
-    if failure:
-        # Outside the except clause: the traceback, and the parse's objects its frames held, are let go, and
-        # what is left in reference cycles (docutils' tree: each node points to its parent) collected, so
-        # that the answer can be built and sent at all (it died with MemoryError in the handler before).
-        gc.collect()
-        # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
-        answer = ("failed", _out_of_memory(limits) if _reached(cap) else failure)
-    if answer[0] == "parsed":
-        answer = _within_document_limit(answer[1], limits)
-    sender.send(answer)
-    sender.close()
-
-
-def _within_document_limit(parsed: Parsed, limits: LoaderLimits) -> tuple[str, Any]:
-    """The answer for a parse that succeeded: failed when its text is over ``max_document_bytes``."""
-    try:
-        limits.check_document(parsed.text)
-    except LoaderError as exc:
-        return "failed", str(exc)
-    except MemoryError:
-        return "failed", _out_of_memory(limits)
-    return "parsed", parsed
-
-
-def _out_of_memory(limits: LoaderLimits) -> str:
-    limit = limits.parse_max_memory_bytes
-    return f"parsing needed more memory than {setting('parse_max_memory_bytes')} ({limit:,} bytes)"
-
-
-def _cap_address_space(extra_bytes: int) -> int | None:
-    """RLIMIT_AS at this process's current size plus ``extra_bytes``; the cap, or None where there is no
-    /proc (there the timeout still holds)."""
-    current = _address_space("VmSize")
-    if current is None:
-        return None
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    wanted = current + extra_bytes
-    cap = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    return cap
-
-
-def _reached(cap: int | None) -> bool:
-    """Whether this process's address space came near ``cap`` (an allocation that failed there)."""
-    peak = _address_space("VmPeak")
-    return cap is not None and peak is not None and peak > cap - _NEAR_CAP
-
-
-def _address_space(field: str) -> int | None:
-    """``VmSize`` or ``VmPeak`` of this process in bytes, from /proc/self/status (Linux)."""
-    try:
-        with open("/proc/self/status") as status:
-            line = next(line for line in status if line.startswith(f"{field}:"))
-    except (OSError, StopIteration):
-        return None
-    return int(line.split()[1]) * 1024  # "VmPeak:   123456 kB"
-
-
-_NEAR_CAP = 64 * 1024 * 1024
+POOL = ParsePool()

@@ -27,6 +27,7 @@ class LoaderLimits:
     max_elements: int = 100_000
     parse_timeout_s: float = 60.0
     parse_max_memory_bytes: int = 1024 * 1024 * 1024
+    parse_workers: int = 2
 
     @classmethod
     def from_settings(cls, settings: IndexingSettings) -> LoaderLimits:
@@ -36,6 +37,7 @@ class LoaderLimits:
             max_elements=settings.max_elements,
             parse_timeout_s=settings.parse_timeout_s,
             parse_max_memory_bytes=settings.parse_max_memory_bytes,
+            parse_workers=settings.parse_workers,
         )
 
     def check_document(self, text: str) -> None:

@@ -30,7 +30,10 @@ paragraph from each markup start it meets (a 40 KB paragraph of ``*a `` took
 6 s, twice the 20 KB one's four times). So inline text is parsed in pieces of
 at most ``INLINE_PIECE_CHARS``, cut at a line break or space (markup spanning a
 cut is kept as plain text), which bounds that cost by the piece, not the
-paragraph. A line over docutils' line-length limit fails the file with that
+paragraph. Two of its transforms are quadratic: the one reporting dangling
+references is left out, and ``PropagateTargets`` is replaced by a linear
+equivalent (``_rst_targets``); every construct's growth is checked by
+tests/indexing/test_parse_growth.py. A line over docutils' line-length limit fails the file with that
 reason, rather than docutils replacing the whole document by its error. The
 parse is bounded like every format's: lines counted against ``max_elements``
 before docutils runs, then the child process's time and memory
@@ -52,6 +55,7 @@ from docutils.transforms import references
 from strata.errors import LoaderError
 from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.loaders._markdown import normalized_metadata
+from strata.indexing.loaders._rst_targets import LinearPropagateTargets
 from strata.indexing.loaders._text import LINE_BREAKS, Parsed, assemble, decode_text, heading_parts
 
 INLINE_PIECE_CHARS = 1024
@@ -162,16 +166,21 @@ def _piecewise_inliner() -> states.Inliner:
 
 
 class _Reader(standalone.Reader):
-    """docutils' reader without the transform that reports dangling references.
+    """docutils' reader without the transform that reports dangling references, and with a linear
+    ``PropagateTargets`` (``_rst_targets``).
 
-    It replaces each reference to an unknown target in its paragraph by position (``list.index`` over the
-    paragraph's children), so a paragraph of N such references took N² steps (256 KB of ``a_`` did not
-    end in 300 s); strata wants their text, which stays. Substitutions are replaced the same way, which
-    the inline pieces bound: a long paragraph's children are its pieces, each holding what it parsed to.
+    ``DanglingReferences`` replaces each reference to an unknown target in its paragraph by position
+    (``list.index`` over the paragraph's children), so a paragraph of N such references took N² steps (256 KB
+    of ``a_`` did not end in 300 s); strata wants their text, which stays. Substitutions are replaced the
+    same way, which the inline pieces bound: a long paragraph's children are its pieces, each holding what it
+    parsed to. ``PropagateTargets`` looked each ``.. _name:`` up among its siblings and handed a run of
+    targets' ids on one target at a time (a 400 KB page of targets: 54 s of CPU).
     """
 
     def get_transforms(self) -> list[Any]:
-        return [t for t in super().get_transforms() if t is not references.DanglingReferences]
+        replaced = {references.PropagateTargets: LinearPropagateTargets}
+        transforms = super().get_transforms()
+        return [replaced.get(t, t) for t in transforms if t is not references.DanglingReferences]
 
 
 def _pieces(text: str, size: int) -> Iterator[str]:

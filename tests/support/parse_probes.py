@@ -1,0 +1,43 @@
+"""Parse functions that the tests send to a parse worker (``strata.indexing.loaders._isolated``).
+
+A worker imports this module by name (it gets the test process's ``sys.path``), so it imports nothing heavy.
+Each takes the file's bytes as its instruction: ``raw`` is a path the probe writes the worker's pid to.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from strata.indexing.loaders import LoaderLimits
+from strata.indexing.loaders._text import Parsed
+from strata.types import Section
+
+
+def whoami(raw: bytes, limits: LoaderLimits) -> Parsed:
+    """Parses to the worker's pid."""
+    text = str(os.getpid())
+    return Parsed(text, (Section((), 0, len(text)),), {})
+
+
+def announce_and_hang(raw: bytes, limits: LoaderLimits) -> Parsed:
+    """Writes the worker's pid to the file ``raw`` names, then waits for ever: the test kills it, or the
+    parse's timeout does."""
+    _announce(raw)
+    threading.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def announce_and_grow(raw: bytes, limits: LoaderLimits) -> Parsed:
+    """Writes the worker's pid to the file ``raw`` names, then allocates twice the parse's memory cap."""
+    _announce(raw)
+    held = bytearray(2 * limits.parse_max_memory_bytes)
+    return whoami(bytes(len(held) % 2), limits)
+
+
+def _announce(raw: bytes) -> None:
+    path = Path(raw.decode())
+    partial = path.with_suffix(".partial")
+    partial.write_text(str(os.getpid()))
+    partial.rename(path)  # whole or absent: the test reads it as soon as it exists
