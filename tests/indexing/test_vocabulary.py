@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from strata.config import load_settings
 from strata.indexing.pipeline import Indexer
+from strata.rag.retrieve import Retriever
+from strata.resources import Resources
 from tests.support.documents import write_files
 from tests.support.processes import run_strata, strata_env
 from tests.support.stores import opened
@@ -39,6 +42,46 @@ def test_a_new_collection_keeps_the_documents_terms_whole(tmp_path: Path, memo_e
         report = Indexer(resources).index_paths([docs], kb_id="kb")
         assert report.failed == 0 and report.notes == []
         assert {"账号安全中心", "两步验证", "登录保护"} <= resources.leaf_index.dictionary_for("kb")
+
+
+def _warm_up(resources: Resources) -> None:
+    Retriever(resources).warm_up()  # a service's start: a BM25 search over every kb
+
+
+def _delete(resources: Resources) -> None:
+    resources.leaf_index.delete_document("kb", "gone.md")
+
+
+@pytest.mark.parametrize("isolation", ["partition", "collection"])
+@pytest.mark.parametrize("first", [_warm_up, _delete], ids=["warm-up", "delete"])
+def test_the_index_opened_before_the_first_run_leaves_the_run_its_dictionary(
+    tmp_path: Path, memo_encoder, isolation: str, first: Callable[[Resources], None]
+) -> None:
+    """Whatever opens the leaf index before a kb is first indexed creates no collection: the collection the run
+    creates holds the run's front-matter terms, as when the run opens the index itself."""
+    docs = write_files(tmp_path / "docs", {"security.md": PAGE, "other.md": OTHER})
+    with opened(settings(tmp_path / "data", milvus={"isolation": isolation}), memo_encoder) as resources:
+        first(resources)
+        assert resources.leaf_index.dictionary_for("kb") == frozenset()  # no collection yet
+        report = Indexer(resources).index_paths([docs], kb_id="kb")
+        assert report.failed == 0 and report.notes == []
+        assert {"账号安全中心", "两步验证", "登录保护"} <= resources.leaf_index.dictionary_for("kb")
+
+
+def test_a_kb_collection_gets_its_own_runs_terms_not_the_first_runs(tmp_path: Path, memo_encoder) -> None:
+    """At the ``collection`` level each kb's dictionary is its own: a second kb indexed in the same process gets
+    its run's terms, none of the kb indexed first."""
+    first = write_files(tmp_path / "first", {"security.md": PAGE})
+    second = write_files(
+        tmp_path / "second",
+        {"sso.md": "---\nmodule: 统一认证\nskill_points: [单点登录]\n---\n# 单点登录\n\n一次登录。\n"},
+    )
+    with opened(settings(tmp_path / "data", milvus={"isolation": "collection"}), memo_encoder) as resources:
+        Indexer(resources).index_paths([first], kb_id="a")
+        Indexer(resources).index_paths([second], kb_id="b")
+        dictionaries = {kb: resources.leaf_index.dictionary_for(kb) for kb in ("a", "b")}
+    assert {"账号安全中心", "两步验证", "登录保护"} <= dictionaries["a"] and "单点登录" not in dictionaries["a"]
+    assert {"统一认证", "单点登录"} <= dictionaries["b"] and "两步验证" not in dictionaries["b"]
 
 
 def bm25_sources(docs: Path, data_dir: Path) -> set[str]:

@@ -126,6 +126,28 @@ def test_planning_returns_what_the_report_is_to_say_and_the_run_puts_it_there(tm
         assert indexer.index_paths([docs], kb_id="kb", dry_run=True, delete_missing=True).notes == [note]
 
 
+COUNTS = ("added", "updated", "unchanged", "deleted", "failed")
+
+
+@pytest.mark.parametrize("recreate", [False, True], ids=["index", "recreate"])
+def test_a_dry_run_counts_each_document_as_the_run_then_does(tmp_path: Path, recreate: bool) -> None:
+    """Added, updated, unchanged, deleted and failed: the dry run's counts are the run's that follows it."""
+    docs = write_files(tmp_path / "docs", {f"{name}.md": many_leaves(2, name) for name in ("kept", "edited", "gone")})
+    with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
+        indexer = Indexer(resources)
+        assert indexer.index_paths([docs], kb_id="kb").added == 3
+        write_files(docs, {"edited.md": many_leaves(3, "edited again"), "gone.md": None, "new.md": many_leaves(1)})
+        if not recreate:  # a --recreate with a failure switches nothing (``test_pipeline``)
+            write_files(docs, {"broken.md": "---\ntitle: [unclosed\n---\ntext\n"})
+        options = {"delete_missing": True, "recreate": recreate}
+        planned = indexer.index_paths([docs], kb_id="kb", dry_run=True, **options)
+        done = indexer.index_paths([docs], kb_id="kb", **options)
+    counts = [getattr(planned, name) for name in COUNTS]
+    assert counts == [getattr(done, name) for name in COUNTS]
+    assert counts == ([1, 2, 0, 1, 0] if recreate else [1, 1, 1, 1, 1])
+    assert planned.chunks_written == 0 < done.chunks_written  # a dry run writes nothing
+
+
 class StepLog:
     def __init__(self) -> None:
         self.steps: list[str] = []

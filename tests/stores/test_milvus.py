@@ -118,6 +118,10 @@ def test_counts_per_kb_and_per_document(index: LeafIndex) -> None:
     assert index.count("beta") == PER_KB
     assert index.count("alpha", doc_id="alpha/doc3.md", version=1) == 10
     assert index.count("nobody") == 0
+    # the indexer's check of a group of written versions: one read on Lite, a count per version on a server
+    asked = [("alpha/doc3.md", 1), ("alpha/doc4.md", 1), ("alpha/doc3.md", 2), ("beta/doc3.md", 1)]
+    assert index.count_versions("alpha", asked) == dict(zip(asked, [10, 10, 0, 0], strict=True))
+    assert index.count_versions("nobody", asked[:1]) == {asked[0]: 0}
 
 
 @pytest.mark.parametrize("kb_id", ["alpha", "beta"])

@@ -70,6 +70,23 @@ def test_write_pending_is_idempotent(store: DocumentStore) -> None:
     assert len(store.versions.of_kb("docs")) == 1
 
 
+def test_a_group_of_pending_versions_is_one_transaction_and_as_idempotent(store: DocumentStore) -> None:
+    store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
+    _write(store, "docs", "a.md", 1)  # its chunks stay: a group writes rows, its chunks come batch by batch
+    rows = [DocumentVersion("docs", f"{d}.md", 1, f"{d}.md", "h", leaf_count=6) for d in ("b", "c")]
+    pending = [(rows[0], {"word": 2}, 9), (rows[1], None, 9)]
+    begun: list[object] = []
+    record = begun.append  # one bound method: event.remove needs the very object listened with
+    event.listen(store.engine, "begin", record)
+    store.versions.write_pending_many(pending)
+    event.remove(store.engine, "begin", record)
+    store.versions.write_pending_many(pending)  # again, as a resumed group would: nothing doubles
+    versions = {(v.doc_id, v.status, v.chunk_count) for v in store.versions.of_kb("docs")}
+    assert versions == {("a.md", "pending", 9), ("b.md", "pending", 9), ("c.md", "pending", 9)}
+    assert len(store.chunks.version_chunks("docs", "a.md", 1)) == 9
+    assert len(begun) == 1
+
+
 def test_batch_get_reads_chunks_in_one_query(store: DocumentStore) -> None:
     store.kbs.ensure_kb("docs", encoder="e", dim=3, chunking="c")
     chunks = _write(store, "docs", "a.md", 1) + _write(store, "docs", "b.md", 1)

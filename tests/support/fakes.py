@@ -6,6 +6,9 @@ Each honours the protocol of what it wraps (``Encoder``: ``name``, ``dim``, ``en
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,5 +103,38 @@ class RejectingSparseIndex:
         return getattr(self._real, name)
 
     def search_sparse_many(self, *args: Any, kb_ids: Any = None, **kwargs: Any) -> Any:
-        collection = self._real._shared or self._real._kb_collection(kb_ids[0])  # the kbs' collection at any level
+        collection = self._real._collection(kb_ids[0])  # the kbs' collection at any level
         return collection._call("search", collection._name, data=["x"], anns_field="no_such_field", limit=1)
+
+
+class HashEncoder:
+    """Deterministic unit vectors from each text's SHA-256: an encoder that costs nothing."""
+
+    name, dim = "test-hash", 16
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        rows = [
+            np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], dtype=np.uint8).astype(np.float32) + 1
+            for t in texts
+        ]
+        vectors = np.vstack(rows) if rows else np.zeros((0, self.dim), np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    encode_queries = encode_passages
+
+
+class BigramEncoder:
+    """Unit vectors of hashed character bigrams: texts that share words get near vectors, as a model's do
+    (near-ties included), at no cost."""
+
+    name, dim = "test-bigrams", 64
+
+    def encode_passages(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = np.zeros((len(texts), self.dim), np.float32)
+        for row, text in enumerate(texts):
+            for a, b in itertools.pairwise(text):
+                vectors[row, zlib.crc32(f"{a}{b}".encode()) % self.dim] += 1.0
+        vectors += 1e-3
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    encode_queries = encode_passages

@@ -10,7 +10,6 @@ a write to a kb another request is writing is refused at once with
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import defaultdict
@@ -79,7 +78,7 @@ class Service:
             check_encoder_loads(self.resources.encoder, self.settings.embedding)
         try:
             self.resources.encoder.encode_queries([WARM_UP_QUERY])
-            _ = self.resources.leaf_index
+            self.resources.open_leaf_index()
             result = self.retriever.retrieve(WARM_UP_QUERY, 1)
             logger.info(
                 "warm-up query: status %s in %.0f ms", result.meta.status, (time.perf_counter() - started) * 1000
@@ -125,7 +124,7 @@ class Service:
                 max_delete=max_delete,
                 force_delete=force_delete,
             )
-        _relative_sources(report, folder)
+        report.sources_relative_to(folder)
         return report
 
     def delete_document(self, kb_id: str, doc_id: str) -> bool:
@@ -189,11 +188,3 @@ class Service:
     def _kb_lock(self, kb_id: str) -> threading.Lock:
         with self._kb_locks_guard:
             return self._kb_locks[kb_id]
-
-
-def _relative_sources(report: IndexReport, folder: Path) -> None:
-    """Failures, skipped files and warnings named as uploaded (the temporary folder means nothing to the caller)."""
-    prefix = f"{folder}{os.sep}"
-    for entry in (*report.failures, *report.skipped, *report.warnings):
-        if entry["source"].startswith(prefix):
-            entry["source"] = entry["source"][len(prefix) :]

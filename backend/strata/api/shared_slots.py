@@ -36,7 +36,7 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-SLOTS_DIR = "STRATA_SLOTS_DIR"  # set by ``strata serve --workers N`` for its workers (config.NOT_SETTINGS)
+SLOTS_DIR = "STRATA_SLOTS_DIR"  # set by ``strata serve --workers N`` for its workers (config_help.NOT_SETTINGS)
 _GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 

@@ -47,7 +47,7 @@ def note_new_terms(
             f"new to this knowledge base ({shown}); the collection's BM25 dictionary is fixed when the collection is "
             "created, so jieba may split a term added since"
         )
-    report.notes.append(
+    report.noted(
         f"{len(new)} front-matter term(s) {what} until the leaves are rebuilt into a new collection "
         "(strata rebuild --kb KB --collection NEW)"
     )

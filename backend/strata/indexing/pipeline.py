@@ -52,7 +52,7 @@ from strata.indexing.reconcile import (
     retry_invalidations,
 )
 from strata.indexing.removal import Removal
-from strata.indexing.report import IndexReport, NoProgress, Progress, record_failure
+from strata.indexing.report import IndexReport, NoProgress, Progress
 from strata.indexing.run import (
     ENCODER_BATCH,
     WRITE_STEPS,
@@ -69,7 +69,7 @@ from strata.resources import Resources
 from strata.stores.catalog import Catalog
 from strata.stores.leaf_schema import LIMITS
 from strata.stores.lease import KbLease
-from strata.types import ACTIVE
+from strata.types import ACTIVE, DocumentVersion
 
 __all__ = ["ENCODER_BATCH", "WRITE_STEPS", "Indexer", "WriteStep", "chunking_signature", "front_matter_terms"]
 
@@ -174,7 +174,7 @@ class Indexer:
                 except LeaseLostError:
                     self._withdraw(run)
                     raise
-        run.report.seconds = time.perf_counter() - started
+        run.report.finished(time.perf_counter() - started)
         return run.report
 
     def _scan(
@@ -188,17 +188,14 @@ class Indexer:
         encoder, store = self._res.encoder, self._res.documents
         if not options.recreate and store.kbs.get_kb(run.kb_id) is not None:
             store.kbs.ensure_kb(run.kb_id, encoder=encoder.name, dim=encoder.dim, chunking=self._stamp)
-        plan = self._plan(run, scan, options)
-        run.report.added = sum(1 for item in plan.to_write if item.previous is None)  # what the run would do
-        run.report.updated = len(plan.to_write) - run.report.added
-        run.report.deleted = len(plan.to_delete)
+        run.report.would_write(self._plan(run, scan, options))
 
     def _run(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
         self._prepare_kb(run, scan, options)
         plan = self._plan(run, scan, options)
         self._remove_leftovers(run, plan)
         if self._tokenize is not None and (counted := backfill_term_stats(self._res, run.kb_id, self._tokenize)):
-            run.report.notes.append(f"term statistics counted for {counted} version(s) indexed before strata kept them")
+            run.report.noted(f"term statistics counted for {counted} version(s) indexed before strata kept them")
         if plan.moved:
             self._res.documents.versions.set_roots(run.kb_id, plan.moved)
         if plan.rehashed:  # unchanged documents hashed under a legacy signature: under the settings signature now
@@ -211,14 +208,14 @@ class Indexer:
             self._res.documents.kbs.set_chunking(run.kb_id, self._stamp)
 
     def _prepare_kb(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
-        """Opens Milvus before any document write: a Milvus Lite file held by another process must fail the run
-        before it encodes or writes pending rows; a collection created now gets the scanned documents' modules
-        and skill points in its BM25 dictionary. Then the kb's row (created, or its encoder checked: not for a
+        """Opens Milvus and the kb's collection before any document write: a Milvus Lite file held by another
+        process must fail the run before it encodes or writes pending rows; a collection created here gets the
+        scanned documents' modules and skill points in its BM25 dictionary (``LeafIndex.open_kb``). Then the kb's row (created, or its encoder checked: not for a
         ``--recreate``, which may change the encoder and records it at its switch) and the cache
         invalidations an earlier run recorded as failed, retried."""
         kb_id, encoder, store = run.kb_id, self._res.encoder, self._res.documents
         terms = front_matter_terms(scan.docs)
-        index = self._res.open_leaf_index(terms)
+        index = self._res.open_leaf_index()
         index.open_kb(kb_id, terms)
         note_new_terms(run.report, index, kb_id, scan, self._known_terms(kb_id))
         if not options.recreate or store.kbs.get_kb(kb_id) is None:
@@ -230,10 +227,10 @@ class Indexer:
         read = functools.partial(read_again, scan, load=self._load)
         planned = plan_run(self._res, run.kb_id, scan, options, signature=self._signature, read=read)
         for failure in planned.failures:
-            record_failure(run.report, failure.source, failure.reason)
-        run.report.notes.extend(planned.notes)
+            run.report.file_failed(failure.source, failure.reason)
+        run.report.noted(*planned.notes)
         plan = planned.plan
-        run.report.unchanged = len(plan.unchanged)
+        run.report.planned(plan)
         run.progress.files_planned(len(plan.to_write) + len(plan.unchanged) + len(plan.to_delete))
         for doc in plan.unchanged:
             run.progress.file_done(doc.source, "unchanged", 0)
@@ -244,7 +241,7 @@ class Indexer:
         resumed = {(item.doc.doc_id, item.version) for item in plan.to_write if item.resumes}
         self._removal.remove_leftovers(run.kb_id, keep=resumed)
         if resumed:
-            run.report.notes.append(
+            run.report.noted(
                 f"{len(resumed)} document(s) continue the pending version a stopped run left: what it wrote is kept"
             )
 
@@ -264,7 +261,7 @@ class Indexer:
             self._removal.remove_retired(run.kb_id, group.doc_ids)
         for version in plan.to_delete:
             self.delete_document(run.kb_id, version.doc_id)
-            run.report.deleted += 1
+            run.report.documents_deleted(1)
             run.progress.file_done(version.source, "deleted", 0)
 
     def _recreate(self, run: IndexRun, scan: Scan, plan: IndexPlan) -> None:
@@ -274,19 +271,21 @@ class Indexer:
         ready = [v for group in writer.write(scan, plan.to_write) for v in group.verified]
         if run.report.failed or not scan.all_complete:
             self._removal.remove_versions([v.row for v in ready])
-            run.report.notes.append(
+            run.report.noted(
                 f"--recreate not switched ({run.report.failed} failed): the previous knowledge base keeps serving"
             )
             return
-        self._switch_all(run, writer, ready)
+        self._switch_all(run, writer, ready, plan.to_delete)
 
-    def _switch_all(self, run: IndexRun, writer: VersionWriter, ready: Sequence[WrittenVersion]) -> None:
-        """``--recreate``'s switch: ``ready`` serves and every document it did not find stops serving, in one
-        transaction; then the kb's previous versions are removed."""
-        new_ids = {v.row.doc_id for v in ready}
-        gone = sorted({v.doc_id for v in self._res.documents.versions.of_kb(run.kb_id) if v.status == ACTIVE} - new_ids)
-        writer.serve(ready, retire=gone)
-        run.report.deleted += len(gone)
+    def _switch_all(
+        self, run: IndexRun, writer: VersionWriter, ready: Sequence[WrittenVersion], gone: Sequence[DocumentVersion]
+    ) -> None:
+        """``--recreate``'s switch: ``ready`` serves and ``gone`` (planned: every document it did not find) stops
+        serving, in one transaction; then the kb's previous versions are removed."""
+        writer.serve(ready, retire=[v.doc_id for v in gone])
+        run.report.documents_deleted(len(gone))
+        for version in gone:
+            run.progress.file_done(version.source, "deleted", 0)
         self._removal.remove_leftovers(run.kb_id)
 
     def _withdraw(self, run: IndexRun) -> None:
@@ -330,7 +329,7 @@ class Indexer:
         """Stops serving a document at once, then removes it from every store."""
         if not self._res.documents.versions.of_kb(kb_id, doc_id):
             return False
-        _ = self._res.leaf_index  # fail on a held Milvus Lite file before touching SQL
+        self._res.open_leaf_index()  # fail on a held Milvus Lite file before touching SQL
         with self.lease(kb_id):
             return self._removal.delete_document(kb_id, doc_id)
 

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from strata.errors import InvalidArgumentError
 from strata.types import ACTIVE, PENDING, DocumentVersion, SourceDocument
@@ -20,6 +21,9 @@ def index_hash(content_hash: str, chunking: str) -> str:
     return hashlib.sha256(f"{content_hash}:{chunking}".encode()).hexdigest()
 
 
+WriteOutcome = Literal["added", "updated"]
+
+
 @dataclass(frozen=True)
 class DocumentPlan:
     """A document to write as ``version``; ``previous`` is the version it replaces. ``resumes``: ``version``
@@ -31,6 +35,12 @@ class DocumentPlan:
     previous: DocumentVersion | None
     root: str = ""
     resumes: bool = False
+
+    @property
+    def outcome(self) -> WriteOutcome:
+        """What writing it counts as, in a run's report and its dry run's: ``updated`` when the document had a
+        version before, else ``added``."""
+        return "added" if self.previous is None else "updated"
 
 
 @dataclass(frozen=True)

@@ -92,9 +92,11 @@ def plan_run(
         rechunked=carried.rechunked,
     )
     plan = replace(plan, rehashed=carried.rehashed)
-    plan, refused = _checked_deletions(kb_id, scan, versions, plan, options)
-    gone = _check_recreate_gone(kb_id, scan, versions, options.dry_run) if options.recreate else None
-    return PlannedRun(plan, failures, tuple(note for note in (refused, gone) if note))
+    if options.recreate:  # it deletes what it did not find, with or without --delete-missing
+        plan, refused = _recreate_gone(kb_id, scan, versions, plan, options.dry_run)
+    else:
+        plan, refused = _checked_deletions(kb_id, scan, versions, plan, options)
+    return PlannedRun(plan, failures, (refused,) if refused else ())
 
 
 def check_leaves_present(resources: Resources, kb_id: str, versions: Sequence[DocumentVersion]) -> None:
@@ -137,20 +139,22 @@ def _checked_deletions(
     )
 
 
-def _check_recreate_gone(kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], dry_run: bool) -> str | None:
-    """``--recreate`` serves only what it found: the documents it did not find stop serving at its switch. From an
+def _recreate_gone(
+    kb_id: str, scan: Scan, versions: Sequence[DocumentVersion], plan: IndexPlan, dry_run: bool
+) -> tuple[IndexPlan, str | None]:
+    """``plan`` deleting what ``--recreate`` stops serving at its switch: the documents it did not find. From an
     emptied or unmounted folder that is the whole kb, so ``refuse_deletions``'s empty-root rule holds here too
-    (the count and share caps do not: a recreate says what the kb is to hold). A dry run gets a note of the
-    refusal instead."""
+    (the count and share caps do not: a recreate says what the kb is to hold). A dry run gets the plan without
+    its deletions and a note of the refusal instead."""
     active = [v for v in versions if v.status == ACTIVE]
     found = {doc.doc_id for doc in scan.docs}
-    gone = [v for v in active if v.doc_id not in found]
+    gone = tuple(v for v in active if v.doc_id not in found)
     refusal = refuse_deletions(scan, active, gone, DeleteLimit(max_count=len(gone), force=True))
     if refusal is None:
-        return None
+        return replace(plan, to_delete=gone), None
     what, why = f"{refusal.count} document(s) of knowledge base {kb_id!r}", f"{refusal.reason}; {refusal.remedy}"
     if dry_run:
-        return f"--recreate would stop serving {what}, and is refused: {why}"
+        return replace(plan, to_delete=()), f"--recreate would stop serving {what}, and is refused: {why}"
     raise DeleteRefusedError(
         f"--recreate refused to stop serving {what}: nothing was written. {why}", count=refusal.count
     )

@@ -1,14 +1,21 @@
-"""What an indexing run reports: progress while it works and the final report."""
+"""What an indexing run reports: progress while it works and the final report.
+
+``IndexReport`` owns its counts and lists: the run's steps tell it what happened (``file_failed``,
+``document_written``, ...) and only its methods change a field, so each count has one definition.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NamedTuple, Protocol
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple, Protocol, assert_never
 
 from pydantic import PlainSerializer, computed_field
 
+from strata.indexing.plan import IndexPlan, WriteOutcome
 from strata.wire import WIRE, to_json
 
 logger = logging.getLogger(__name__)
@@ -100,21 +107,77 @@ class IndexReport:
         """The report as JSON-ready data (``strata.wire``): its fields, then ``chunks_per_s``."""
         return to_json(self)
 
+    # -- what the run's steps record: the only writers of the fields above ----------------------------------
+
+    def file_failed(self, source: str, reason: str) -> None:
+        """A file (or path) that could not be indexed (it keeps its indexed version), logged and listed."""
+        logger.warning("failed: %s: %s", source, reason)
+        self.failed += 1
+        self.failures.append({"source": source, "reason": reason})
+
+    def file_skipped(self, source: str, reason: str) -> None:
+        """An entry not indexed on purpose (an unsupported type, a symlinked folder)."""
+        self.skipped.append({"source": source, "reason": reason})
+
+    def file_warnings(self, source: str, notes: Sequence[str]) -> None:
+        """A read file's notes (``SourceDocument.notes``; ``load_document`` logged them)."""
+        self.warnings.extend({"source": source, "note": note} for note in notes)
+
+    def noted(self, *notes: str) -> None:
+        """What the run noticed beside its counts."""
+        self.notes.extend(notes)
+
+    def planned(self, plan: IndexPlan) -> None:
+        """The plan's documents that keep their indexed version."""
+        self.unchanged += len(plan.unchanged)
+
+    def would_write(self, plan: IndexPlan) -> None:
+        """A dry run's counts: what writing and deleting ``plan`` would count, each document as
+        ``document_written`` would count it (``DocumentPlan.outcome``)."""
+        for item in plan.to_write:
+            self._count_written(item.outcome)
+        self.deleted += len(plan.to_delete)
+
+    def document_written(self, outcome: WriteOutcome, *, chunks: int, leaves: int) -> None:
+        """A version written, checked and serving: ``outcome`` is its ``DocumentPlan.outcome``."""
+        self._count_written(outcome)
+        self.chunks_written += chunks
+        self.leaves_written += leaves
+
+    def documents_deleted(self, count: int) -> None:
+        self.deleted += count
+
+    def leaves_embedded(self, *, encoded: int, reused: int, kept: int, seconds: float) -> None:
+        """A batch of leaves embedded (``embedding.Embedded``): by the encoder, from the embedding cache, or kept
+        in Milvus from a resumed version; ``seconds`` spent encoding."""
+        self.passages_encoded += encoded
+        self.embeddings_reused += reused
+        self.leaves_kept += kept
+        self.encode_seconds += seconds
+
+    def finished(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def sources_relative_to(self, folder: Path) -> None:
+        """Failures, skipped files and warnings under ``folder`` named relative to it (an upload's temporary
+        folder means nothing to the caller)."""
+        prefix = f"{folder}{os.sep}"
+        for entry in (*self.failures, *self.skipped, *self.warnings):
+            if entry["source"].startswith(prefix):
+                entry["source"] = entry["source"][len(prefix) :]
+
+    def _count_written(self, outcome: WriteOutcome) -> None:
+        match outcome:
+            case "added":
+                self.added += 1
+            case "updated":
+                self.updated += 1
+            case _:
+                assert_never(outcome)
+
 
 class Failure(NamedTuple):
-    """A file (or path) that could not be indexed, and why: what ``record_failure`` lists in a report."""
+    """A file (or path) that could not be indexed, and why: what ``IndexReport.file_failed`` lists."""
 
     source: str
     reason: str
-
-
-def record_failure(report: IndexReport, source: str, reason: str) -> None:
-    """One file (or path) that could not be indexed, logged and listed in the report."""
-    logger.warning("failed: %s: %s", source, reason)
-    report.failed += 1
-    report.failures.append({"source": source, "reason": reason})
-
-
-def record_warnings(report: IndexReport, source: str, notes: Sequence[str]) -> None:
-    """A read file's notes (``SourceDocument.notes``), listed in the report (``load_document`` logged them)."""
-    report.warnings.extend({"source": source, "note": note} for note in notes)

@@ -33,7 +33,7 @@ from pathlib import Path
 from strata.errors import LoaderError
 from strata.indexing.loaders import is_supported, load_document, unreadable_reason, walk_folder
 from strata.indexing.plan import Scan
-from strata.indexing.report import Failure, IndexReport, record_failure, record_warnings
+from strata.indexing.report import Failure, IndexReport
 from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
@@ -103,16 +103,17 @@ def _files(path: Path, report: IndexReport, kept: set[str]) -> tuple[list[Path],
         root = os.path.abspath(path)
         walk = walk_folder(path)
         for error in walk.errors:
-            record_failure(report, str(path), error)
+            report.file_failed(str(path), error)
         for entry, reason in walk.unreadable:
             _unreadable(entry, reason, Path(root), report, kept)
-        report.skipped.extend({"source": str(entry), "reason": reason} for entry, reason in walk.skipped)
+        for entry, reason in walk.skipped:
+            report.file_skipped(str(entry), reason)
         # a folder not followed was not read: what was indexed under it is kept, never deleted as missing
         kept.update(Path(os.path.abspath(entry)).relative_to(root).as_posix() for entry, _ in walk.skipped)
         return walk.files, root, not walk.errors
     root = os.path.abspath(path.parent)
     if not os.path.lexists(path):
-        record_failure(report, str(path), "no such file or directory (nothing under it was deleted)")
+        report.file_failed(str(path), "no such file or directory (nothing under it was deleted)")
         return [], os.path.abspath(path), False
     unreadable = unreadable_reason(path)
     if unreadable is not None:
@@ -129,9 +130,9 @@ def _unreadable(path: Path, reason: str, root: Path, report: IndexReport, kept: 
     """
     kept.add(Path(os.path.abspath(path)).relative_to(root).as_posix())
     if not is_supported(path):
-        report.skipped.append({"source": str(path), "reason": reason})
+        report.file_skipped(str(path), reason)
         return
-    record_failure(report, str(path), f"{reason} (its indexed version, if any, is kept)")
+    report.file_failed(str(path), f"{reason} (its indexed version, if any, is kept)")
 
 
 def _load(
@@ -139,20 +140,20 @@ def _load(
 ) -> SourceDocument | None:
     """The loaded document, or None (reported; a file that failed keeps its indexed version)."""
     if not is_supported(path):
-        report.skipped.append({"source": str(path), "reason": f"unsupported file type {path.suffix!r}"})
+        report.file_skipped(str(path), f"unsupported file type {path.suffix!r}")
         return None
     source = Path(os.path.abspath(path)).relative_to(root).as_posix()
     try:
         doc = load(path, root=root)
     except LoaderError as exc:
-        record_failure(report, str(path), f"{exc} (its indexed version, if any, is kept)")
+        report.file_failed(str(path), f"{exc} (its indexed version, if any, is kept)")
         kept.add(source)
         return None
     if doc.doc_id in docs:
-        record_failure(report, str(path), f"duplicate doc_id {doc.doc_id!r} (also {docs[doc.doc_id].source})")
+        report.file_failed(str(path), f"duplicate doc_id {doc.doc_id!r} (also {docs[doc.doc_id].source})")
         kept.add(source)
         return None
-    record_warnings(report, str(path), doc.notes)
+    report.file_warnings(str(path), doc.notes)
     return doc
 
 

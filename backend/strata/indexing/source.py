@@ -22,7 +22,7 @@ from strata.errors import LoaderError
 from strata.indexing.chunking import iter_chunks
 from strata.indexing.embedding import search_text
 from strata.indexing.plan import DocumentPlan, Scan, index_hash
-from strata.indexing.report import IndexReport, record_failure
+from strata.indexing.report import IndexReport
 from strata.indexing.scan import read_again
 from strata.stores.analyzer import Tokenize
 from strata.stores.leaf_schema import leaf_limit_violation
@@ -94,7 +94,7 @@ class ChunkSource:
             return self._counted(whole, report)
         except Exception as exc:  # a chunker or tokenizer bug on one file must not stop the batch
             logger.exception("chunking %s failed", item.doc.source)
-            record_failure(report, item.doc.source, f"chunking or counting its terms failed: {exc}")
+            report.file_failed(item.doc.source, f"chunking or counting its terms failed: {exc}")
             return None
 
     def _counted(self, item: DocumentPlan, report: IndexReport) -> PreparedDocument | None:
@@ -108,7 +108,7 @@ class ChunkSource:
                 text = search_text(chunk, self._settings.contextualize)
                 problem = leaf_limit_violation(chunk, text)
                 if problem:
-                    record_failure(report, item.doc.source, f"cannot be indexed: {problem}")
+                    report.file_failed(item.doc.source, f"cannot be indexed: {problem}")
                     return None
                 if self._tokenize is not None:
                     add_terms(terms, text, self._tokenize)
@@ -155,7 +155,7 @@ def _whole(
     try:
         return replace(item, doc=read_again(scan, item.doc, load))
     except LoaderError as exc:
-        record_failure(report, item.doc.source, f"{exc} (its indexed version, if any, is kept)")
+        report.file_failed(item.doc.source, f"{exc} (its indexed version, if any, is kept)")
         return None
 
 

@@ -15,12 +15,11 @@ version's own and SQL holds them, so a version that never serves has them invali
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from strata.indexing.embedding import upsert_leaves
-from strata.indexing.plan import DocumentPlan, Scan
-from strata.indexing.report import record_failure
+from strata.indexing.plan import DocumentPlan, Scan, WriteOutcome
 from strata.indexing.run import IndexRun, WriteStep
 from strata.indexing.source import ChunkSource, PreparedDocument, groups
 from strata.resources import Resources
@@ -34,7 +33,7 @@ class WrittenVersion:
 
     row: DocumentVersion
     chunk_count: int
-    replaces: bool  # the document had a version before: "updated", else "added"
+    outcome: WriteOutcome  # the report's count: ``DocumentPlan.outcome``
 
 
 @dataclass(frozen=True)
@@ -78,17 +77,23 @@ class VersionWriter:
 
     def _write_group(self, group: list[PreparedDocument]) -> WrittenGroup:
         resume = any(doc.item.resumes for doc in group)
-        for doc in group:
-            if not doc.item.resumes:  # a resumed version keeps its row and the chunks it has
-                row = doc.version_row(self._run.kb_id, self._signature)
-                self._res.documents.versions.write_pending(row, [], doc.term_counts, chunk_count=doc.chunk_count)
+        self._res.documents.versions.write_pending_many(
+            [
+                (doc.version_row(self._run.kb_id, self._signature), doc.term_counts, doc.chunk_count)
+                for doc in group
+                if not doc.item.resumes  # a resumed version keeps its row and the chunks it has
+            ]
+        )
         tally = _LeafTally(group)
         for batch in self._source.batches(group):
             self._write_batch(batch, tally, resume=resume)
         self._run.checkpoint(WriteStep.MILVUS_UPSERT)
         self._res.leaf_index.flush()
         self._run.checkpoint(WriteStep.MILVUS_FLUSH)
-        verified = tuple(self._written(doc) for doc in group if self._verified(doc))
+        found = self._res.leaf_index.count_versions(
+            self._run.kb_id, [(doc.item.doc.doc_id, doc.item.version) for doc in group]
+        )
+        verified = tuple(self._written(doc) for doc in group if self._verified(doc, found))
         return WrittenGroup(verified, frozenset(doc.item.doc.doc_id for doc in group))
 
     def _write_batch(self, batch: list[Chunk], tally: _LeafTally, *, resume: bool) -> None:
@@ -115,34 +120,27 @@ class VersionWriter:
             batch_cached=lambda: run.checkpoint(WriteStep.ENCODER_BATCH),
             keep_present=resume,
         )
-        run.report.passages_encoded += embedded.encoded
-        run.report.embeddings_reused += embedded.reused
-        run.report.leaves_kept += embedded.kept
-        run.report.encode_seconds += embedded.seconds
+        run.report.leaves_embedded(
+            encoded=embedded.encoded, reused=embedded.reused, kept=embedded.kept, seconds=embedded.seconds
+        )
 
-    def _verified(self, doc: PreparedDocument) -> bool:
-        """Whether Milvus (a Strong count) holds every leaf of the version; else it is reported failed."""
+    def _verified(self, doc: PreparedDocument, counted: Mapping[tuple[str, int], int]) -> bool:
+        """Whether Milvus (``counted``: the group's counts, read after its flush) holds every leaf of the
+        version; else it is reported failed."""
         item = doc.item
-        found = self._res.leaf_index.count(self._run.kb_id, doc_id=item.doc.doc_id, version=item.version)
+        found = counted[(item.doc.doc_id, item.version)]
         if found != doc.leaf_count:
             message = f"Milvus holds {found} leaves, expected {doc.leaf_count}; version not activated"
-            record_failure(self._run.report, item.doc.source, message)
+            self._run.report.file_failed(item.doc.source, message)
         return found == doc.leaf_count
 
     def _written(self, doc: PreparedDocument) -> WrittenVersion:
         row = doc.version_row(self._run.kb_id, self._signature)
-        return WrittenVersion(row, doc.chunk_count, replaces=doc.item.previous is not None)
+        return WrittenVersion(row, doc.chunk_count, doc.item.outcome)
 
     def _served(self, version: WrittenVersion) -> None:
-        report = self._run.report
-        report.chunks_written += version.chunk_count
-        report.leaves_written += version.row.leaf_count
-        if version.replaces:
-            report.updated += 1
-        else:
-            report.added += 1
-        outcome = "updated" if version.replaces else "added"
-        self._run.progress.file_done(version.row.source, outcome, version.chunk_count)
+        self._run.report.document_written(version.outcome, chunks=version.chunk_count, leaves=version.row.leaf_count)
+        self._run.progress.file_done(version.row.source, version.outcome, version.chunk_count)
 
 
 class _LeafTally:

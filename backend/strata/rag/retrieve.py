@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from cachetools import LRUCache
 
@@ -43,6 +43,7 @@ from strata.rag.strategies import StrategyPlan, plan_for, query_variants
 from strata.request import RetrievalRequest, cache_fields, takes_request_options
 from strata.resources import Resources
 from strata.stores import filters as expr
+from strata.strategy_table import Merge
 from strata.types import Chunk, RetrievalResult, RetrievedDocument, ServingState
 
 logger = logging.getLogger(__name__)
@@ -269,17 +270,28 @@ class Retriever:
             found = run.add(self._routes.search(run, encoded.vector(0), where, bm25_text, plan.routes))
             candidates = list(found.candidates)
         self._note_missing_leaves(run, state)
-        if plan.merge == "parents" and candidates:
-            candidates = list(
-                run.add(stages.merge_parents(run, candidates, self._res.cached_chunks, self._cfg)).candidates
-            )
-        elif plan.merge == "adjacent" and candidates:
-            candidates = list(run.add(stages.merge_adjacent(run, candidates)).candidates)
+        candidates = self._merged(run, candidates, plan.merge)
         reranked = run.add(self._rerank(run, candidates, reranker))
         min_score = self._cfg.min_score if reranked.applied else self._cfg.min_fused_score
         final = finalize(reranked.candidates, top_k=run.inputs.top_k, min_score=min_score)
         docs = tuple(_document(c) for c in final.kept)
         run.add(FinalizeOutcome("finalize", docs=docs, dropped=final.dropped_by_min_score))
+
+    def _merged(self, run: RunState, candidates: list[Candidate], merge: Merge) -> list[Candidate]:
+        """The candidates as the plan's merge shapes them (none found: nothing to merge)."""
+        if not candidates:
+            return candidates
+        match merge:
+            case "parents":
+                return list(
+                    run.add(stages.merge_parents(run, candidates, self._res.cached_chunks, self._cfg)).candidates
+                )
+            case "adjacent":
+                return list(run.add(stages.merge_adjacent(run, candidates)).candidates)
+            case "none":
+                return candidates
+            case _:  # a merge added to strategy_table.Merge and not here fails mypy, not a query
+                assert_never(merge)
 
     def _note_missing_leaves(self, run: RunState, state: ServingState) -> None:
         """A dense search always finds the nearest leaves: a kb whose active versions SQL says have leaves but
@@ -333,7 +345,7 @@ class Retriever:
             return True
         with run.timed("search"):
             try:
-                self._res.leaf_index  # noqa: B018 - opens it once; afterwards a cached attribute
+                self._res.open_leaf_index()
             except Exception as exc:
                 run.error("search", exc, degraded="leaf_index_unavailable")
                 return False

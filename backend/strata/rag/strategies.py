@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.rag.expansion import SynonymDictionary
-from strata.strategy_table import STRATEGY_NAMES, Merge, strategy
+from strata.strategy_table import STRATEGY_NAMES, Merge, Routes, strategy
 
 STRATEGIES = STRATEGY_NAMES  # re-exported by strata.rag
 
@@ -22,12 +22,12 @@ STRATEGIES = STRATEGY_NAMES  # re-exported by strata.rag
 @dataclass(frozen=True)
 class StrategyPlan:
     name: str
-    routes: str
+    routes: Routes
     merge: Merge
     multi_query: bool = False
 
 
-def plan_for(name: str, *, routes: str = "hybrid", merge_enabled: bool = True) -> StrategyPlan:
+def plan_for(name: str, *, routes: Routes = "hybrid", merge_enabled: bool = True) -> StrategyPlan:
     """The plan of strategy ``name``; ``routes``/``merge_enabled`` apply where its row leaves them open."""
     row = strategy(name)
     merge: Merge = row.merge or ("parents" if merge_enabled else "none")

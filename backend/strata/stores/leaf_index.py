@@ -16,6 +16,11 @@ collection's schema when it exists, else the kb collections under its name; a
 setting naming another level is refused (``strata rebuild --to-uri URI
 --isolation LEVEL`` moves the leaves). ``LeafIndex`` has one interface for
 every level; ``LeafCollection`` (``strata.stores.milvus``) is one collection.
+
+Opening the index creates no collection. A collection is created where leaves
+are about to be written: ``open_kb`` (the indexer's, with the run's front-matter
+terms) or a write, so its BM25 dictionary (fixed by Milvus at creation) is the
+same whichever reader (a warm-up, a query, a delete) opened the index first.
 """
 
 from __future__ import annotations
@@ -43,12 +48,16 @@ from strata.stores.milvus import (
     connect,
     layout_of,
 )
+from strata.stores.milvus_search import LeafSearch
 from strata.stores.store_timeouts import is_grpc_deadline, milvus_bound, timed_out
 from strata.types import Chunk, RouteHit
 
 LEVELS = ("collection", "partition", "partition_key")
 T = TypeVar("T")
 _SEARCHES = ThreadPoolExecutor(max_workers=8, thread_name_prefix="strata-kb-search")  # a multi-kb query's searches
+
+# One route's search of one collection: (its searches, the kbs to search, the timeout) -> each query's hits.
+RouteSearch = Callable[[LeafSearch, Sequence[str] | None, float | None], list[list[RouteHit]]]
 
 
 def kb_collection_name(base: str, kb_id: str) -> str:
@@ -77,9 +86,10 @@ class LeafIndex:
         vocabulary: Callable[[Sequence[str] | None], Iterable[str]] = lambda kb_ids: (),
         tenants: bool = False,
     ) -> None:
-        """``vocabulary(kb_ids)`` gives the terms the jieba analyzer of a collection created now keeps whole (the
-        front-matter modules and skill points of those kbs; None: of every kb). ``tenants``: the service has
-        API keys (``default_level``)."""
+        """``vocabulary(kb_ids)`` gives the known terms the jieba analyzer of a collection created later keeps
+        whole (the front-matter modules and skill points of those kbs; None: of every kb); ``open_kb`` adds
+        the terms of the documents about to be written. ``tenants``: the service has API keys
+        (``default_level``)."""
         self._settings = settings
         self._base = settings.collection
         # a kb's collection is looked up on the query path too: cut as a search is
@@ -96,15 +106,10 @@ class LeafIndex:
             if self._on_lite and (problem := lite_analyzer_problem(settings.analyzer)):
                 raise UnsupportedAnalyzer(f"STRATA_MILVUS__ANALYZER: {problem}")  # at start, not at a kb's first write
             self.isolation = self._read_level(default_level(settings, tenants=tenants))
-            self._shared = None
-            if self.isolation != "collection":
-                self._shared = LeafCollection(
-                    settings,
-                    **self._encoder,
-                    layout=self.isolation,
-                    client=self._connection,
-                    vocabulary=lambda: vocabulary(None),
-                )
+            self._shared_level = self.isolation != "collection"
+            self._shared: LeafCollection | None = None  # the shared levels' collection, once it exists
+            if self._shared_level:
+                self._shared_collection()  # an existing one is checked now (encoder, analyzer), as a kb's is
         except BaseException:
             self._client.close()
             raise
@@ -160,16 +165,15 @@ class LeafIndex:
         return analyzer_tokenizer(self._settings)
 
     def open_kb(self, kb_id: str, extra_terms: Iterable[str] = ()) -> None:
-        """Opens the kb's collection, creating it at the ``collection`` level (its BM25 dictionary: the kb's
-        front-matter terms and ``extra_terms``, those of the documents about to be written)."""
-        if self._shared is None:
-            self._kb_collection(kb_id, create=True, extra_terms=tuple(extra_terms))
+        """Opens the collection the kb's leaves are written to, creating it when it does not exist. A collection
+        created here gets in its BM25 dictionary the known front-matter terms (the kb's at the ``collection``
+        level, every kb's at the shared levels) and ``extra_terms``, those of the documents about to be written;
+        an existing collection keeps the dictionary it was created with."""
+        self._collection(kb_id, create=True, extra_terms=tuple(extra_terms))
 
     def dictionary_for(self, kb_id: str) -> frozenset[str]:
-        """The terms the analyzer of the kb's collection keeps whole."""
-        if self._shared is not None:
-            return self._shared.dictionary
-        found = self._kb_collection(kb_id)
+        """The terms the analyzer of the kb's collection keeps whole (none while it has no collection)."""
+        found = self._collection(kb_id)
         return found.dictionary if found is not None else frozenset()
 
     # -- writes ---------------------------------------------------------------
@@ -181,7 +185,7 @@ class LeafIndex:
         if len(kb_ids) != 1:  # the pipeline writes a kb at a time: a bug of strata's caller, not input
             raise ValueError("upsert takes leaves of one knowledge base at a time")
         kb_id = kb_ids.pop()
-        collection = self._shared or self._kb_collection(kb_id, create=True)
+        collection = self._collection(kb_id, create=True)
         assert collection is not None
         with self._lock:
             self._written.add(kb_id)
@@ -198,8 +202,8 @@ class LeafIndex:
 
     def delete_kb(self, kb_id: str) -> None:
         """Every leaf of the kb; at the ``collection`` level its collection goes with them."""
-        if self._shared is not None:
-            self._shared.delete_kb(kb_id)
+        if self._shared_level:
+            self._on_kb(kb_id, lambda c: c.delete_kb(kb_id), None)
             return
         name = kb_collection_name(self._base, kb_id)
         with self._lock:
@@ -211,14 +215,15 @@ class LeafIndex:
     def drop_empty_kb(self, kb_id: str) -> None:
         """At the ``collection`` level, the kb's collection once it holds no leaf (a dropped kb's, after its
         versions were removed one by one); at the shared levels there is nothing of the kb's own to drop."""
-        if self._shared is not None or self.count(kb_id) > 0:
+        if self._shared_level or self.count(kb_id) > 0:
             return
         self.delete_kb(kb_id)
 
     def flush(self) -> None:
         """Seals written rows (of every collection written since the last flush)."""
-        if self._shared is not None:
-            self._shared.flush()
+        if self._shared_level:
+            if (shared := self._shared_collection()) is not None:
+                shared.flush()
             return
         with self._lock:
             written, self._written = sorted(self._written), set()
@@ -227,8 +232,11 @@ class LeafIndex:
 
     def drop_collection(self) -> None:
         """Drops every collection under the configured name (benchmarks and tests that made their own)."""
-        if self._shared is not None:
-            self._shared.drop_collection()
+        if self._shared_level:
+            with self._lock:
+                if (shared := self._shared_collection()) is not None:
+                    shared.drop_collection()
+                self._shared = None  # a later write creates it again
             return
         with self._lock:
             self._kbs.clear()
@@ -240,6 +248,10 @@ class LeafIndex:
 
     def count(self, kb_id: str, *, doc_id: str | None = None, version: int | None = None) -> int:
         return self._on_kb(kb_id, lambda c: c.count(kb_id, doc_id=doc_id, version=version), 0)
+
+    def count_versions(self, kb_id: str, versions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Leaves of each ``(doc_id, version)`` of a kb, in as few reads as the collection allows."""
+        return self._on_kb(kb_id, lambda c: c.count_versions(kb_id, versions), dict.fromkeys(versions, 0))
 
     def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
         return self._on_kb(kb_id, lambda c: c.leaf_ids(kb_id), {})
@@ -258,7 +270,8 @@ class LeafIndex:
         if self._shared is not None:
             return {**self._shared.ping(), "isolation": self.isolation}
         self._meta("list_collections", timeout=self._settings.search_timeout_s)
-        return {"collection": f"{self._base}_kb_*", "isolation": self.isolation}
+        name = self._base if self._shared_level else f"{self._base}_kb_*"
+        return {"collection": name, "isolation": self.isolation}
 
     def search_dense_many(
         self,
@@ -272,7 +285,13 @@ class LeafIndex:
     ) -> list[list[RouteHit]]:
         """Top leaves by inner product for each vector (``LeafSearch.search_dense_many``), over the kbs'
         collections: their hits merged by score."""
-        return self._route("search_dense_many", vectors, limit, kb_ids, where, timeout, with_source)
+
+        def search(searches: LeafSearch, kbs: Sequence[str] | None, cut: float | None) -> list[list[RouteHit]]:
+            return searches.search_dense_many(
+                vectors, limit=limit, kb_ids=kbs, where=where, timeout=cut, with_source=with_source
+            )
+
+        return self._route(len(vectors), limit, kb_ids, timeout, search)
 
     def search_sparse(
         self,
@@ -300,33 +319,30 @@ class LeafIndex:
     ) -> list[list[RouteHit]]:
         """Top leaves by BM25 for each text (``LeafSearch.search_sparse_many``). At the ``collection`` level
         each kb's hits are scored by its own statistics, then merged by score."""
-        return self._route("search_sparse_many", texts, limit, kb_ids, where, timeout, with_source)
+
+        def search(searches: LeafSearch, kbs: Sequence[str] | None, cut: float | None) -> list[list[RouteHit]]:
+            return searches.search_sparse_many(
+                texts, limit=limit, kb_ids=kbs, where=where, timeout=cut, with_source=with_source
+            )
+
+        return self._route(len(texts), limit, kb_ids, timeout, search)
 
     def _route(
-        self,
-        method: str,
-        queries: Sequence[Any],
-        limit: int,
-        kb_ids: Sequence[str] | None,
-        where: str,
-        timeout: float | None,
-        with_source: bool,
+        self, queries: int, limit: int, kb_ids: Sequence[str] | None, timeout: float | None, search: RouteSearch
     ) -> list[list[RouteHit]]:
-        """One route's search: the shared collection's, or each kb collection's merged (``_merged``)."""
-        options = {"limit": limit, "where": where, "with_source": with_source}
-        if self._shared is not None:
-            return getattr(self._shared.searches, method)(queries, kb_ids=kb_ids, timeout=timeout, **options)
-        return self._merged(
-            len(queries),
-            limit,
-            kb_ids,
-            timeout,
-            lambda kb_id, c, timeout: getattr(c.searches, method)(queries, kb_ids=[kb_id], timeout=timeout, **options),
-        )
+        """One route's search of ``queries`` queries: the shared collection's, or each kb collection's merged
+        (``_merged``); no hits while the collection does not exist."""
+        if self._shared_level:
+            shared = self._shared_collection()
+            if shared is None:
+                return [[] for _ in range(queries)]
+            return search(shared.searches, kb_ids, timeout)
+        return self._merged(queries, limit, kb_ids, lambda kb_id, c: search(c.searches, [kb_id], timeout))
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
-        if self._shared is not None:
-            return self._shared.searches.fetch_leaves(refs, timeout=timeout)
+        if self._shared_level:
+            shared = self._shared_collection()
+            return shared.searches.fetch_leaves(refs, timeout=timeout) if shared is not None else {}
         by_kb: dict[str, list[tuple[str, str]]] = {}
         for kb_id, chunk_id in refs:
             by_kb.setdefault(kb_id, []).append((kb_id, chunk_id))
@@ -346,20 +362,16 @@ class LeafIndex:
         queries: int,
         limit: int,
         kb_ids: Sequence[str] | None,
-        timeout: float | None,
-        search: Callable[..., list[list[RouteHit]]],
+        search: Callable[[str, LeafCollection], list[list[RouteHit]]],
     ) -> list[list[RouteHit]]:
-        """Each query's hits over the kbs' collections, best first, ``limit`` of them. The kbs' searches run at
-        once (each a call to Milvus that waits on the network), all within ``timeout``."""
+        """Each query's hits over the kbs' collections (``search(kb_id, collection)``), best first, ``limit`` of
+        them. The kbs' searches run at once (each a call to Milvus that waits on the network)."""
         merged: list[list[RouteHit]] = [[] for _ in range(queries)]
         kbs = self._kb_ids(kb_ids)
         if len(kbs) == 1:
-            found_each = [self._on_kb(kbs[0], lambda c: search(kbs[0], c, timeout), None)]
+            found_each = [self._on_kb(kbs[0], functools.partial(search, kbs[0]), None)]
         else:
-            futures = [
-                _SEARCHES.submit(self._on_kb, kb_id, functools.partial(search, kb_id, timeout=timeout), None)
-                for kb_id in kbs
-            ]
+            futures = [_SEARCHES.submit(self._on_kb, kb_id, functools.partial(search, kb_id), None) for kb_id in kbs]
             found_each = [future.result() for future in futures]
         for found in found_each:
             for i, hits in enumerate(found or ()):
@@ -385,11 +397,11 @@ class LeafIndex:
     def _on_kb(self, kb_id: str, call: Callable[[LeafCollection], T], empty: T) -> T:
         """``call`` on the kb's collection; ``empty`` when the kb has none (never written, or dropped by another
         process since this one opened it)."""
-        if self._shared is not None:
-            return call(self._shared)
-        collection = self._kb_collection(kb_id)
+        collection = self._collection(kb_id)
         if collection is None:
             return empty
+        if self._shared_level:  # the one collection: its errors are the call's
+            return call(collection)
         try:
             return call(collection)
         except StoreTimeoutError:
@@ -406,6 +418,33 @@ class LeafIndex:
             with self._lock:
                 self._kbs.pop(kb_id, None)
             return empty
+
+    def _collection(
+        self, kb_id: str, *, create: bool = False, extra_terms: Sequence[str] = ()
+    ) -> LeafCollection | None:
+        """The collection holding the kb's leaves at this level; None when it does not exist and ``create`` is
+        False. One created here gets the known terms and ``extra_terms`` in its BM25 dictionary (``open_kb``)."""
+        if self._shared_level:
+            return self._shared_collection(create=create, extra_terms=extra_terms)
+        return self._kb_collection(kb_id, create=create, extra_terms=extra_terms)
+
+    def _shared_collection(self, *, create: bool = False, extra_terms: Sequence[str] = ()) -> LeafCollection | None:
+        """The shared levels' one collection, opened once it exists (looked up again until then: another
+        process may create it)."""
+        if self._shared is not None:
+            return self._shared
+        with self._lock:
+            if self._shared is None:
+                if not create and not self._meta("has_collection", self._base, timeout=self._lookup_timeout):
+                    return None
+                self._shared = LeafCollection(
+                    self._settings,
+                    **self._encoder,
+                    layout=self.isolation,
+                    client=self._connection,
+                    vocabulary=lambda: [*self._vocabulary(None), *extra_terms],
+                )
+            return self._shared
 
     def _kb_collection(
         self, kb_id: str, *, create: bool = False, extra_terms: Sequence[str] = ()

@@ -59,26 +59,19 @@ class DocumentVersions(SqlPart):
 
         A document too large to hold its chunks at once passes none and its ``chunk_count``, then adds its
         chunks batch by batch (``add_chunks``): the version stays pending, hidden, until all are written."""
-        row = {
-            "kb_id": version.kb_id,
-            "doc_id": version.doc_id,
-            "version": version.version,
-            "source": version.source,
-            "content_hash": version.content_hash,
-            "status": PENDING,
-            "leaf_count": version.leaf_count,
-            "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
-            "metadata": dict(version.metadata),
-            "root": version.root or None,
-        }
         with self._begin() as conn:
-            _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
-            _raise_mark(conn, version.kb_id, version.doc_id, version.version)
-            conn.execute(documents.insert().values(**row))
-            _insert_chunks(conn, doc_chunks)
-            if term_counts is not None:
-                insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
+            _write_pending(conn, version, doc_chunks, term_counts, chunk_count)
             bump_generation(conn, version.kb_id)  # the serving state changed: a version to hide
+
+    def write_pending_many(self, pending: Sequence[PendingVersion]) -> None:
+        """``write_pending`` of several versions of one kb (each with no chunks yet) in one transaction: the
+        indexer writes a group of small documents' rows at once, not a transaction per document."""
+        if not pending:
+            return
+        with self._begin() as conn:
+            for version, term_counts, chunk_count in pending:
+                _write_pending(conn, version, (), term_counts, chunk_count)
+            bump_generation(conn, pending[0][0].kb_id)  # the serving state changed: versions to hide
 
     def add_chunks(self, doc_chunks: Sequence[Chunk], *, skip_existing: bool = False) -> None:
         """More chunks of a pending version (``write_pending`` with ``chunk_count``), in one transaction;
@@ -230,6 +223,37 @@ def _insert_chunks(conn: Connection, doc_chunks: Sequence[Chunk], insert: Any = 
             chunks.insert() if insert is None else insert,
             [chunk_row(c) for c in doc_chunks[start : start + INSERT_BATCH]],
         )
+
+
+PendingVersion = tuple[DocumentVersion, Mapping[str, int] | None, int]
+"""A version to write pending: its row, its term counts (or None) and how many chunks it will hold."""
+
+
+def _write_pending(
+    conn: Connection,
+    version: DocumentVersion,
+    doc_chunks: Sequence[Chunk],
+    term_counts: Mapping[str, int] | None,
+    chunk_count: int | None,
+) -> None:
+    row = {
+        "kb_id": version.kb_id,
+        "doc_id": version.doc_id,
+        "version": version.version,
+        "source": version.source,
+        "content_hash": version.content_hash,
+        "status": PENDING,
+        "leaf_count": version.leaf_count,
+        "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
+        "metadata": dict(version.metadata),
+        "root": version.root or None,
+    }
+    _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
+    _raise_mark(conn, version.kb_id, version.doc_id, version.version)
+    conn.execute(documents.insert().values(**row))
+    _insert_chunks(conn, doc_chunks)
+    if term_counts is not None:
+        insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:
