@@ -6,8 +6,8 @@ and of ``tests.pathological_text.PATHOLOGIES`` (the Markdown, HTML and text wors
 process at the smallest size of 16 KB doubled (up to 128 KB) that costs ``BASE_CPU_S`` of CPU, then at twice that size. The
 ratio of the two CPU times (``time.process_time``: this process's CPU, not the wall clock, so another
 process's load does not count, and the garbage collector paused) is about 2 for linear work and 4 for
-quadratic; ``MAX_RATIO`` lies between, and a ratio over it is measured once more (a noisy measurement is
-not twice over the bound, a quadratic parse is).
+quadratic; ``MAX_RATIO`` lies between, and a ratio over it is measured twice more, the least kept (a noisy measurement is
+not over the bound three times, a quadratic parse is).
 A 400 KB page of chained ``.. _tN:`` targets once cost 54 s: its ratio was 3.7 at 20/40 KB.
 
 Speed itself is not asserted here (``scripts/bench_hostile_rst.py`` prints the figures); the whole matrix
@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.cost(20),
 ]  # a CPU measurement matrix: the suite, not the quick loop
 
-BASE_CPU_S = 0.08  # enough work that the parse, not its fixed cost, is measured
+BASE_CPU_S = 0.1  # enough work that the parse, not its fixed cost or the suite's noise, is measured
 MAX_RATIO = 3.0  # linear doubles (2.0-2.6 measured under load), quadratic quadruples
 START_BYTES = 16 * 1024
 MAX_BYTES = 128 * 1024
@@ -83,7 +83,9 @@ def test_twice_the_input_costs_at_most_about_twice_the_cpu(case: Pathology) -> N
     size, base, doubled = _growth(case)
     if base < BASE_CPU_S:  # MAX_BYTES parse in less: too fast to be worth measuring, and linear enough
         return
-    if doubled / base >= MAX_RATIO:  # measured again once: a quadratic parse is over the bound every time
+    for _ in range(2):  # over the bound: measured again (the least of three); a quadratic parse is over every time
+        if doubled / base < MAX_RATIO:
+            break
         base, doubled = min(base, _cpu_s(case, size)), min(doubled, _cpu_s(case, 2 * size))
     assert doubled / base < MAX_RATIO, (
         f"{case.name} ({case.families}): {size:,} bytes took {base:.3f} s of CPU, {2 * size:,} bytes {doubled:.3f} s"

@@ -21,6 +21,7 @@ import pytest
 from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.loaders._isolated import parse_isolated
+from strata.indexing.loaders._worker import NICENESS
 from tests.support import parse_probes
 from tests.support.processes import wait_for
 
@@ -61,6 +62,11 @@ def test_a_worker_parses_file_after_file(tmp_path: Path) -> None:
 
     assert _pid_of_worker() == first
     assert first != os.getpid()
+
+
+def test_a_worker_yields_the_cpu_to_the_process_it_parses_for() -> None:
+    parent = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert os.getpriority(os.PRIO_PROCESS, _pid_of_worker()) == min(parent + NICENESS, 19)  # 19: the nicest
 
 
 def test_a_worker_killed_mid_file_fails_only_that_file(tmp_path: Path) -> None:

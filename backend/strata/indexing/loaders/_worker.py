@@ -38,11 +38,16 @@ PARSERS = tuple(f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", 
 _NEAR_CAP = 64 * 1024 * 1024
 _RETIRE_GROWTH = 64 * 1024 * 1024  # a worker whose address space peaked this far above its start leaves
 _WATCH_S = 0.5
+# Parsing is background work beside the queries a service answers: a worker runs this much nicer than its
+# parent, so a hostile upload's parse takes the CPU the queries leave (Linux's weight for nice 10 is a tenth of
+# nice 0's) instead of half of it.
+NICENESS = 10
 
 
 def main() -> None:
     """The worker's life: take its pipes, import the parsers, say ready, serve until its stdin ends."""
     parent = int(sys.argv[2])
+    os.nice(NICENESS)
     requests, answers = _private_pipes()
     threading.Thread(target=_watch_parent, args=(parent,), name="strata-parse-watch", daemon=True).start()
     for name in PARSERS:
