@@ -111,6 +111,15 @@ def test_a_parse_past_its_memory_fails_and_the_worker_is_replaced(tmp_path: Path
     assert _pid_of_worker() != grown
 
 
+def test_a_parse_that_fills_its_memory_then_recurses_in_c_fails_with_the_memory_setting() -> None:
+    """The stack a parse recurses on is mapped before the cap: growing it with the address space full would
+    kill the worker with SIGSEGV, and the file would fail without naming the setting."""
+    limits = LoaderLimits(parse_timeout_s=120, parse_max_memory_bytes=64 * 1024 * 1024)
+    with pytest.raises(LoaderError, match=r"^parsing needed more memory than STRATA_INDEXING__PARSE_MAX_MEMORY_BYTES"):
+        parse_isolated(parse_probes.fill_then_recurse, b"", limits)
+    assert _pid_of_worker() > 0  # the pool parses on
+
+
 def test_a_stop_while_parsing_kills_the_worker(tmp_path: Path) -> None:
     started, stop = tmp_path / "started", threading.Event()
     parsing = _in_thread(lambda: parse_isolated(parse_probes.announce_and_hang, str(started).encode(), LIMITS, stop))

@@ -36,6 +36,25 @@ def announce_and_grow(raw: bytes, limits: LoaderLimits) -> Parsed:
     return whoami(bytes(len(held) % 2), limits)
 
 
+def fill_then_recurse(raw: bytes, limits: LoaderLimits) -> Parsed:
+    """Allocates until the parse's memory cap refuses, then, with the address space full, recurses deeper in
+    C than anything before it (comparing two lists nested 900 deep), then lets the memory go: the worker must
+    survive to answer that the parse ran out of memory."""
+    nested, other = [], []  # type: ignore[var-annotated]
+    for _ in range(900):
+        nested, other = [nested], [other]
+    held = []
+    for size in (1 << 20, 1 << 12, 64):
+        try:
+            while True:
+                held.append(bytearray(size))
+        except MemoryError:
+            pass
+    equal = nested == other
+    del held
+    raise MemoryError(f"filled, then compared {equal}")
+
+
 def _announce(raw: bytes) -> None:
     path = Path(raw.decode())
     partial = path.with_suffix(".partial")

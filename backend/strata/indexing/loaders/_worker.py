@@ -9,7 +9,7 @@ stdin and answers on its stdout, as length-prefixed pickles (``_frames``):
   ``pickle((outcome, value, retire))``: ``("parsed", Parsed)`` or ``("failed", reason)``, and whether the
   worker leaves after it (``retire``: it ran out of memory, or it grew, see ``_RETIRE_GROWTH``).
 
-Each parse runs under ``RLIMIT_AS`` at the worker's size plus ``parse_max_memory_bytes`` (lifted again
+Each parse runs, on a thread with a stack of its own (``PARSE_STACK_BYTES``), under ``RLIMIT_AS`` at the worker's size plus ``parse_max_memory_bytes`` (lifted again
 before the answer is sent, so that the next request can be read whole), and ``RLIMIT_CPU`` at the CPU it
 has used plus ``parse_timeout_s``: the pool kills the worker at that wall-clock time first, and the CPU
 limit ends a worker whose pool is gone while it parses. A worker whose parent is gone ends at once: at the
@@ -27,6 +27,7 @@ import resource
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 from strata.errors import LoaderError
@@ -42,6 +43,11 @@ _WATCH_S = 0.5
 # parent, so a hostile upload's parse takes the CPU the queries leave (Linux's weight for nice 10 is a tenth of
 # nice 0's) instead of half of it.
 NICENESS = 10
+# Parses run on a thread whose stack is mapped whole when it starts. The main thread's stack grows a page at
+# a time, and growing needs address space: a parse that ran out of it under RLIMIT_AS (a MemoryError the
+# worker answers) and then recursed deeper in C than before, while unwinding or finalising, died of SIGSEGV
+# instead. This size holds any C recursion Python's recursion limit allows; it is address space, not memory.
+PARSE_STACK_BYTES = 64 * 1024 * 1024
 
 
 def main() -> None:
@@ -53,6 +59,23 @@ def main() -> None:
     for name in PARSERS:
         importlib.import_module(name)
     gc.freeze()  # the imported modules' objects stay out of every later collection
+    serving = threading.Thread(target=_serve_or_exit, args=(requests, answers), name="strata-parse")
+    threading.stack_size(PARSE_STACK_BYTES)  # read when the thread starts
+    serving.start()
+    threading.stack_size(0)
+    serving.join()
+
+
+def _serve_or_exit(requests: int, answers: int) -> None:
+    try:
+        _serve_requests(requests, answers)
+    except BaseException:  # as the main thread would: the traceback on stderr, exit code 1
+        traceback.print_exc()
+        os._exit(1)
+
+
+def _serve_requests(requests: int, answers: int) -> None:
+    """Reads request after request and answers each, until stdin ends or the worker retires."""
     start_peak = _address_space("VmPeak") or 0
     write_frames(answers, [pickle.dumps(("ready", os.getpid()))])
     while (meta := read_frame(requests)) is not None:
@@ -113,11 +136,11 @@ def _parse(parse: Any, raw: bytes, limits: LoaderLimits) -> tuple[str, Any, bool
 def _parsed_or_failed(
     parse: Any, raw: bytes, limits: LoaderLimits, cap: int | None, peak_before: int | None
 ) -> tuple[str, Any, bool]:
-    failure = ""
+    failure, refused = "", False
     try:
         parsed = parse(raw, limits)
-    except MemoryError:
-        failure = "out of memory"
+    except MemoryError:  # under the cap, an allocation the cap refused (one too big for it alone included)
+        failure, refused = "out of memory", cap is not None
     except LoaderError as exc:
         failure = str(exc) or "out of memory"
     except Exception as exc:  # a parser bug: the file fails with it, the run goes on
@@ -129,7 +152,7 @@ def _parsed_or_failed(
         # that the answer can be built and sent at all (it died with MemoryError in the handler before).
         gc.collect()
         # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
-        spent = _reached(cap, peak_before)
+        spent = refused or _reached(cap, peak_before)
         return "failed", _out_of_memory(limits) if spent else failure, spent
     try:
         limits.check_document(parsed.text)
