@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from strata.stores.leaf_index import LeafIndex
-    from strata.stores.milvus import LeafCollection
+    from strata.stores.milvus_collection import LeafCollection
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -78,20 +78,20 @@ def native_hybrid_search(
     from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit, route_fields, route_hit
 
     def search(collection: LeafCollection) -> list[Any]:  # the kb's collection, whatever the isolation level
-        partitions, where = collection._partitions_for([kb]), collection._where([kb], "")
-        ef = max(collection._settings.search_ef, route_limit)
+        partitions, where = collection.partitions.partitions_for([kb]), collection.partitions.where([kb], "")
+        ef = max(collection.calls.settings.search_ef, route_limit)
         requests = [
             AnnSearchRequest([vector.tolist()], "dense", {"params": {"ef": ef}}, route_limit, expr=where),
             AnnSearchRequest([text], "sparse", {}, route_limit, expr=where),
         ]
-        return collection._client.hybrid_search(
-            collection._name,
+        return collection.calls.client.hybrid_search(
+            collection.calls.name,
             requests,
             RRFRanker(rrf_k),
             limit=limit,
             partition_names=partitions,
             output_fields=SCALAR_FIELDS if with_text else route_fields(False),
-            timeout=collection._search_timeout,
+            timeout=collection.calls.settings.search_timeout_s,
         )[0]
 
     hits = index._on_kb(kb, search, [])

@@ -27,7 +27,7 @@ import numpy as np
 from strata.cli.milvus_server import server_command
 from strata.config import MilvusSettings
 from strata.indexing.chunking import chunk_id
-from strata.stores.milvus import LeafCollection as LeafIndex
+from strata.stores.milvus_collection import LeafCollection as LeafIndex
 from strata.types import Chunk
 
 DIM = 384
@@ -121,17 +121,17 @@ def main() -> int:
             batch = leaves(kb, min(5000, args.leaves - start), start)
             vectors = rng.standard_normal((len(batch), DIM)).astype(np.float32)
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-            index.upsert(batch, vectors, [c.text for c in batch])
-        index.flush()
+            index.writes.upsert(batch, vectors, [c.text for c in batch])
+        index.writes.flush()
         print(
             f"wrote {args.leaves} leaves in {time.perf_counter() - started:.1f} s on {uri} (load "
             f"{os.getloadavg()[0]:.2f})"
         )
-        timed("count(kb)", lambda: index.count(kb))
+        timed("count(kb)", lambda: index.reads.count(kb))
         probe = [chunk_id(kb, f"doc-{d}", 1, 3, o) for d in range(DOCS) for o in (0, args.leaves // DOCS - 1)]
-        timed(f"present({len(probe)} probe ids)", lambda: index.present(kb, probe))
-        timed("leaf_ids(kb)", lambda: index.leaf_ids(kb))
-        index.drop_collection()
+        timed(f"present({len(probe)} probe ids)", lambda: index.reads.present(kb, probe))
+        timed("leaf_ids(kb)", lambda: index.reads.leaf_ids(kb))
+        index.writes.drop_collection()
         index.close()
     return 0
 

@@ -41,8 +41,8 @@ from strata.indexing.embedding import search_text
 from strata.indexing.pipeline import Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.resources import Resources
-from strata.stores.milvus import LeafCollection as LeafIndex
-from strata.stores.milvus import _row
+from strata.stores.leaf_rows import leaf_row as _row
+from strata.stores.milvus_collection import LeafCollection as LeafIndex
 from strata.types import Chunk
 
 UNIQUE_VECTORS = 300  # encoded for real; larger steps reuse them (storage depends on count, not novelty)
@@ -93,13 +93,13 @@ def storage(out: Path, encoder: Any, steps: list[int], l3_chars: int, hnsw_m: in
     vectors = np.vstack([base[i % len(base)] for i in range(len(texts))])
     db = out / "storage" / "milvus.db"
     index = LeafIndex(MilvusSettings(uri=str(db), hnsw_m=hnsw_m), encoder_name=encoder.name, dim=encoder.dim)
-    index.flush()
+    index.writes.flush()
     sizes = [(0, folder_bytes(db))]
     written = 0
     for step in steps:
         batch = list(range(written, step))
-        index.upsert([leaf(i, texts[i]) for i in batch], vectors[batch], [search[i] for i in batch])
-        index.flush()
+        index.writes.upsert([leaf(i, texts[i]) for i in batch], vectors[batch], [search[i] for i in batch])
+        index.writes.flush()
         written = step
         sizes.append((step, folder_bytes(db)))
     index.close()

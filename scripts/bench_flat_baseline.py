@@ -67,7 +67,7 @@ INSERT_BATCH = 256
 ENCODE_BATCH = 64
 TIMEOUT_S = 600.0  # the loaded machine: the first search also loads the collection
 # Milvus Lite's gRPC server answers pymilvus's keepalive pings with GOAWAY "too_many_pings", failing the call
-# in flight (strata.stores.milvus does the same); loopback needs no keepalive.
+# in flight (strata.stores.milvus_connection does the same); loopback needs no keepalive.
 GRPC_OPTIONS = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": 0}
 
 _HEADING = re.compile(r"#{1,6}(?:\s|$)")

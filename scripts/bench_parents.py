@@ -22,8 +22,8 @@ from sqlalchemy import event
 
 from _bench import machine, p, quiet_logging, timed_ms
 from strata.config import DatabaseSettings, RedisSettings
-from strata.stores.cached_chunks import CachedChunks
 from strata.stores.chunk_cache import LocalChunkCache, RedisChunkCache
+from strata.stores.chunk_reads import CachedChunks
 from strata.stores.sql import DocumentStore, DocumentVersion
 from strata.types import Chunk
 

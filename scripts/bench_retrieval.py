@@ -55,7 +55,7 @@ from strata.resources import Resources
 from strata.stores import leaf_index
 from strata.stores.leaf_rows import leaf_hit  # a hit's entity as a leaf, as the routes built them before
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafCollection as LeafIndex
+from strata.stores.milvus_collection import LeafCollection as LeafIndex
 from strata.stores.milvus_search import LeafSearch
 
 WARMUP = 5

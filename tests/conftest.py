@@ -147,7 +147,7 @@ def milvus_server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 
 def _record_server(uri: str, source: str) -> None:
-    from strata.stores.milvus import milvus_client
+    from strata.stores.milvus_connection import milvus_client
 
     client = milvus_client(MilvusSettings(uri=uri, token=milvus_test_token(), timeout_s=10))
     try:

@@ -201,7 +201,7 @@ def test_importing_the_engine_loads_no_model_library(tmp_path: Path) -> None:
     heavy = ["torch", "FlagEmbedding", "sentence_transformers", "transformers"]
     code = (
         "import sys, json\n"
-        "import strata, strata.rag, strata.indexing.pipeline, strata.stores.milvus, strata.encoders\n"
+        "import strata, strata.rag, strata.indexing.pipeline, strata.stores.milvus_collection, strata.encoders\n"
         f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
     )
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""One exception tree: every exception class strata defines is a ``StrataError``."""
+"""One exception tree: every exception class strata defines is a ``StrataError``, defined in ``strata.errors``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ import strata
 import strata.errors
 from strata.api.problems import Problem
 from strata.config import ConfigError
-from strata.errors import StrataError
-from strata.rag.deadline import DeadlineExceeded
-from strata.stores.analyzer import UnsupportedAnalyzer
+from strata.errors import DeadlineExceeded, StrataError, UnsupportedAnalyzer
 
 # The service's HTTP answer: raised in routes and always turned into a problem document.
 NOT_ERRORS = {Problem}
@@ -46,6 +44,11 @@ def test_every_exception_strata_defines_is_a_strata_error() -> None:
     assert {"ConfigError", "DeadlineExceeded", "UnsupportedAnalyzer", "ServiceError", "StoreError"} <= names
     outside = sorted(c.__qualname__ for c in classes - NOT_ERRORS if not issubclass(c, StrataError))
     assert outside == []
+
+
+def test_every_exception_class_is_defined_in_the_errors_module() -> None:
+    elsewhere = sorted(f"{c.__module__}.{c.__qualname__}" for c in exception_classes() - NOT_ERRORS)
+    assert [name for name in elsewhere if not name.startswith("strata.errors.")] == []
 
 
 def test_the_second_bases_keep_old_except_clauses_working() -> None:

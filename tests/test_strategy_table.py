@@ -19,7 +19,7 @@ from strata.config import RetrievalSettings, Settings
 from strata.evaluation.modes import MODES, SPEC_ROWS
 from strata.rag import STRATEGIES as RAG_STRATEGIES
 from strata.rag.registry import available_retrievers
-from strata.rag.strategies import plan_for
+from strata.rag.strategy_plan import plan_for
 from strata.strategy_table import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_NAMES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "backend" / "strata"

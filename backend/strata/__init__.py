@@ -28,8 +28,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from strata.client import AsyncStrataClient, ServiceError, StrataClient
-    from strata.errors import ConfigError, InvalidArgumentError, NotFoundError, StrataError
+    from strata.client import AsyncStrataClient, StrataClient
+    from strata.errors import ConfigError, InvalidArgumentError, NotFoundError, ServiceError, StrataError
     from strata.rag.async_retrieve import aretrieve_documents
     from strata.rag.retrieve import Retriever, retrieve_documents
     from strata.request import RetrievalRequest
@@ -50,7 +50,7 @@ _EXPORTS = {
     "InvalidArgumentError": "strata.errors",
     "NotFoundError": "strata.errors",
     "ConfigError": "strata.errors",
-    "ServiceError": "strata.client",
+    "ServiceError": "strata.errors",
 }
 """Each public name and the module that defines it."""
 

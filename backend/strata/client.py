@@ -36,7 +36,7 @@ from typing import Any, TypeVar, cast
 
 import httpx
 
-from strata.errors import InvalidArgumentError, NotFoundError, StrataError
+from strata.errors import InvalidArgumentError, NotFoundError, ServiceError
 from strata.request import RetrievalRequest, request_body, takes_request_options
 from strata.types import RetrievalMeta, RetrievalResult, StageError
 from strata.upload_batches import added_up, halves, upload_batches
@@ -46,15 +46,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 ANSWER_MARGIN_S = 2.0  # a query's deadline plus this is long enough for its answer to arrive
-
-
-class ServiceError(StrataError):
-    """The service refused a request or could not be reached; ``status`` is the HTTP status (0 = no answer)."""
-
-    def __init__(self, message: str, *, status: int = 0, problem: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.problem = problem or {}
 
 
 class StrataClient:

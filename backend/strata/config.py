@@ -39,8 +39,8 @@ from strata.config_help import NOT_SETTINGS as NOT_SETTINGS
 from strata.config_help import NOT_SETTINGS_PREFIX as NOT_SETTINGS_PREFIX
 from strata.config_help import keys_of_api_json as keys_of_api_json
 from strata.config_help import toml_problem, variable_name
-from strata.errors import ConfigError, InvalidArgumentError  # errors imports nothing of strata
-from strata.key_grants import ApiKeyGrant, KeyGrantError, pydantic_error, read_grants  # pydantic only
+from strata.errors import ConfigError, InvalidArgumentError, KeyGrantError  # errors imports nothing of strata
+from strata.key_grants import ApiKeyGrant, pydantic_error, read_grants  # pydantic only
 from strata.strategy_table import DEFAULT_STRATEGY, Routes, StrategyName  # pure data, imports nothing
 
 _SERVER_SCHEMES = ("http://", "https://", "tcp://", "unix:")

@@ -23,8 +23,8 @@ from typing import Any, get_origin
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from strata.errors import ConfigError
-from strata.key_grants import KeyGrantError, check_section_keys
+from strata.errors import ConfigError, KeyGrantError
+from strata.key_grants import check_section_keys
 
 Root = type[BaseModel]  # the settings model messages are about: ``strata.config.Settings``
 

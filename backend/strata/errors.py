@@ -29,17 +29,19 @@ rerank client) with ``raise ... from exc`` so the cause stays attached::
 
 Each class answers the service's callers as one row of
 ``strata.api.problems.ERROR_TABLE`` (status, problem type, Retry-After).
-``KeyGrantError`` and the last three live beside the code that raises them
-(``strata.key_grants``, ``strata.rag.deadline``, ``strata.stores.analyzer``,
-``strata.client``); everything else is defined here.
-This module imports nothing of the package, so ``strata.config`` (which must
-import without the engine) takes ``ConfigError`` from here. The second bases
-keep ``except ValueError`` / ``except TimeoutError`` callers working.
+Every class of the tree is defined here, whichever layer raises it (the
+config layer, the stores, the engine, the client). This module imports nothing
+of the package, so ``strata.config`` (which must import without the engine)
+and ``strata.client`` (which imports the domain only) take their errors from
+here. The second bases keep ``except ValueError`` / ``except TimeoutError``
+callers working.
 ``strata.api.problems.Problem`` is outside the tree on purpose: it is the
 service's HTTP answer, raised in routes and always turned into a response.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class StrataError(Exception):
@@ -48,6 +50,10 @@ class StrataError(Exception):
 
 class ConfigError(StrataError, ValueError):
     """A setting is missing or invalid; the message names the variable."""
+
+
+class KeyGrantError(ConfigError):
+    """A key or grant that cannot be used, described by position only."""
 
 
 class EncoderError(StrataError):
@@ -135,3 +141,26 @@ class LeaseHeldError(StrataError):
 class LeaseLostError(LeaseHeldError):
     """An indexing run's lease was taken by another writer while it worked (it was paused past the lease):
     the run stops at its next write, and nothing it left unfinished serves."""
+
+
+class DeadlineExceeded(StrataError, TimeoutError):
+    """A stage found no time left (or its wait ran out)."""
+
+    reason = "deadline_exceeded"
+    """the reason code a retrieval records when a stage finds no time left"""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(f"{self.reason}: no time left for {stage} within the request deadline")
+
+
+class UnsupportedAnalyzer(StrataError, ValueError):
+    """The analyzer params name a tokenizer ``strata.stores.analyzer`` does not reproduce (the message says which)."""
+
+
+class ServiceError(StrataError):
+    """The service refused a request or could not be reached; ``status`` is the HTTP status (0 = no answer)."""
+
+    def __init__(self, message: str, *, status: int = 0, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}

@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
-from strata.errors import ConfigError
+from strata.errors import KeyGrantError
 
-__all__ = ["ApiKeyGrant", "KeyGrantError", "check_section_keys", "pydantic_error", "read_grants"]
+__all__ = ["ApiKeyGrant", "check_section_keys", "pydantic_error", "read_grants"]
 
 
 class ApiKeyGrant(BaseModel):
@@ -35,10 +35,6 @@ class ApiKeyGrant(BaseModel):
     kbs: list[str] = Field(default_factory=list)
     write: bool = False
     metrics: bool = Field(False, description="may read /metrics (every tenant's activity); the full-access key may too")
-
-
-class KeyGrantError(ConfigError):
-    """A key or grant that cannot be used, described by position only."""
 
 
 class _Pairs(list[tuple[str, Any]]):

@@ -18,9 +18,9 @@ import threading
 
 from strata.config import Settings
 from strata.encoders import Encoder, create_encoder
-from strata.stores.cached_chunks import CachedChunks
 from strata.stores.catalog import Catalog
 from strata.stores.chunk_cache import create_chunk_cache
+from strata.stores.chunk_reads import CachedChunks
 from strata.stores.keys import database_namespace
 from strata.stores.leaf_index import LeafIndex
 from strata.stores.redis_client import RedisBreaker

@@ -3,7 +3,7 @@
 The setting ``STRATA_RETRIEVAL__STRATEGY`` (its type), the API's ``strategy``
 enum, ``strata query --strategy``'s choices, the console's list (``GET
 /ui/strategies``), the retriever registry, the planner
-(``strata.rag.strategies.plan_for``) and ``strata eval --modes`` all derive
+(``strata.rag.strategy_plan.plan_for``) and ``strata eval --modes`` all derive
 from ``STRATEGIES``. The table lives in this pure module (it imports only ``strata.errors``)
 rather than in ``strata.rag`` because ``strata.config``, which imports nothing
 else of strata, types its setting with it and must not import the engine.

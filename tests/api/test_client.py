@@ -22,9 +22,9 @@ import pytest
 import uvicorn
 
 from strata.api import create_app
-from strata.client import AsyncStrataClient, ServiceError, StrataClient
+from strata.client import AsyncStrataClient, StrataClient
 from strata.config import ApiKeyGrant, Settings
-from strata.errors import InvalidArgumentError, NotFoundError
+from strata.errors import InvalidArgumentError, NotFoundError, ServiceError
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from strata.stores.catalog import Catalog

@@ -20,8 +20,9 @@ from fastapi.testclient import TestClient
 from strata import upload_batches
 from strata.api.problems import TYPE_BASE
 from strata.api.uploads import MAX_FILES
-from strata.client import ServiceError, StrataClient
+from strata.client import StrataClient
 from strata.config import Settings
+from strata.errors import ServiceError
 from strata.indexing.pipeline import Indexer
 from strata.resources import Resources
 from tests.api.test_client import served_url  # noqa: F401 - the fixture: a real local HTTP server

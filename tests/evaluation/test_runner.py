@@ -69,7 +69,7 @@ def test_modes_are_strategies_and_the_spec_rows_search_as_before(tmp_path: Path)
     from strata.config import Settings
     from strata.evaluation.modes import MODES
     from strata.evaluation.runner import eval_settings, mode_settings
-    from strata.rag.strategies import plan_for
+    from strata.rag.strategy_plan import plan_for
 
     base = eval_settings(Settings(_env_file=None, rerank={"url": "http://127.0.0.1:9/rerank"}), tmp_path / "index")
     searched = {}

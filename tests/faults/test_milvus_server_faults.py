@@ -10,7 +10,7 @@
 The server is a ``milvus-lite server`` process of each test's own, so these
 tests never skip. A restarted server does not remember which collections were
 loaded: strata loads its collection again on the first call that finds it
-released (``LeafIndex._invoke``). The tests ask whether the server answers on a
+released (``CollectionCalls.call``). The tests ask whether the server answers on a
 connection of their own: one from strata's ``milvus_client`` could share grpc's
 connection with the index under test and reconnect it for the index.
 """

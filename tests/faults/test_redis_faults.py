@@ -13,7 +13,7 @@ from typing import Any
 from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
-from strata.stores.cached_chunks import CachedChunks
+from strata.stores.chunk_reads import CachedChunks
 from strata.types import RetrievalResult
 from tests.support.documents import RESET_QUERY
 from tests.support.processes import wait_for

@@ -14,9 +14,9 @@ from strata.indexing.chunking import chunk_document
 from strata.indexing.loaders import load_document
 from strata.indexing.pipeline import Indexer
 from strata.indexing.plan import DeleteLimit, DocumentPlan, Scan
-from strata.indexing.planning import RunOptions, plan_run
 from strata.indexing.report import IndexReport
 from strata.indexing.run import ENCODER_BATCH, WRITE_STEPS, Checkpoint, WriteStep
+from strata.indexing.run_plan import RunOptions, plan_run
 from strata.indexing.scan import scan_paths
 from strata.indexing.source import ChunkSource, PreparedDocument, groups
 from tests.indexing.test_large_documents import (

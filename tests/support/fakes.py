@@ -104,7 +104,7 @@ class RejectingSparseIndex:
 
     def search_sparse_many(self, *args: Any, kb_ids: Any = None, **kwargs: Any) -> Any:
         collection = self._real._collection(kb_ids[0])  # the kbs' collection at any level
-        return collection._call("search", collection._name, data=["x"], anns_field="no_such_field", limit=1)
+        return collection.calls.call("search", collection.calls.name, data=["x"], anns_field="no_such_field", limit=1)
 
 
 class HashEncoder:

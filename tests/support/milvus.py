@@ -83,7 +83,7 @@ def milvus_answers(uri: str, token: str = "") -> bool:
     from pymilvus.exceptions import MilvusException
 
     from strata.errors import StoreError
-    from strata.stores.milvus import milvus_client
+    from strata.stores.milvus_connection import milvus_client
 
     try:
         client = milvus_client(MilvusSettings(uri=uri, token=token, timeout_s=2))
@@ -152,7 +152,7 @@ class MilvusTarget:
 @contextmanager
 def server_collection(uri: str, prefix: str = "strata_test") -> Iterator[MilvusTarget]:
     """A collection name of its own on the server, dropped afterwards."""
-    from strata.stores.milvus import milvus_client
+    from strata.stores.milvus_connection import milvus_client
 
     target = MilvusTarget("server", uri, f"{prefix}_{uuid.uuid4().hex[:12]}", milvus_test_token())
     try:

@@ -13,10 +13,8 @@ from strata.api.deps import not_found
 from strata.api.problems import RETRIEVAL_FAILED, Problem, Refusal, refusal_of
 from strata.api.schemas import ModuleListingMeta, ModuleOut, ModuleResponse, SkillOut
 from strata.api.service import Service
-from strata.errors import InvalidArgumentError
+from strata.errors import DeadlineExceeded, InvalidArgumentError
 from strata.rag.budget import fit_to_budget
-from strata.rag.deadline import REASON as DEADLINE_REASON
-from strata.rag.deadline import DeadlineExceeded
 from strata.rag.retrieve import evidence_metadata
 from strata.request import RetrievalRequest
 from strata.types import Chunk, Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
@@ -69,7 +67,9 @@ def _without_trace(doc: RetrievedDocument) -> RetrievedDocument:
 def failure(meta: RetrievalMeta) -> Refusal:
     """How a failed retrieval answers: a deadline that ran out as ``DeadlineExceeded`` (504: a longer one may
     succeed), anything else as a 503 worth retrying."""
-    timed_out = DEADLINE_REASON in meta.degraded or any(e.error == DeadlineExceeded.__name__ for e in meta.errors)
+    timed_out = DeadlineExceeded.reason in meta.degraded or any(
+        e.error == DeadlineExceeded.__name__ for e in meta.errors
+    )
     return refusal_of(DeadlineExceeded) if timed_out else RETRIEVAL_FAILED
 
 

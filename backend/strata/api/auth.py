@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strata.config import ENV_PREFIX, ApiKeyGrant, ApiSettings, ConfigError
-from strata.key_grants import KeyGrantError, read_grants
+from strata.errors import KeyGrantError
+from strata.key_grants import read_grants
 
 logger = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
-from strata.client import ServiceError
 from strata.errors import (
     CacheError,
     ConfigError,
+    DeadlineExceeded,
     DeleteRefusedError,
     EncoderError,
     EncoderMismatchError,
@@ -40,19 +40,19 @@ from strata.errors import (
     IndexingStoppedError,
     IndexLockedError,
     InvalidArgumentError,
+    KeyGrantError,
     LeaseHeldError,
     LeaseLostError,
     LeavesMissingError,
     LoaderError,
     NotFoundError,
     RerankError,
+    ServiceError,
     StoreError,
     StoreTimeoutError,
     StrataError,
+    UnsupportedAnalyzer,
 )
-from strata.key_grants import KeyGrantError
-from strata.rag.deadline import DeadlineExceeded
-from strata.stores.analyzer import UnsupportedAnalyzer
 
 logger = logging.getLogger(__name__)
 

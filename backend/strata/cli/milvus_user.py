@@ -133,7 +133,7 @@ def strata_credentials(token: str) -> tuple[str, str]:
 
 
 def cmd_milvus_user_create(args: argparse.Namespace, settings: Settings) -> int:
-    from strata.stores.milvus import connect
+    from strata.stores.milvus_connection import connect
 
     user, password = strata_credentials(settings.milvus.token.get_secret_value())
     admin = os.environ.get(ADMIN_TOKEN_VARIABLE, "")

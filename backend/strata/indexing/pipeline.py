@@ -24,7 +24,7 @@ run, and a .txt or .md file over twice the limit before it is read.
 
 A run is a sequence of steps, each in its module: scan (``scan``), prepare the
 kb (here: open Milvus, create the kb row, retry recorded cache invalidations),
-plan (``planning``: reads only), remove what a crash left (``removal``), write
+plan (``run_plan``: reads only), remove what a crash left (``removal``), write
 (``writer``: one loop over batches from ``source``, whatever a document's size)
 and serve: each group as it is written, or, for ``--recreate``, every version
 in one switch at the end. The write steps are ``run.WriteStep``.
@@ -44,7 +44,6 @@ from strata.errors import InvalidArgumentError, LeaseLostError
 from strata.indexing.loaders import LoaderLimits, load_document
 from strata.indexing.new_terms import front_matter_terms, note_new_terms
 from strata.indexing.plan import DeleteLimit, IndexPlan, Scan
-from strata.indexing.planning import RunOptions, plan_run
 from strata.indexing.reconcile import (
     ReconcileReport,
     check_stores,
@@ -60,6 +59,7 @@ from strata.indexing.run import (
     IndexRun,
     WriteStep,
 )
+from strata.indexing.run_plan import RunOptions, plan_run
 from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths
 from strata.indexing.source import ChunkSource
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
@@ -223,7 +223,7 @@ class Indexer:
         retry_invalidations(self._res, kb_id)
 
     def _plan(self, run: IndexRun, scan: Scan, options: RunOptions) -> IndexPlan:
-        """Plans (``planning``: reads and refusals only), then puts what planning found in the report."""
+        """Plans (``run_plan``: reads and refusals only), then puts what planning found in the report."""
         read = functools.partial(read_again, scan, load=self._load)
         planned = plan_run(self._res, run.kb_id, scan, options, signature=self._signature, read=read)
         for failure in planned.failures:

@@ -1,4 +1,7 @@
-"""Incremental planning (pure): which documents to add, update, skip or delete."""
+"""Incremental planning (pure): which documents to add, update, skip or delete.
+
+``run_plan`` reads what a run's plan needs from the stores and calls ``plan_changes`` and ``refuse_deletions``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Term statistics of document versions, for BM25 query hygiene (``strata.rag.bm25_query``).
+"""Term statistics of document versions, for BM25 query hygiene (``strata.rag.bm25_hygiene``).
 
 A version's terms are counted from its leaves' search texts, with the BM25
 analyzer's own tokenizer, and written with its chunks. Versions written before
@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from strata.errors import UnsupportedAnalyzer
 from strata.indexing.embedding import search_text
 from strata.resources import Resources
-from strata.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
+from strata.stores.analyzer import Tokenize, analyzer_tokenizer
 from strata.stores.term_stats import count_terms
 from strata.types import Chunk
 

@@ -20,7 +20,7 @@ from strata.rag.registry import (
     retrieve_fused,
 )
 from strata.rag.retrieve import Retriever, retrieve_documents
-from strata.rag.strategies import STRATEGIES
+from strata.strategy_table import STRATEGY_NAMES as STRATEGIES
 
 __all__ = [
     "STRATEGIES",

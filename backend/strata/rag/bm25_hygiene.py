@@ -1,4 +1,17 @@
-"""The BM25 query hygiene stage: term statistics per kb generation, and the pruned BM25 text.
+"""The BM25 query hygiene stage: leave out query terms that cost the BM25 route much and tell it little.
+
+Milvus Lite's BM25 cost grows with the posting lists of the query's terms,
+and a term found in most leaves (``的``, ``what``) or a punctuation token
+(``？``, ``，``) adds little to the ranking. ``prune_bm25_query`` (pure) drops
+punctuation and every term whose document frequency is over ``max_df`` of the
+leaves, and keeps the rarest term when that would leave nothing. The dense
+route always embeds the whole query.
+
+Milvus analyzes the text it is given again, so the pruned text is the kept
+terms joined by spaces, each once (a term that re-tokenizing a longer kept
+term yields is not written again). A dropped term that comes back that way
+(jieba's search mode cuts ``验证`` out of ``两步验证``) is searched after all,
+and is not reported as dropped.
 
 Term statistics change only when a kb's generation does (indexing bumps it),
 and only the terms over ``max_df`` of the leaves matter (every other term is
@@ -13,16 +26,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cachetools import LRUCache
 
 from strata.config import RetrievalSettings
-from strata.rag.bm25_query import PrunedQuery, prune_bm25_query
+from strata.errors import UnsupportedAnalyzer
 from strata.rag.outcomes import BM25QueryOutcome
 from strata.rag.run_state import RunState
 from strata.resources import Resources
-from strata.stores.analyzer import Tokenize, UnsupportedAnalyzer, analyzer_tokenizer
+from strata.stores.analyzer import Tokenize, analyzer_tokenizer, is_punctuation
 from strata.stores.term_stats import TermFrequencies
 from strata.types import ServingState
 
@@ -99,3 +113,47 @@ class BM25QueryHygiene:
         if stats.leaves < self._min_leaves:
             return PrunedQuery(text), f"{stats.leaves} leaves, fewer than bm25_prune_min_leaves ({self._min_leaves})"
         return prune_bm25_query(text, tokenize=tokenize, df=stats.df, leaves=stats.leaves, max_df=self._max_df), ""
+
+
+@dataclass(frozen=True)
+class PrunedQuery:
+    """What BM25 searches and the query terms it no longer searches (none: ``text`` is the query as given)."""
+
+    text: str
+    dropped: tuple[str, ...] = ()
+
+
+def query_terms(text: str, tokenize: Tokenize) -> list[str]:
+    """The distinct tokens of ``text``, in query order."""
+    return list(dict.fromkeys(tokenize(text)))
+
+
+def prune_bm25_query(
+    text: str, *, tokenize: Tokenize, df: Mapping[str, int], leaves: int, max_df: float
+) -> PrunedQuery:
+    """``text`` without punctuation tokens and terms in more than ``max_df`` of ``leaves`` (df missing = 0)."""
+    terms = query_terms(text, tokenize)
+    common = {t for t in terms if is_punctuation(t) or df.get(t, 0) > max_df * leaves}
+    if not common:
+        return PrunedQuery(text)
+    kept = [t for t in terms if t not in common] or [_rarest(terms, df)]
+    pruned = _joined(kept, tokenize)
+    searched = set(tokenize(pruned))
+    dropped = tuple(t for t in terms if t not in searched)
+    return PrunedQuery(pruned, dropped) if dropped else PrunedQuery(text)
+
+
+def _rarest(terms: list[str], df: Mapping[str, int]) -> str:
+    """The term to keep when every term is common: a word before punctuation, then the lowest df, then the first."""
+    return min(terms, key=lambda t: (is_punctuation(t), df.get(t, 0)))
+
+
+def _joined(kept: list[str], tokenize: Tokenize) -> str:
+    """The kept terms in query order, leaving out those a longer kept term re-tokenizes into."""
+    covered: set[str] = set()
+    written: set[str] = set()
+    for term in sorted(kept, key=len, reverse=True):
+        if term not in covered:
+            written.add(term)
+            covered.update(tokenize(term))
+    return " ".join(t for t in kept if t in written)

@@ -3,19 +3,15 @@
 ``STRATA_RETRIEVAL__DEADLINE_MS`` (default 2,500) bounds a whole
 ``retrieve`` call. Stages ask ``remaining()`` and pass it on as their own
 timeout (Milvus calls, the PostgreSQL statement timeout, the rerank request,
-the wait for the encoder); a stage that finds nothing left is skipped with
-the reason ``deadline_exceeded`` and its fallback (or a ``failed`` answer)
-takes over. A call therefore outlives its deadline by at most one socket
-timeout.
+the wait for the encoder); a stage that finds nothing left raises
+``strata.errors.DeadlineExceeded``, is skipped with the reason
+``deadline_exceeded`` and its fallback (or a ``failed`` answer) takes over. A
+call therefore outlives its deadline by at most one socket timeout.
 """
 
 from __future__ import annotations
 
 import time
-
-from strata.errors import StrataError
-
-REASON = "deadline_exceeded"
 
 
 class Deadline:
@@ -35,10 +31,3 @@ class Deadline:
     def within(self, limit_s: float, *, keep_s: float = 0.0) -> float:
         """A stage's timeout: its own ``limit_s``, cut to what is left minus ``keep_s`` for the stages after it."""
         return max(0.0, min(limit_s, self.remaining() - keep_s))
-
-
-class DeadlineExceeded(StrataError, TimeoutError):
-    """A stage found no time left (or its wait ran out)."""
-
-    def __init__(self, stage: str) -> None:
-        super().__init__(f"{REASON}: no time left for {stage} within the request deadline")

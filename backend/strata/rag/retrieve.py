@@ -39,7 +39,7 @@ from strata.rag.rerank import Reranker, build_reranker
 from strata.rag.run_state import UNKNOWN_KB, RunInputs, RunState
 from strata.rag.search import RouteSearch
 from strata.rag.serving import LastServingStates
-from strata.rag.strategies import StrategyPlan, plan_for, query_variants
+from strata.rag.strategy_plan import StrategyPlan, plan_for, query_variants
 from strata.request import RetrievalRequest, cache_fields, takes_request_options
 from strata.resources import Resources
 from strata.stores import filters as expr
@@ -118,7 +118,7 @@ class Retriever:
         ``options`` are the other fields of ``strata.request.RetrievalRequest`` (this call's signature lists
         them): ``rerank=False`` keeps the fused order for this call even when a reranker is configured;
         ``expand=False`` searches BM25 with the query as given (no synonyms); ``strategy`` is one of
-        ``strata.rag.strategies.STRATEGIES`` (default: the setting); ``queries`` are the ``fusion`` strategy's
+        ``strata.rag.STRATEGIES`` (default: the setting); ``queries`` are the ``fusion`` strategy's
         extra query variants; ``deadline_ms`` shortens this call's time budget (never past
         ``STRATA_RETRIEVAL__DEADLINE_MS``); ``max_chars`` returns at most that many characters of evidence instead
         of ``top_k`` whole documents when they hold more (``strata.rag.budget``: whole documents in rank order, the

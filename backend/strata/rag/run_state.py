@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from strata import tracing
+from strata.errors import DeadlineExceeded
 from strata.logs import QUERY
-from strata.rag.deadline import REASON as DEADLINE_REASON
-from strata.rag.deadline import Deadline, DeadlineExceeded
+from strata.rag.deadline import Deadline
 from strata.rag.expansion import Expansion
 from strata.rag.outcomes import (
     BM25QueryOutcome,
@@ -34,7 +34,7 @@ from strata.rag.outcomes import (
     SearchOutcome,
     StageOutcome,
 )
-from strata.stores.cached_chunks import ChunkFetch
+from strata.stores.chunk_reads import ChunkFetch
 from strata.strategy_table import DEFAULT_STRATEGY
 from strata.types import (
     CacheState,
@@ -83,7 +83,9 @@ class StageLog:
         logger.warning("retrieval stage %s failed: %s: %s", stage, type(exc).__name__, exc)
         self.error_message(stage, type(exc).__name__, f"{exc} ({note})" if note else str(exc), degraded)
         if isinstance(exc, DeadlineExceeded) or self.deadline.expired():
-            self.error_message(stage, "DeadlineExceeded", f"{stage} ran out of the request deadline", DEADLINE_REASON)
+            self.error_message(
+                stage, "DeadlineExceeded", f"{stage} ran out of the request deadline", DeadlineExceeded.reason
+            )
 
     def error_message(self, stage: str, error: str, message: str, degraded: str | None = None) -> None:
         self._errors.append(StageError(stage=stage, error=error, message=message[:500]))

@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from strata.config import RetrievalSettings
+from strata.errors import DeadlineExceeded
 from strata.rag.candidates import Candidate
-from strata.rag.deadline import DeadlineExceeded
 from strata.rag.microbatch import MicroBatcher
 from strata.rag.outcomes import EncodeOutcome, SearchOutcome
 from strata.rag.rank_fusion import Fused

@@ -25,15 +25,15 @@ from dataclasses import replace
 from typing import Protocol
 
 from strata.config import RetrievalSettings
+from strata.errors import DeadlineExceeded
 from strata.rag.adjacent import merge_adjacent_chunks
 from strata.rag.candidates import Candidate
-from strata.rag.deadline import DeadlineExceeded
 from strata.rag.merge import apply_merge, parents_to_fetch
 from strata.rag.outcomes import MergeOutcome, RerankStageOutcome
 from strata.rag.rerank import Reranker
 from strata.rag.run_state import RunState, StageLog
-from strata.stores.cached_chunks import ChunkFetch
 from strata.stores.chunk_cache import ChunkRef
+from strata.stores.chunk_reads import ChunkFetch
 from strata.types import MergeRound, RerankOutcome
 
 

@@ -24,15 +24,11 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from strata.errors import StrataError
+from strata.errors import UnsupportedAnalyzer
 
 Tokenize = Callable[[str], list[str]]
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-
-
-class UnsupportedAnalyzer(StrataError, ValueError):
-    """The analyzer params name a tokenizer this module does not reproduce (the message says which)."""
 
 
 def analyzer_tokenizer(params: Mapping[str, Any] | None) -> Tokenize:

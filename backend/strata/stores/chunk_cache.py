@@ -4,7 +4,7 @@ in-process LRU otherwise.
 Keys are namespaced ``{prefix}:{kb}:chunk:{id}``; values are the chunk as
 JSON. Batches are one ``MGET`` (read) or one pipeline (write/delete), so a
 round of auto-merge costs one cache round trip. Redis errors surface as
-``CacheError``; ``CachedChunks`` (``strata.stores.cached_chunks``) decides what
+``CacheError``; ``CachedChunks`` (``strata.stores.chunk_reads``) decides what
 to do with them.
 """
 

@@ -15,7 +15,7 @@ The level of existing leaves is read from Milvus, never guessed: the shared
 collection's schema when it exists, else the kb collections under its name; a
 setting naming another level is refused (``strata rebuild --to-uri URI
 --isolation LEVEL`` moves the leaves). ``LeafIndex`` has one interface for
-every level; ``LeafCollection`` (``strata.stores.milvus``) is one collection.
+every level; ``LeafCollection`` (``strata.stores.milvus_collection``) is one collection.
 
 Opening the index creates no collection. A collection is created where leaves
 are about to be written: ``open_kb`` (the indexer's, with the run's front-matter
@@ -37,18 +37,12 @@ import numpy as np
 from pymilvus.exceptions import MilvusException
 
 from strata.config import MilvusSettings
-from strata.errors import EncoderMismatchError, StoreError, StoreTimeoutError
-from strata.stores.analyzer import UnsupportedAnalyzer, lite_analyzer_problem
-from strata.stores.milvus import (
-    DIM_PROPERTY,
-    ENCODER_PROPERTY,
-    KB_PROPERTY,
-    LeafCollection,
-    analyzer_tokenizer,
-    connect,
-    layout_of,
-)
+from strata.errors import EncoderMismatchError, StoreError, StoreTimeoutError, UnsupportedAnalyzer
+from strata.stores.analyzer import lite_analyzer_problem
+from strata.stores.milvus_collection import LeafCollection
+from strata.stores.milvus_connection import connect
 from strata.stores.milvus_search import LeafSearch
+from strata.stores.milvus_setup import DIM_PROPERTY, ENCODER_PROPERTY, KB_PROPERTY, layout_of
 from strata.stores.store_timeouts import is_grpc_deadline, milvus_bound, timed_out
 from strata.types import Chunk, RouteHit
 
@@ -162,7 +156,9 @@ class LeafIndex:
 
     @property
     def analyzer_tokenizer(self) -> str:
-        return analyzer_tokenizer(self._settings)
+        """The tokenizer name of the configured BM25 analyzer (``jieba``, ``standard``...)."""
+        tokenizer = self._settings.analyzer.get("tokenizer")
+        return tokenizer.get("type", "") if isinstance(tokenizer, dict) else str(tokenizer or "")
 
     def open_kb(self, kb_id: str, extra_terms: Iterable[str] = ()) -> None:
         """Opens the collection the kb's leaves are written to, creating it when it does not exist. A collection
@@ -189,21 +185,21 @@ class LeafIndex:
         assert collection is not None
         with self._lock:
             self._written.add(kb_id)
-        collection.upsert(leaves, vectors, search_texts)
+        collection.writes.upsert(leaves, vectors, search_texts)
 
     def delete_version(self, kb_id: str, doc_id: str, version: int) -> None:
-        self._on_kb(kb_id, lambda c: c.delete_version(kb_id, doc_id, version), None)
+        self._on_kb(kb_id, lambda c: c.writes.delete_version(kb_id, doc_id, version), None)
 
     def delete_document(self, kb_id: str, doc_id: str) -> None:
-        self._on_kb(kb_id, lambda c: c.delete_document(kb_id, doc_id), None)
+        self._on_kb(kb_id, lambda c: c.writes.delete_document(kb_id, doc_id), None)
 
     def delete_leaves(self, kb_id: str, chunk_ids: Sequence[str]) -> None:
-        self._on_kb(kb_id, lambda c: c.delete_leaves(kb_id, chunk_ids), None)
+        self._on_kb(kb_id, lambda c: c.writes.delete_leaves(kb_id, chunk_ids), None)
 
     def delete_kb(self, kb_id: str) -> None:
         """Every leaf of the kb; at the ``collection`` level its collection goes with them."""
         if self._shared_level:
-            self._on_kb(kb_id, lambda c: c.delete_kb(kb_id), None)
+            self._on_kb(kb_id, lambda c: c.writes.delete_kb(kb_id), None)
             return
         name = kb_collection_name(self._base, kb_id)
         with self._lock:
@@ -223,19 +219,19 @@ class LeafIndex:
         """Seals written rows (of every collection written since the last flush)."""
         if self._shared_level:
             if (shared := self._shared_collection()) is not None:
-                shared.flush()
+                shared.writes.flush()
             return
         with self._lock:
             written, self._written = sorted(self._written), set()
         for kb_id in written:
-            self._on_kb(kb_id, lambda c: c.flush(), None)
+            self._on_kb(kb_id, lambda c: c.writes.flush(), None)
 
     def drop_collection(self) -> None:
         """Drops every collection under the configured name (benchmarks and tests that made their own)."""
         if self._shared_level:
             with self._lock:
                 if (shared := self._shared_collection()) is not None:
-                    shared.drop_collection()
+                    shared.writes.drop_collection()
                 self._shared = None  # a later write creates it again
             return
         with self._lock:
@@ -247,28 +243,28 @@ class LeafIndex:
     # -- reads ----------------------------------------------------------------
 
     def count(self, kb_id: str, *, doc_id: str | None = None, version: int | None = None) -> int:
-        return self._on_kb(kb_id, lambda c: c.count(kb_id, doc_id=doc_id, version=version), 0)
+        return self._on_kb(kb_id, lambda c: c.reads.count(kb_id, doc_id=doc_id, version=version), 0)
 
     def count_versions(self, kb_id: str, versions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Leaves of each ``(doc_id, version)`` of a kb, in as few reads as the collection allows."""
-        return self._on_kb(kb_id, lambda c: c.count_versions(kb_id, versions), dict.fromkeys(versions, 0))
+        return self._on_kb(kb_id, lambda c: c.reads.count_versions(kb_id, versions), dict.fromkeys(versions, 0))
 
     def leaf_ids(self, kb_id: str) -> dict[str, tuple[str, int]]:
-        return self._on_kb(kb_id, lambda c: c.leaf_ids(kb_id), {})
+        return self._on_kb(kb_id, lambda c: c.reads.leaf_ids(kb_id), {})
 
     def present(self, kb_id: str, chunk_ids: Sequence[str]) -> set[str]:
-        return self._on_kb(kb_id, lambda c: c.present(kb_id, chunk_ids), set())
+        return self._on_kb(kb_id, lambda c: c.reads.present(kb_id, chunk_ids), set())
 
     def dense_vectors(self, kb_id: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        return self._on_kb(kb_id, lambda c: c.dense_vectors(kb_id, chunk_ids), {})
+        return self._on_kb(kb_id, lambda c: c.reads.dense_vectors(kb_id, chunk_ids), {})
 
     def holds_any(self, kb_id: str) -> bool:
-        return self._on_kb(kb_id, lambda c: c.holds_any(kb_id), False)
+        return self._on_kb(kb_id, lambda c: c.reads.holds_any(kb_id), False)
 
     def ping(self) -> dict[str, Any]:
         """One metadata call to the server, cut at the search timeout (readiness: no count, no data read)."""
         if self._shared is not None:
-            return {**self._shared.ping(), "isolation": self.isolation}
+            return {**self._shared.reads.ping(), "isolation": self.isolation}
         self._meta("list_collections", timeout=self._settings.search_timeout_s)
         name = self._base if self._shared_level else f"{self._base}_kb_*"
         return {"collection": name, "isolation": self.isolation}

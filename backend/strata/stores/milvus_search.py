@@ -1,8 +1,8 @@
 """The searches of one leaf collection: ids and scores per route, leaves by id.
 
-``LeafSearch`` is what ``LeafCollection`` (``strata.stores.milvus``) searches
-with: it holds the collection's name and takes the client call, the partition
-lookup, the kb filter and the timeout cut in its constructor. The routes
+``LeafSearch`` is what ``LeafCollection`` (``strata.stores.milvus_collection``)
+searches with: it calls the collection through its ``CollectionCalls`` and
+limits a search to the kbs asked for through its ``KbPartitions``. The routes
 return ids and scores only: Milvus Lite spends much of a search assembling the
 fields it returns, and the fused candidates' texts come from the chunk cache in
 one batch. Each route takes several queries at once: one search with several
@@ -13,7 +13,7 @@ instead of its loopback gRPC server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,34 +21,20 @@ import numpy as np
 from strata.stores import filters as expr
 from strata.stores.leaf_rows import SCALAR_FIELDS, leaf_chunk, route_fields, route_hit
 from strata.stores.lite_engine import LiteEngine
+from strata.stores.milvus_calls import CollectionCalls
+from strata.stores.milvus_partitions import KbPartitions
 from strata.types import Chunk, RouteHit
 
 
 class LeafSearch:
     """The route searches and the leaf reads of one collection (``LeafCollection.searches``)."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        search_ef: int,
-        engine: LiteEngine | None,
-        call: Callable[..., Any],
-        partitions_for: Callable[[Sequence[str] | None], list[str] | None],
-        where: Callable[[Sequence[str] | None, str], str],
-        cut: Callable[[float | None], float],
-    ) -> None:
-        """``call(method, *args, **kwargs)`` calls the collection's client (errors as ``StoreError``);
-        ``partitions_for(kb_ids)`` names the partitions to search (None: all, []: none); ``where(kb_ids, where)``
-        is the full filter; ``cut(timeout)`` is a call's timeout; ``engine`` is Lite's engine in this process,
-        if the collection is a Milvus Lite file this process holds."""
-        self._name = name
-        self._search_ef = search_ef
+    def __init__(self, calls: CollectionCalls, partitions: KbPartitions, *, engine: LiteEngine | None) -> None:
+        """``engine`` is Lite's engine in this process, if the collection is a Milvus Lite file this process
+        holds."""
+        self._calls = calls
+        self._partitions = partitions
         self._engine = engine
-        self._call = call
-        self._partitions_for = partitions_for
-        self._where = where
-        self._cut = cut
 
     def search_dense_many(
         self,
@@ -66,7 +52,7 @@ class LeafSearch:
         filter checked after the search)."""
         if not vectors:
             return []
-        ef = max(self._search_ef, limit)
+        ef = max(self._calls.settings.search_ef, limit)
         data = [np.asarray(v, dtype=np.float32).tolist() for v in vectors]
         result = self._route_search(data, "dense", "IP", {"ef": ef}, limit, kb_ids, where, timeout, with_source)
         return [[route_hit(h, h["distance"]) for h in hits] for hits in result]
@@ -123,10 +109,10 @@ class LeafSearch:
     ) -> list[list[Any]]:
         """One search of a route for ``data`` (a query each): on Lite's engine in this process when it is
         here, else through the client (cut at ``timeout``)."""
-        partitions = self._partitions_for(kb_ids)
+        partitions = self._partitions.partitions_for(kb_ids)
         if partitions == []:
             return [[] for _ in data]
-        fields, full_where = route_fields(with_source), self._where(kb_ids, where)
+        fields, full_where = route_fields(with_source), self._partitions.where(kb_ids, where)
         if self._engine is not None:
             found = self._engine.search(
                 data,
@@ -140,9 +126,9 @@ class LeafSearch:
             )
             if found is not None:
                 return found
-        return self._call(
+        return self._calls.call(
             "search",
-            self._name,
+            self._calls.name,
             data=data,
             anns_field=field,
             limit=limit,
@@ -150,7 +136,7 @@ class LeafSearch:
             output_fields=fields,
             search_params={"metric_type": metric, **({"params": params} if params else {})},
             partition_names=partitions,
-            timeout=self._cut(timeout),
+            timeout=self._calls.cut(timeout),
         )
 
     def fetch_leaves(self, refs: Sequence[tuple[str, str]], *, timeout: float | None = None) -> dict[str, Chunk]:
@@ -161,16 +147,16 @@ class LeafSearch:
         for kb_id, chunk_id in refs:
             by_kb.setdefault(kb_id, []).append(chunk_id)
         for kb_id, ids in by_kb.items():
-            partitions = self._partitions_for([kb_id])
+            partitions = self._partitions.partitions_for([kb_id])
             if partitions == []:
                 continue
-            rows = self._call(
+            rows = self._calls.call(
                 "query",
-                self._name,
+                self._calls.name,
                 filter=expr.in_("chunk_id", ids),
                 output_fields=["chunk_id", *SCALAR_FIELDS],
                 partition_names=partitions,
-                timeout=self._cut(timeout),
+                timeout=self._calls.cut(timeout),
             )
             found.update((str(r["chunk_id"]), leaf_chunk(r)) for r in rows)
         return found

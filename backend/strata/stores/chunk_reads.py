@@ -28,8 +28,8 @@ from strata.types import Chunk
 logger = logging.getLogger(__name__)
 
 
-class ChunkSource(Protocol):
-    """The source of truth for chunks (``DocumentStore.chunks``)."""
+class ChunkRows(Protocol):
+    """The SQL rows of chunks, their source of truth (``DocumentStore.chunks``)."""
 
     def get_chunks(self, chunk_ids: Iterable[str], *, timeout_s: float | None = None) -> dict[str, Chunk]: ...
 
@@ -50,10 +50,10 @@ class ChunkFetch:
 class CachedChunks:
     """Chunks by (kb id, chunk id): cache, then SQL, then backfill."""
 
-    def __init__(self, cache: ChunkCache, source: ChunkSource, *, breaker: RedisBreaker | None = None) -> None:
+    def __init__(self, cache: ChunkCache, rows: ChunkRows, *, breaker: RedisBreaker | None = None) -> None:
         """``breaker`` is the deployment's Redis breaker (default: one of this store's own)."""
         self.cache = cache
-        self._source = source
+        self._rows = rows
         self._breaker = breaker or RedisBreaker.from_settings(RedisSettings())
         self._lock = threading.Lock()
         self.cache_errors = 0
@@ -65,7 +65,7 @@ class CachedChunks:
             return ChunkFetch()
         cached, error, trips = self._cache_read(refs)
         misses = [ref for ref in refs if ref[1] not in cached]
-        loaded = self._source.get_chunks([cid for _, cid in misses], timeout_s=timeout_s) if misses else {}
+        loaded = self._rows.get_chunks([cid for _, cid in misses], timeout_s=timeout_s) if misses else {}
         if loaded and error is None:
             error = self._cache_call(self.cache.put_many, list(loaded.values()))
         found = {**cached, **loaded}

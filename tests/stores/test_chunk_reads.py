@@ -9,8 +9,8 @@ import redis
 from sqlalchemy import event
 
 from strata.config import DatabaseSettings, RedisSettings
-from strata.stores.cached_chunks import CachedChunks
 from strata.stores.chunk_cache import LocalChunkCache, RedisChunkCache
+from strata.stores.chunk_reads import CachedChunks
 from strata.stores.sql import DocumentStore, DocumentVersion
 from tests.support.documents import make_chunks
 
@@ -65,7 +65,7 @@ def test_same_texts_with_redis_up_stopped_and_unset(sql: DocumentStore, private_
     up = CachedChunks(RedisChunkCache(RedisSettings(url=private_redis.url)), sql.chunks)
     assert {k: c.text for k, c in up.get_many(refs).chunks.items()} == expected
     private_redis.stop()
-    with caplog.at_level(logging.WARNING, logger="strata.stores.cached_chunks"):
+    with caplog.at_level(logging.WARNING, logger="strata.stores.chunk_reads"):
         down = up.get_many(refs)
     assert {k: c.text for k, c in down.chunks.items()} == expected
     assert down.cache_error and "MGET" in down.cache_error and down.sql_queries == 1

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.rag.expansion import SynonymDictionary
-from strata.strategy_table import STRATEGY_NAMES, Merge, Routes, strategy
-
-STRATEGIES = STRATEGY_NAMES  # re-exported by strata.rag
+from strata.strategy_table import Merge, Routes, strategy
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from strata.rag.bm25_hygiene import FrequentTermsCache
-from strata.rag.bm25_query import prune_bm25_query, query_terms
+from strata.rag.bm25_hygiene import FrequentTermsCache, prune_bm25_query, query_terms
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.term_stats import TermFrequencies
 
