@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
@@ -39,6 +40,7 @@ logger = logging.getLogger("strata")
 EXIT_BUDGET_S = 8.0
 SUPERVISOR_SLACK_S = 2.0  # what ``--workers N`` adds: the supervisor's 0.5 s poll, its wait past the workers' clocks
 EXIT_OVERRUN = 1  # the exit status of a process its budget ended
+PING_SLICE_S = 0.25  # a health check looks this often whether the worker it waits on still runs
 
 
 def exit_deadline_s(config: Config) -> float:
@@ -77,13 +79,31 @@ def _overran(deadline_s: float) -> None:
 
 
 class WorkerProcess(Process):
-    """uvicorn's worker process, serving with ``StrataServer``."""
+    """uvicorn's worker process, serving with ``StrataServer``, whose health check ends when the worker does."""
 
     @property
     def server(self) -> Server:
         if self._server is None:
             self._server = StrataServer(config=self.config)
         return self._server
+
+    def _healthcheck(self, timeout: float) -> bool | None:
+        """uvicorn's (0.54) ping, answered by the worker's startup flag or None; it also looks, every
+        ``PING_SLICE_S``, whether the worker still runs. uvicorn's waits the whole timeout (``WORKER_HEALTHCHECK_S``,
+        30 s, in ``strata serve``) for a worker that died after the ping was sent: the supervisor noticed it, and
+        started another, and retired its gauges, only then."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.parent_conn.send(b"ping")
+            while True:
+                remaining = deadline - time.monotonic()
+                if self.parent_conn.poll(max(0.0, min(PING_SLICE_S, remaining))):
+                    started: bool = self.parent_conn.recv()
+                    return started
+                if remaining <= 0 or not self.process.is_alive():
+                    return None
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
 
 
 class WorkerSupervisor(Multiprocess):
