@@ -120,6 +120,19 @@ def test_a_parse_that_fills_its_memory_then_recurses_in_c_fails_with_the_memory_
     assert _pid_of_worker() > 0  # the pool parses on
 
 
+def test_a_worker_that_dies_at_its_memory_cap_names_the_memory_setting() -> None:
+    """A parser can die at the cap instead of raising MemoryError (CPython's fatal "Cannot recover from
+    MemoryErrors" is a SIGABRT): the failure names the setting to raise; a kill from outside does not."""
+    limits = LoaderLimits(parse_timeout_s=120, parse_max_memory_bytes=64 * 1024 * 1024)
+    with pytest.raises(LoaderError) as at_cap:
+        parse_isolated(parse_probes.fill_then_abort, b"", limits)
+    assert str(at_cap.value) == (
+        "the parser process died (killed by SIGABRT) before it answered; "
+        "at STRATA_INDEXING__PARSE_MAX_MEMORY_BYTES (67,108,864 bytes) a parse can end so"
+    )
+    assert _pid_of_worker() > 0  # the pool parses on
+
+
 def test_a_stop_while_parsing_kills_the_worker(tmp_path: Path) -> None:
     started, stop = tmp_path / "started", threading.Event()
     parsing = _in_thread(lambda: parse_isolated(parse_probes.announce_and_hang, str(started).encode(), LIMITS, stop))

@@ -55,6 +55,24 @@ def fill_then_recurse(raw: bytes, limits: LoaderLimits) -> Parsed:
     raise MemoryError(f"filled, then compared {equal}")
 
 
+def fill_then_abort(raw: bytes, limits: LoaderLimits) -> Parsed:
+    """Fills the parse's memory cap with pages it writes to, then dies of SIGABRT, as CPython does when it
+    "cannot recover from MemoryErrors": no answer, only the memory it held tells why."""
+    _fill(1 << 20)
+    os.abort()
+
+
+def _fill(chunk: int) -> list[bytearray]:
+    held = []
+    try:
+        while True:
+            block = bytearray(chunk)
+            block[:: 1 << 12] = b"x" * len(range(0, chunk, 1 << 12))  # a write to every page makes it resident
+            held.append(block)
+    except MemoryError:
+        return held
+
+
 def _announce(raw: bytes) -> None:
     path = Path(raw.decode())
     partial = path.with_suffix(".partial")

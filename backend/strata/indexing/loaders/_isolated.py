@@ -56,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 Parse = Callable[[bytes, LoaderLimits], Parsed]
 
+# How a worker's interpreter can die at its address-space cap instead of raising MemoryError: a C stack that
+# cannot grow (SIGSEGV; the parse thread's stack is mapped up front, ``_worker.PARSE_STACK_BYTES``), CPython's
+# "Cannot recover from MemoryErrors while normalizing exceptions" (SIGABRT), a failed page fault (SIGBUS). The
+# pool cannot see the worker's memory once it is gone, so the failure names the setting as a cause it can be.
+_MEMORY_DEATHS = frozenset(f"killed by {name}" for name in ("SIGSEGV", "SIGABRT", "SIGBUS"))
 START_TIMEOUT_S = 120.0  # a worker importing the parsers on a loaded machine; not part of any file's time
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from strata.indexing.loaders._worker import main; main()"
@@ -257,7 +262,12 @@ def _ask(
     try:
         outcome, value, retire = worker.parse(parse, raw, limits, stop)
     except EOFError:
-        return "failed", f"the parser process died ({worker.death()}) before it answered", False
+        death = worker.death()
+        failure = f"the parser process died ({death}) before it answered"
+        if death in _MEMORY_DEATHS:
+            limit = limits.parse_max_memory_bytes
+            failure += f"; at {setting('parse_max_memory_bytes')} ({limit:,} bytes) a parse can end so"
+        return "failed", failure, False
     except TimeoutError:
         timeout = limits.parse_timeout_s
         return "failed", f"parsing took longer than {setting('parse_timeout_s')} ({timeout:g} s) and was stopped", False

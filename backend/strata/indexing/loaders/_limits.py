@@ -97,6 +97,12 @@ def setting(field: str) -> str:
     return f"STRATA_INDEXING__{field.upper()}"
 
 
+def out_of_memory(limits: LoaderLimits) -> str:
+    """Why a file failed whose parse needed more than ``parse_max_memory_bytes``."""
+    limit = limits.parse_max_memory_bytes
+    return f"parsing needed more memory than {setting('parse_max_memory_bytes')} ({limit:,} bytes)"
+
+
 def _counted(what: str, count: int) -> str:
     kind, _, noun = what.partition(" ")  # "docx paragraphs" -> "docx has 2,000,000 paragraphs"
     return f"{kind} has {count:,} {noun}"

@@ -32,7 +32,7 @@ from typing import Any
 
 from strata.errors import LoaderError
 from strata.indexing.loaders._frames import read_frame, write_frames
-from strata.indexing.loaders._limits import LoaderLimits, setting
+from strata.indexing.loaders._limits import LoaderLimits, out_of_memory
 from strata.indexing.loaders._text import reason
 
 PARSERS = tuple(f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown", "_rst"))
@@ -153,19 +153,14 @@ def _parsed_or_failed(
         gc.collect()
         # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
         spent = refused or _reached(cap, peak_before)
-        return "failed", _out_of_memory(limits) if spent else failure, spent
+        return "failed", out_of_memory(limits) if spent else failure, spent
     try:
         limits.check_document(parsed.text)
     except LoaderError as exc:
         return "failed", str(exc), False
     except MemoryError:
-        return "failed", _out_of_memory(limits), True
+        return "failed", out_of_memory(limits), True
     return "parsed", parsed, False
-
-
-def _out_of_memory(limits: LoaderLimits) -> str:
-    limit = limits.parse_max_memory_bytes
-    return f"parsing needed more memory than {setting('parse_max_memory_bytes')} ({limit:,} bytes)"
 
 
 def _cap_address_space(extra_bytes: int) -> int | None:
