@@ -42,16 +42,7 @@ class LeafReads:
             where = expr.all_of(expr.eq("kb_id", kb_id), expr.eq("doc_id", doc_id) if doc_id is not None else None)
         if self._calls.on_lite:
             return self._lite_count(where, partitions, whole_kb=doc_id is None)
-        # Strong: the indexer counts right after its flush, and a Bounded read on a server may miss those rows
-        rows = self._calls.call(
-            "query",
-            self._calls.name,
-            filter=where,
-            output_fields=["count(*)"],
-            partition_names=partitions,
-            consistency_level="Strong",
-            timeout=self._calls.settings.count_timeout_s,
-        )
+        rows = self._read(where, ["count(*)"], partitions)
         return int(rows[0]["count(*)"]) if rows else 0
 
     def count_versions(self, kb_id: str, versions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -133,16 +124,7 @@ class LeafReads:
         found: set[str] = set()
         for start in range(0, len(ids), CALL_BATCH):
             where = self._partitions.where([kb_id], expr.in_("chunk_id", ids[start : start + CALL_BATCH]))
-            rows = self._calls.call(
-                "query",
-                self._calls.name,
-                filter=where,
-                output_fields=["chunk_id"],
-                partition_names=partitions,
-                consistency_level="Strong",
-                timeout=self._calls.settings.count_timeout_s,
-            )
-            found.update(row["chunk_id"] for row in rows)
+            found.update(row["chunk_id"] for row in self._read(where, ["chunk_id"], partitions))
         return found
 
     def dense_vectors(self, kb_id: str, chunk_ids: Sequence[str]) -> dict[str, np.ndarray]:
@@ -151,16 +133,22 @@ class LeafReads:
         ids = list(dict.fromkeys(chunk_ids))
         if partitions == [] or not ids:
             return {}
-        rows = self._calls.call(
+        rows = self._read(self._partitions.where([kb_id], expr.in_("chunk_id", ids)), ["chunk_id", "dense"], partitions)
+        return {row["chunk_id"]: np.asarray(row["dense"], dtype=np.float32) for row in rows}
+
+    def _read(self, where: str, fields: list[str], partitions: list[str] | None) -> list[dict[str, Any]]:
+        """A query of ``fields`` where ``where`` holds, Strong (an indexer reads right after its flush, and a
+        Bounded read on a server may miss those rows), cut at ``STRATA_MILVUS__COUNT_TIMEOUT_S``."""
+        rows: list[dict[str, Any]] = self._calls.call(
             "query",
             self._calls.name,
-            filter=self._partitions.where([kb_id], expr.in_("chunk_id", ids)),
-            output_fields=["chunk_id", "dense"],
+            filter=where,
+            output_fields=fields,
             partition_names=partitions,
             consistency_level="Strong",
             timeout=self._calls.settings.count_timeout_s,
         )
-        return {row["chunk_id"]: np.asarray(row["dense"], dtype=np.float32) for row in rows}
+        return rows
 
     def holds_any(self, kb_id: str) -> bool:
         """Whether the collection holds any leaf of ``kb_id`` (one row asked for, cut at the search timeout)."""
