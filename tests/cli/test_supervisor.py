@@ -20,6 +20,7 @@ from uvicorn import Config
 
 from strata.cli.serve import WORKER_HEALTHCHECK_S
 from strata.cli.supervisor import WorkerProcess
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.integration  # worker processes of their own
 
@@ -54,7 +55,8 @@ def test_a_worker_killed_during_its_health_check_is_found_dead_without_waiting_o
     worker.process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,))
     worker.process.start()
     with ThreadPoolExecutor(1) as pool:
-        check = pool.submit(worker.is_alive, WORKER_HEALTHCHECK_S)  # the ping is sent; nobody will answer it
+        check = pool.submit(worker.is_alive, WORKER_HEALTHCHECK_S)
+        assert wait_for(lambda: worker.child_conn.poll(0), within_s=WAIT_S)  # the ping is sent; nobody will answer
         assert worker.process.pid is not None
         os.kill(worker.process.pid, signal.SIGKILL)
         assert check.result(timeout=WAIT_S) is False
