@@ -9,10 +9,11 @@ stdin and answers on its stdout, as length-prefixed pickles (``_frames``):
   ``pickle((outcome, value, retire))``: ``("parsed", Parsed)`` or ``("failed", reason)``, and whether the
   worker leaves after it (``retire``: it ran out of memory, or it grew, see ``_RETIRE_GROWTH``).
 
-Each parse runs, on a thread with a stack of its own (``PARSE_STACK_BYTES``), under ``RLIMIT_AS`` at the worker's size plus ``parse_max_memory_bytes`` (lifted again
-before the answer is sent, so that the next request can be read whole), and ``RLIMIT_CPU`` at the CPU it
-has used plus ``parse_timeout_s``: the pool kills the worker at that wall-clock time first, and the CPU
-limit ends a worker whose pool is gone while it parses. A worker whose parent is gone ends at once: at the
+Each parse runs on a thread with a stack of its own (``PARSE_STACK_BYTES``), under ``RLIMIT_AS`` at the
+worker's size plus ``parse_max_memory_bytes`` (lifted again before the answer is sent, so that the next
+request can be read whole), and ``RLIMIT_CPU`` at the CPU it has used plus ``parse_timeout_s``: the pool
+kills the worker at that wall-clock time first, and the CPU limit ends a worker whose pool is gone while it
+parses. A worker whose parent is gone ends at once: at the
 end of file of its stdin between files, and through a thread that watches its parent's pid while it parses.
 """
 
