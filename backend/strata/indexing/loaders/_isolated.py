@@ -60,7 +60,7 @@ Parse = Callable[[bytes, LoaderLimits], Parsed]
 # cannot grow (SIGSEGV; the parse thread's stack is mapped up front, ``_worker.PARSE_STACK_BYTES``), CPython's
 # "Cannot recover from MemoryErrors while normalizing exceptions" (SIGABRT), a failed page fault (SIGBUS). The
 # pool cannot see the worker's memory once it is gone, so the failure names the setting as a cause it can be.
-_MEMORY_DEATHS = frozenset(f"killed by {name}" for name in ("SIGSEGV", "SIGABRT", "SIGBUS"))
+_MEMORY_DEATHS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS})
 START_TIMEOUT_S = 120.0  # a worker importing the parsers on a loaded machine; not part of any file's time
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from strata.indexing.loaders._worker import main; main()"
@@ -264,7 +264,7 @@ def _ask(
     except EOFError:
         death = worker.death()
         failure = f"the parser process died ({death}) before it answered"
-        if death in _MEMORY_DEATHS:
+        if -(worker.process.returncode or 0) in _MEMORY_DEATHS:  # death() has reaped it
             limit = limits.parse_max_memory_bytes
             failure += f"; at {setting('parse_max_memory_bytes')} ({limit:,} bytes) a parse can end so"
         return "failed", failure, False
