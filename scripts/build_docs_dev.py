@@ -23,17 +23,25 @@ Two steps, both reproducible:
       verbatim (line endings normalised to ``\\n``).
 
 ``questions``
-    Reads the hand-written questions (``eval/docs-dev/LANG/questions.yaml``:
+    Reads the hand-written questions (``eval/docs-dev/SET/questions.yaml``:
     a list of ``{page, question, answer[, after]}``; ``after`` is a string of
     the page that the answer follows, to pick one of several occurrences) and
-    writes the SQuAD-style set ``eval/docs-dev/LANG/docs_dev_LANG.json`` that
+    writes the SQuAD-style set ``eval/docs-dev/SET/docs_dev_SET.json`` that
     ``strata eval`` reads: one article per page (``id`` = the page file's
     stem, ``title`` = the page's ``#`` title), one paragraph whose ``context``
     is the whole page file, and its questions with ``answer_start``.
 
-    python scripts/build_docs_dev.py pages [--sdist-dir DIR]
-    python scripts/build_docs_dev.py questions
-    python scripts/check_docs_dev.py          # the rules, see its docstring
+    Every set folder of eval/docs-dev with a ``questions.yaml`` is a set; its language is its name up to the
+    first ``-`` (``zh``, ``en``, ``zh-npm``, ``en-rst``, ...). ``format: "rst"`` marks an article whose page
+    is a ``.rst`` file: it is indexed as reStructuredText (``strata.evaluation.dataset.write_corpus``).
+
+The sets after ``zh`` and ``en`` each have their own page builder,
+``scripts/docs_dev_sources/<set>.py`` (``-`` written ``_``), with ``build(pages_dir, work_dir)``; their
+sources, versions, digests and licences are in ``eval/docs-dev/<set>/SOURCE.md``.
+
+    python scripts/build_docs_dev.py pages [--set NAME ...] [--sdist-dir DIR]
+    python scripts/build_docs_dev.py questions [--set NAME ...]
+    python scripts/check_docs_dev.py [--set NAME ...]   # the rules, see its docstring
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib.util
 import json
 import re
 import subprocess
@@ -208,12 +217,28 @@ def page_title(text: str, fallback: str) -> str:
     return fallback
 
 
-def build_questions(lang: str) -> None:
-    """The SQuAD-style file of one language from its pages and questions.yaml."""
-    base = OUT / lang
-    pages = {p.stem: p.read_text(encoding="utf-8") for p in sorted((base / "pages").glob("*.md"))}
+def sets(base: Path = OUT) -> list[str]:
+    """The dev set's sets: every folder of eval/docs-dev holding a questions.yaml (zh, en, zh-npm, ...)."""
+    return sorted(p.parent.name for p in base.glob("*/questions.yaml"))
+
+
+def language(name: str) -> str:
+    """A set's language: its name up to the first ``-`` (``zh-rst`` -> ``zh``)."""
+    return name.split("-", 1)[0]
+
+
+def page_files(folder: Path) -> dict[str, Path]:
+    """A set's page files by stem: ``pages/*.md`` and ``pages/*.rst`` (an rst page is indexed as rst)."""
+    return {p.stem: p for p in sorted([*folder.glob("*.md"), *folder.glob("*.rst")])}
+
+
+def build_questions(name: str) -> None:
+    """The SQuAD-style file of one set from its pages and questions.yaml."""
+    base = OUT / name
+    files = page_files(base / "pages")
+    pages = {stem: path.read_text(encoding="utf-8") for stem, path in files.items()}
     entries = yaml.safe_load((base / "questions.yaml").read_text(encoding="utf-8")) or []
-    qas: dict[str, list[dict]] = {name: [] for name in pages}
+    qas: dict[str, list[dict]] = {stem: [] for stem in pages}
     errors = []
     for n, entry in enumerate(entries):
         page, answer = entry["page"], str(entry["answer"])
@@ -234,55 +259,68 @@ def build_questions(lang: str) -> None:
             continue
         qas[page].append(
             {
-                "id": f"{lang}-{n:04d}",
+                "id": f"{name}-{n:04d}",
                 "question": str(entry["question"]),
                 "answers": [{"text": answer, "answer_start": position}],
             }
         )
     if errors:
         sys.exit("\n".join(errors))
-    data = [
-        {
-            "title": page_title(text, name),
-            "id": name,
-            "paragraphs": [{"id": f"{name}_0", "context": text, "qas": qas[name]}],
-        }
-        for name, text in pages.items()
-    ]
-    target = base / f"docs_dev_{lang}.json"
-    payload = {"version": "docs-dev-1", "language": lang, "data": data}
+    data = []
+    for stem, text in pages.items():
+        article: dict = {"title": page_title(text, stem), "id": stem}
+        if files[stem].suffix == ".rst":
+            article["format"] = "rst"
+        article["paragraphs"] = [{"id": f"{stem}_0", "context": text, "qas": qas[stem]}]
+        data.append(article)
+    target = base / f"docs_dev_{name}.json"
+    payload = {"version": "docs-dev-1", "language": language(name), "data": data}
     target.write_text(json.dumps(payload, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"{target.relative_to(ROOT)}: {len(pages)} pages, {len(entries)} questions")
+
+
+def build_source_pages(name: str, work_dir: Path) -> None:
+    """A newer set's pages from its own builder, ``scripts/docs_dev_sources/<name with _>.py``'s ``build``."""
+    path = ROOT / "scripts" / "docs_dev_sources" / f"{name.replace('-', '_')}.py"
+    spec = importlib.util.spec_from_file_location(f"docs_dev_source_{path.stem}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        sys.exit(f"no page builder {path.relative_to(ROOT)} for set {name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = OUT / name / "pages"
+    folder.mkdir(parents=True, exist_ok=True)
+    module.build(folder, work_dir)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
-    pages = sub.add_parser("pages", help="write the page files from manpages-zh and the sdists")
+    pages = sub.add_parser("pages", help="write the page files from their sources")
     pages.add_argument(
         "--sdist-dir",
         type=Path,
         default=None,
-        help="folder holding (or receiving) the sdists; a temporary one by default",
+        help="folder holding (or receiving) the downloaded archives; a temporary one by default",
     )
-    pages.add_argument("--lang", choices=["zh", "en", "all"], default="all")
-    questions = sub.add_parser("questions", help="write docs_dev_LANG.json from pages + questions.yaml")
-    questions.add_argument("--lang", choices=["zh", "en", "all"], default="all")
+    pages.add_argument("--set", dest="names", action="append", help="a set (zh, en, zh-npm, ...); every set by default")
+    questions = sub.add_parser("questions", help="write docs_dev_SET.json from pages + questions.yaml")
+    questions.add_argument("--set", dest="names", action="append", help="a set; every set by default")
     args = parser.parse_args()
-    langs = ["zh", "en"] if args.lang == "all" else [args.lang]
-    if args.step == "pages":
-        if "zh" in langs:
-            build_zh()
-        if "en" in langs:
-            if args.sdist_dir is not None:
-                args.sdist_dir.mkdir(parents=True, exist_ok=True)
-                build_en(args.sdist_dir)
+    names = args.names or sets()
+    if args.step == "questions":
+        for name in names:
+            build_questions(name)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.sdist_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if name == "zh":
+                build_zh()
+            elif name == "en":
+                build_en(work)
             else:
-                with tempfile.TemporaryDirectory() as tmp:
-                    build_en(Path(tmp))
-    else:
-        for lang in langs:
-            build_questions(lang)
+                build_source_pages(name, work)
 
 
 if __name__ == "__main__":

@@ -219,6 +219,44 @@ def test_write_corpus_refuses_duplicate_doc_ids(tmp_path: Path) -> None:
         write_corpus(twice, tmp_path)
 
 
+def test_an_rst_article_is_indexed_as_rst_with_its_id(tmp_path: Path) -> None:
+    """A ``format: "rst"`` article is written as a .rst file the rst loader reads, its id in the field list."""
+    from strata.indexing.loaders._rst import parse_rst
+
+    page = "Configuration\n=============\n\nSet ``DEBUG`` to turn on the debugger.\n\nKeys\n----\n\nMore.\n"
+    raw = {
+        "data": [
+            {
+                "title": "Configuration",
+                "id": "flask-config",
+                "format": "rst",
+                "paragraphs": [{"id": "p", "context": page, "qas": []}],
+            }
+        ]
+    }
+    source = tmp_path / "set.json"
+    source.write_text(json.dumps(raw), encoding="utf-8")
+    articles, _ = load_squad(source)
+    assert articles[0].format == "rst"
+
+    files = write_corpus(articles, tmp_path / "corpus")
+
+    assert files == {"00000.rst": "flask-config"}
+    parsed = parse_rst((tmp_path / "corpus" / "00000.rst").read_bytes())
+    assert parsed.metadata["doc_id"] == "flask-config"  # what load_document takes as the doc_id
+    assert "Set DEBUG to turn on the debugger." in parsed.text
+    assert [s.heading_path for s in parsed.sections] == [("Configuration",), ("Configuration", "Keys")]
+
+
+@pytest.mark.parametrize("bad", [{"format": "html"}, {"format": "rst", "id": "a b"}])
+def test_an_unknown_format_or_an_unsafe_rst_id_is_refused(tmp_path: Path, bad: dict) -> None:
+    raw = {"data": [{"title": "t", "id": "a", "paragraphs": [{"context": "c"}], **bad}]}
+    source = tmp_path / "set.json"
+    source.write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(LoaderError, match="data\\[0\\]"):
+        load_squad(source)
+
+
 # --- a subset of the real development set (tests/fixtures) ------------------------------
 
 

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from strata.evaluation.dataset import load_squad
+from strata.indexing.loaders._rst import parse_rst
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "eval" / "docs-dev"
-LANGS = ("zh", "en")
 
 
 def _checker() -> ModuleType:
@@ -35,48 +35,60 @@ def _checker() -> ModuleType:
 
 
 check = _checker()
+SETS = check.sets(BASE)
 
 
-@pytest.mark.parametrize("lang", LANGS)
-def test_every_rule_holds(lang: str) -> None:
-    report = check.check_language(lang, BASE)
+def test_the_sets_are_found() -> None:
+    assert {"zh", "en"} <= set(SETS)
+    assert {check.language(name) for name in SETS} == {"zh", "en"}
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_every_rule_holds(name: str) -> None:
+    report = check.check_set(name, BASE)
     assert report.problems == []
-    assert report.questions >= check.MIN_QUESTIONS[lang]
+    assert report.questions >= check.minimum_questions(name)
     assert report.deep_share >= check.MIN_DEEP_SHARE
 
 
-@pytest.mark.parametrize("lang", LANGS)
-def test_json_matches_the_hand_written_questions(lang: str) -> None:
-    """docs_dev_LANG.json is questions.yaml built on the pages (no hand edits of the JSON)."""
-    data = json.loads((BASE / lang / f"docs_dev_{lang}.json").read_text(encoding="utf-8"))["data"]
-    entries = yaml.safe_load((BASE / lang / "questions.yaml").read_text(encoding="utf-8"))
+@pytest.mark.parametrize("name", SETS)
+def test_json_matches_the_hand_written_questions(name: str) -> None:
+    """docs_dev_SET.json is questions.yaml built on the pages (no hand edits of the JSON)."""
+    data = json.loads((BASE / name / f"docs_dev_{name}.json").read_text(encoding="utf-8"))["data"]
+    entries = yaml.safe_load((BASE / name / "questions.yaml").read_text(encoding="utf-8"))
     built = {
         qa["id"]: (article["id"], qa["question"], qa["answers"][0]["text"])
         for article in data
         for paragraph in article["paragraphs"]
         for qa in paragraph["qas"]
     }
-    written = {f"{lang}-{n:04d}": (e["page"], str(e["question"]), str(e["answer"])) for n, e in enumerate(entries)}
+    written = {f"{name}-{n:04d}": (e["page"], str(e["question"]), str(e["answer"])) for n, e in enumerate(entries)}
     assert built == written
 
 
-@pytest.mark.parametrize("lang", LANGS)
-def test_loads_like_any_squad_set(lang: str) -> None:
-    articles, queries = load_squad(BASE / lang / f"docs_dev_{lang}.json")
-    pages = sorted(p.stem for p in (BASE / lang / "pages").glob("*.md"))
-    assert sorted(a.doc_id for a in articles) == pages
+@pytest.mark.parametrize("name", SETS)
+def test_loads_like_any_squad_set(name: str) -> None:
+    articles, queries = load_squad(BASE / name / f"docs_dev_{name}.json")
+    pages = {p.stem: p.suffix for p in (BASE / name / "pages").iterdir() if p.suffix in (".md", ".rst")}
+    assert sorted(a.doc_id for a in articles) == sorted(pages)
+    assert {a.doc_id: a.format for a in articles} == {
+        stem: "rst" if suffix == ".rst" else "markdown" for stem, suffix in pages.items()
+    }
     assert all(len(a.paragraphs) == 1 for a in articles)
     assert all(len(q.answers) == 1 for q in queries)
     asked = {q.doc_id for q in queries}
-    assert len(asked) >= 10, "questions should be spread over many pages"
+    assert len(asked) >= check.MIN_PAGES_ASKED, "questions should be spread over many pages"
 
 
-@pytest.mark.parametrize("lang", LANGS)
-def test_pages_keep_their_own_headings(lang: str) -> None:
-    for page in (BASE / lang / "pages").glob("*.md"):
+@pytest.mark.parametrize("name", SETS)
+def test_pages_keep_their_own_headings(name: str) -> None:
+    for page in (BASE / name / "pages").glob("*.md"):
         lines = page.read_text(encoding="utf-8").split("\n")
         headings = [line for line in lines if re.match(r"#{2,6} ", line)]
         assert len(headings) >= 3, page.name
+    for page in (BASE / name / "pages").glob("*.rst"):
+        sections = parse_rst(page.read_bytes()).sections
+        assert len({s.heading_path for s in sections}) >= 3, page.name
 
 
 def test_copy_rule_catches_a_copied_clause() -> None:

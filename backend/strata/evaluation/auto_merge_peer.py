@@ -3,7 +3,7 @@
 LlamaIndex's documented recipe (llama-index-core, the ``llamaindex`` extra), with nothing of strata's
 chunker, index or retrieval:
 
-- documents: docs/evaluation.md §2's Markdown text of each article (``dataset.article_markdown``, the text
+- documents: the text each article is indexed from (``dataset.article_text``: docs/evaluation.md §2's Markdown, or an rst page), the text
   strata indexes once its front matter is read), the article id in the metadata, kept out of what is embedded;
 - nodes: ``HierarchicalNodeParser.from_defaults(chunk_sizes=[2048, 512, 128])`` (token sizes, LlamaIndex's
   tokenizer: tiktoken's ``cl100k_base``, shipped in llama-index-core's ``_static/tiktoken_cache`` and read
@@ -34,7 +34,7 @@ from llama_index.core.retrievers import AutoMergingRetriever
 from pydantic import PrivateAttr
 
 from strata.encoders.base import Encoder
-from strata.evaluation.dataset import Article, article_markdown
+from strata.evaluation.dataset import Article, article_text
 from strata.evaluation.metrics import Item
 
 CHUNK_SIZES = (2048, 512, 128)  # tokens: the recipe's levels, largest first
@@ -74,7 +74,7 @@ def peer_documents(articles: Sequence[Article]) -> list[Document]:
     """One LlamaIndex ``Document`` per article: docs/evaluation.md §2's text, the article id kept out of prompts."""
     return [
         Document(
-            text=article_markdown(article),
+            text=article_text(article),
             metadata={DOC_ID: article.doc_id},
             excluded_embed_metadata_keys=[DOC_ID],
             excluded_llm_metadata_keys=[DOC_ID],
@@ -140,5 +140,5 @@ def load_or_build_peer(
 def _articles_digest(articles: Sequence[Article]) -> str:
     digest = hashlib.sha256()
     for article in articles:
-        digest.update(article.doc_id.encode() + b"\0" + article_markdown(article).encode() + b"\0")
+        digest.update(article.doc_id.encode() + b"\0" + article_text(article).encode() + b"\0")
     return digest.hexdigest()

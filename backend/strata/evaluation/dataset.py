@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ import yaml
 from strata.errors import InvalidArgumentError, LoaderError
 
 SUBSAMPLE_SEED = 13
+# an rst article's id goes into a field list line unquoted: no markup, no line break
+_SAFE_RST_ID = re.compile(r"[A-Za-z0-9_.-]+")
 PARAGRAPH_HEADING = "段落"
 
 # PyYAML wraps long scalars at 80 columns by default; one line per key reads better.
@@ -56,6 +59,9 @@ class Article:
     doc_id: str
     title: str
     paragraphs: tuple[Paragraph, ...]
+    # "markdown" (docs/evaluation.md §2's wrapper) or "rst": a reStructuredText page indexed as itself (one
+    # paragraph whose context is the whole page; the docs dev set's rst sets, eval/docs-dev/README.md)
+    format: str = "markdown"
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,18 @@ def article_markdown(article: Article) -> str:
     return "\n\n".join(parts)
 
 
+def article_text(article: Article) -> str:
+    """The text an article is indexed from: ``article_markdown``, or an rst article's page verbatim."""
+    if article.format == "rst":
+        return "\n\n".join(p.context for p in article.paragraphs)
+    return article_markdown(article)
+
+
 def write_corpus(articles: Sequence[Article], out_dir: Path) -> dict[str, str]:
     """Write one Markdown file per article; return ``relative file name -> doc_id``.
+
+    An rst article (``format: "rst"``) is written as ``NNNNN.rst``: an opening field list holding ``doc_id``
+    (docutils' bibliographic fields, which strata's rst loader reads as metadata), a blank line, then its page.
 
     Files are named ``00000.md``, ``00001.md``… by article position, so any id is
     safe. Each starts with a YAML front matter holding ``doc_id`` and ``title``
@@ -135,14 +151,20 @@ def write_corpus(articles: Sequence[Article], out_dir: Path) -> dict[str, str]:
     duplicate = _first_duplicate(a.doc_id for a in articles)
     if duplicate is not None:
         raise InvalidArgumentError(f"two articles share doc_id {duplicate!r}")
-    names = {f"{index:05d}.md": article for index, article in enumerate(articles)}
+    names = {f"{index:05d}.{_SUFFIX[a.format]}": a for index, a in enumerate(articles)}
     out_dir.mkdir(parents=True, exist_ok=True)
     _refuse_foreign_files(out_dir, names.keys())
     for name, article in names.items():
-        text = _front_matter(article) + article_markdown(article)
+        if article.format == "rst":
+            text = f":doc_id: {article.doc_id}\n\n{article_text(article)}"
+        else:
+            text = _front_matter(article) + article_markdown(article)
         # newline="" keeps "\n" on every platform: the text must stay verbatim.
         (out_dir / name).write_text(text, encoding="utf-8", newline="")
     return {name: article.doc_id for name, article in names.items()}
+
+
+_SUFFIX = {"markdown": "md", "rst": "rst"}
 
 
 def _front_matter(article: Article) -> str:
@@ -172,13 +194,18 @@ def _parse_article(raw: Any, index: int) -> tuple[Article, list[Query]]:
     where = f"data[{index}]"
     title = str(_require(raw, "title", where))
     doc_id = _id_or(raw, str(index))
+    text_format = str(raw.get("format", "markdown"))
+    if text_format not in _SUFFIX:
+        raise LoaderError(f"{where}: format {text_format!r} is not one of {sorted(_SUFFIX)}")
+    if text_format == "rst" and not _SAFE_RST_ID.fullmatch(doc_id):
+        raise LoaderError(f"{where}: an rst article's id must match {_SAFE_RST_ID.pattern}, got {doc_id!r}")
     paragraphs: list[Paragraph] = []
     queries: list[Query] = []
     for i, raw_paragraph in enumerate(raw.get("paragraphs", ())):
         paragraph, paragraph_queries = _parse_paragraph(raw_paragraph, doc_id, where, i)
         paragraphs.append(paragraph)
         queries.extend(paragraph_queries)
-    return Article(doc_id=doc_id, title=title, paragraphs=tuple(paragraphs)), queries
+    return Article(doc_id=doc_id, title=title, paragraphs=tuple(paragraphs), format=text_format), queries
 
 
 def _parse_paragraph(raw: Any, doc_id: str, where: str, index: int) -> tuple[Paragraph, list[Query]]:
