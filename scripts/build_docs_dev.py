@@ -217,6 +217,14 @@ def page_title(text: str, fallback: str) -> str:
     return fallback
 
 
+def rst_title(text: str, fallback: str) -> str:
+    """An rst page's title: its first section title, as strata's rst loader reads it."""
+    from strata.indexing.loaders._rst import parse_rst
+
+    sections = parse_rst(text.encode("utf-8")).sections
+    return next((s.heading_path[0] for s in sections if s.heading_path), fallback)
+
+
 def sets(base: Path = OUT) -> list[str]:
     """The dev set's sets: every folder of eval/docs-dev holding a questions.yaml (zh, en, zh-npm, ...)."""
     return sorted(p.parent.name for p in base.glob("*/questions.yaml"))
@@ -268,8 +276,9 @@ def build_questions(name: str) -> None:
         sys.exit("\n".join(errors))
     data = []
     for stem, text in pages.items():
-        article: dict = {"title": page_title(text, stem), "id": stem}
-        if files[stem].suffix == ".rst":
+        rst = files[stem].suffix == ".rst"
+        article: dict = {"title": rst_title(text, stem) if rst else page_title(text, stem), "id": stem}
+        if rst:
             article["format"] = "rst"
         article["paragraphs"] = [{"id": f"{stem}_0", "context": text, "qas": qas[stem]}]
         data.append(article)
