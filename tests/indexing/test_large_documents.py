@@ -316,7 +316,7 @@ def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a
     tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings, recreate: bool
 ) -> None:
     prefix = f"m{uuid.uuid4().hex[:6]}"
-    files = {f"{prefix}-{i:02d}.md": many_leaves(5, f"topic {i}") for i in range(10)}
+    files = {f"{prefix}-{i:02d}.md": many_leaves(5, f"topic {i}") for i in range(16)}
     docs = write_files(tmp_path / "docs", files)
     held = 3 * len(files[f"{prefix}-00.md"])  # the first three documents' text is held, the rest read again
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
@@ -336,31 +336,37 @@ def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a
             load_document(docs / f"{prefix}-00.md", root=docs), kb_id=kb, version=1, settings=settings.chunking
         )
     )
-    assert (report.added + report.updated, report.failed) == (10, 0)
+    assert (report.added + report.updated, report.failed) == (16, 0)
     state.assert_consistent()
-    assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 10
-    # a group is two documents of 5 leaves; the run's 10 documents' chunks were never held together
+    assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 16
+    # a group is two documents of 5 leaves. The run holds at most three groups' chunks (and their documents'
+    # texts): the one written, the one ready for it and the one the read-ahead made and waits to hand over
+    # (strata.indexing.ahead, depth 1), never the run's 16 documents' together
+    in_flight = 3 * 2
     assert set(live.counts) == set(live.texts) == {"sql_pending", "activate"}
-    assert max(live.counts.values()) <= 3 * per_doc, (per_doc, live.counts)
-    # the three held texts, the group's (read again) and the one read past it
-    assert max(live.texts.values()) <= 3 + 3, live.texts
+    assert max(live.counts.values()) <= in_flight * per_doc, (per_doc, live.counts)
+    # the three held texts and those of the documents in flight (read again)
+    assert max(live.texts.values()) <= 3 + in_flight, live.texts
     assert len(cached) == len(parents) and all(cached[cid].text == in_sql[cid].text for cid in cached)
 
 
 def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_and_the_next_run_indexes_it(
     tmp_path: Path, milvus_target: MilvusTarget, redis_settings: RedisSettings
 ) -> None:
-    names = ["a.md", "b.md", "c.md", "d.md", "e.md"]
+    changed = ["c1.md", "c2.md", "c3.md", "c4.md"]
+    names = ["a.md", "b.md", *changed, "d.md", "e.md"]
     docs = write_files(tmp_path / "docs", {name: many_leaves(3, f"{name} first") for name in names})
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
 
-    def meanwhile(step: str) -> None:  # while c.md is written, d.md changes again and e.md goes
+    def meanwhile(step: str) -> None:  # while c1.md is written, d.md changes again and e.md goes
         if step == "sql_pending" and (docs / "e.md").exists():
             write_files(docs, {"d.md": many_leaves(3, "d.md third"), "e.md": None})
 
+    # a group is one document (3 leaves): when c1.md is written, the read-ahead has read c2.md and c3.md at
+    # most (one group ready, one waiting to be handed over), so d.md and e.md are read again after the change
     with opened(settings, HashEncoder()) as resources:
         Indexer(resources).index_paths([docs], kb_id="kb")
-        write_files(docs, {name: many_leaves(3, f"{name} second") for name in ("c.md", "d.md", "e.md")})
+        write_files(docs, {name: many_leaves(3, f"{name} second") for name in (*changed, "d.md", "e.md")})
         report = Indexer(resources, group_leaves=3, hold_chars=0, after_write_step=meanwhile).index_paths(
             [docs], kb_id="kb"
         )
@@ -370,17 +376,18 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
         final = store_state(resources, "kb")
         final_texts = _l1_texts(resources, final.active)
     kept = "(its indexed version, if any, is kept)"
-    assert (report.updated, report.unchanged, report.failed) == (1, 2, 2)
+    assert (report.updated, report.unchanged, report.failed) == (4, 2, 2)
     assert {f["source"]: f["reason"] for f in report.failures} == {
         "d.md": f"the file changed while the run was indexing; the next run indexes its new content {kept}",
         "e.md": f"the file was removed while the run was indexing; the next run sees it gone {kept}",
     }
     after.assert_consistent()
-    assert after.active == {"a.md": 1, "b.md": 1, "c.md": 2, "d.md": 1, "e.md": 1}
-    assert "c.md second" in texts["c.md"] and "d.md first" in texts["d.md"] and "e.md first" in texts["e.md"]
+    assert after.active == {"a.md": 1, "b.md": 1, **dict.fromkeys(changed, 2), "d.md": 1, "e.md": 1}
+    assert all(f"{name} second" in texts[name] for name in changed)
+    assert "d.md first" in texts["d.md"] and "e.md first" in texts["e.md"]
     assert (again.updated, again.deleted, again.failed) == (1, 1, 0)
     final.assert_consistent()
-    assert final.active == {"a.md": 1, "b.md": 1, "c.md": 2, "d.md": 2}
+    assert final.active == {"a.md": 1, "b.md": 1, **dict.fromkeys(changed, 2), "d.md": 2}
     assert "d.md third" in final_texts["d.md"]
 
 

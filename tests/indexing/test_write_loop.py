@@ -62,7 +62,48 @@ def _source(tmp_path: Path, group_leaves: int) -> tuple[ChunkSource, ChunkingSet
     settings = _settings(tmp_path / "data").chunking
     docs = write_files(tmp_path / "docs", {"small.md": many_leaves(4, "export"), "big.md": many_leaves(23)})
     load = lambda path, root: load_document(path, root=root)  # noqa: E731
-    return ChunkSource("kb", settings, group_leaves=group_leaves, load=load, tokenize=None), settings, docs
+    return ChunkSource("kb", settings, group_leaves=group_leaves, load=load, count_terms=None), settings, docs
+
+
+def test_terms_counted_for_many_documents_at_once_are_each_documents_own_and_a_failed_count_fails_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Documents' terms are counted many documents a call (``COUNT_BATCH`` leaves), a large document's as it is
+    chunked; each document gets the counts of its own leaves; a count that fails on one document fails it
+    alone."""
+    import strata.indexing.source as source_module
+    from strata.stores.analyzer import analyzer_tokenizer
+    from strata.stores.term_stats import count_terms
+
+    monkeypatch.setattr(source_module, "COUNT_BATCH", 10)
+    tokenize = analyzer_tokenizer({"tokenizer": "standard"})
+    calls: list[int] = []
+
+    def counter(
+        documents: list[list[str]],
+    ) -> list[dict[str, int]]:  # the WorkerTermCounter contract, counted here; a document holding "poison" fails
+        calls.append(len(documents))
+        if any("poison" in text for texts in documents for text in texts):
+            raise RuntimeError("the tokenizer broke")
+        return [count_terms(texts, tokenize) for texts in documents]
+
+    settings = _settings(tmp_path / "data").chunking
+    files = {f"s{n}.md": many_leaves(3, f"topic{n}") for n in range(6)}
+    files["bad.md"] = many_leaves(3, "poison")
+    files["big.md"] = many_leaves(23, "large")
+    docs = write_files(tmp_path / "docs", files)
+    loaded = [load_document(docs / name, root=docs) for name in sorted(files)]
+    source = ChunkSource("kb", settings, group_leaves=50, load=load_document, count_terms=counter)
+    report = IndexReport(kb="kb")
+    prepared = list(source.prepared(Scan(docs=tuple(loaded)), [DocumentPlan(d, 1, None) for d in loaded], report))
+
+    assert [doc.item.doc.source for doc in prepared] == [name for name in sorted(files) if name != "bad.md"]
+    assert [failure["source"] for failure in report.failures] == ["bad.md"]
+    for doc in prepared:
+        leaves = [c for c in chunk_document(doc.item.doc, kb_id="kb", version=1, settings=settings) if c.is_leaf]
+        texts = [source_module.search_text(c, settings.contextualize) for c in leaves]
+        assert doc.term_counts == count_terms(texts, tokenize), doc.item.doc.source
+    assert max(calls) > 1  # small documents shared a call
 
 
 def test_held_and_re_chunked_documents_come_out_as_the_same_bounded_batches_parents_first(tmp_path: Path) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 
 from strata.errors import EncoderMismatchError, StoreError
 from strata.stores.keys import version_key
 from strata.stores.sql import DocumentStore, DocumentVersion
+from strata.stores.sql_schema import version_terms
 from strata.types import Chunk
 from tests.support.documents import make_chunks
 
@@ -85,6 +86,58 @@ def test_a_group_of_pending_versions_is_one_transaction_and_as_idempotent(store:
     assert versions == {("a.md", "pending", 9), ("b.md", "pending", 9), ("c.md", "pending", 9)}
     assert len(store.chunks.version_chunks("docs", "a.md", 1)) == 9
     assert len(begun) == 1
+
+
+def test_a_group_writes_what_one_version_at_a_time_writes_in_statements_that_do_not_grow_per_version(
+    store: DocumentStore,
+) -> None:
+    """``write_pending_many`` batches its statements: the same rows, marks and term rows as ``write_pending``
+    one version at a time, whatever marks the documents had (none, lower, higher) and whatever rows a
+    version number held already."""
+    store.kbs.ensure_kb("one", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("many", encoder="e", dim=3, chunking="c")
+    for kb in ("one", "many"):
+        _write(store, kb, "lower.md", 1)  # mark 1, raised to 3 below
+        _write(store, kb, "higher.md", 5)  # mark 5, kept when version 3 is written
+        _write(store, kb, "again.md", 3)  # version 3 rewritten: its chunks go, as write_pending's do
+
+    def group(kb: str, n: int) -> list:
+        names = ["lower", "higher", "again"] + [f"new{i}" for i in range(n)]
+        rows = [DocumentVersion(kb, f"{d}.md", 3, f"{d}.md", f"h-{d}", leaf_count=6) for d in names]
+        return [(row, {"word": 2, d: 1} if i % 2 == 0 else None, 9) for i, (row, d) in enumerate(zip(rows, names))]
+
+    for row, counts, chunk_count in group("one", 4):
+        store.versions.write_pending(row, [], term_counts=counts, chunk_count=chunk_count)
+    store.versions.write_pending_many(group("many", 4))
+
+    def state(kb: str) -> tuple:
+        versions = sorted(
+            (v.doc_id, v.version, v.status, v.chunk_count, v.content_hash) for v in store.versions.of_kb(kb)
+        )
+        chunks = {d: len(store.chunks.version_chunks(kb, d, 3)) for d in ("lower.md", "again.md")}
+        with store.engine.connect() as conn:
+            terms = select(
+                version_terms.c.doc_id, version_terms.c.version, version_terms.c.term, version_terms.c.leaf_df
+            )
+            term_rows = sorted(tuple(r) for r in conn.execute(terms.where(version_terms.c.kb_id == kb)))
+        return versions, store.versions.version_marks(kb), chunks, term_rows
+
+    assert state("many") == state("one")
+    assert (
+        store.versions.version_marks("many")["higher.md"] == 5 and store.versions.version_marks("many")["lower.md"] == 3
+    )
+
+    statements: list[str] = []
+    count = statements.append
+    event.listen(store.engine, "before_cursor_execute", lambda *a: count(a[2]))
+    store.kbs.ensure_kb("few", encoder="e", dim=3, chunking="c")
+    store.kbs.ensure_kb("lots", encoder="e", dim=3, chunking="c")
+    statements.clear()
+    store.versions.write_pending_many(group("few", 2))
+    few = len(statements)
+    statements.clear()
+    store.versions.write_pending_many(group("lots", 200))
+    assert len(statements) <= few + 2, statements  # +2: the term rows past one statement's batch
 
 
 def test_batch_get_reads_chunks_in_one_query(store: DocumentStore) -> None:

@@ -62,6 +62,7 @@ from strata.indexing.run import (
 from strata.indexing.run_plan import RunOptions, plan_run
 from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths
 from strata.indexing.source import ChunkSource
+from strata.indexing.term_counting import WorkerTermCounter
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
 from strata.indexing.upgrades import settings_signature, stamp
 from strata.indexing.writer import VersionWriter, WrittenVersion
@@ -108,8 +109,8 @@ class Indexer:
         self._stamp = stamp(self._chunking)  # the kb's record of settings and chunker revision
         self._group_leaves = group_leaves  # also the leaves looked up, encoded and upserted at a time
         self._stopping = threading.Event()
-        limits = LoaderLimits.from_settings(resources.settings.indexing)
-        self._load = functools.partial(load_document, limits=limits, stop=self._stopping)
+        self._limits = LoaderLimits.from_settings(resources.settings.indexing)
+        self._load = functools.partial(load_document, limits=self._limits, stop=self._stopping)
         self._lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else resources.settings.indexing.lease_ttl_s
         self._hold_chars = hold_chars
         self._leases: dict[str, KbLease] = {}
@@ -246,8 +247,12 @@ class Indexer:
             )
 
     def _writer(self, run: IndexRun) -> VersionWriter:
+        count = None
+        if self._tokenize is not None:  # on a parse worker, with the dictionary of the kb's collection
+            dictionary = self._res.leaf_index.dictionary_for(run.kb_id)
+            count = WorkerTermCounter(self._tokenize, dictionary, self._limits, self._stopping)
         source = ChunkSource(
-            run.kb_id, self._chunking, group_leaves=self._group_leaves, load=self._load, tokenize=self._tokenize
+            run.kb_id, self._chunking, group_leaves=self._group_leaves, load=self._load, count_terms=count
         )
         return VersionWriter(self._res, run, source, group_leaves=self._group_leaves, signature=self._signature)
 

@@ -16,20 +16,46 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Protocol
 
 from strata.config import ChunkingSettings
-from strata.errors import LoaderError
+from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.chunking import iter_chunks
 from strata.indexing.embedding import search_text
 from strata.indexing.plan import DocumentPlan, Scan, index_hash
-from strata.indexing.report import IndexReport
 from strata.indexing.scan import read_again
-from strata.stores.analyzer import Tokenize
 from strata.stores.leaf_schema import leaf_limit_violation
-from strata.stores.term_stats import add_terms
 from strata.types import Chunk, DocumentVersion, SourceDocument
 
 logger = logging.getLogger(__name__)
+
+COUNT_BATCH = 2000  # leaf texts counted at a time: counts of disjoint leaves add up
+
+
+class FailureSink(Protocol):
+    """Where a document that cannot be indexed is reported: the run's ``IndexReport``, or ``Failures``."""
+
+    def file_failed(self, source: str, reason: str) -> None: ...
+
+
+class Failures:
+    """The failures of documents prepared on the read-ahead thread, held until the writer's thread reports
+    them (``take``), so that the run's report is changed on one thread only."""
+
+    def __init__(self) -> None:
+        self._failed: list[tuple[str, str]] = []
+
+    def file_failed(self, source: str, reason: str) -> None:
+        self._failed.append((source, reason))
+
+    def take(self) -> list[tuple[str, str]]:
+        """The failures recorded since the last take."""
+        taken, self._failed = self._failed, []
+        return taken
+
+
+CountTerms = Callable[[Sequence[Sequence[str]]], list[dict[str, int]]]
+"""Several documents' leaf texts -> for each, {term: leaves holding it}."""
 
 
 @dataclass(frozen=True)
@@ -68,55 +94,101 @@ class ChunkSource:
         *,
         group_leaves: int,
         load: Callable[..., SourceDocument],
-        tokenize: Tokenize | None,
+        count_terms: CountTerms | None,
     ) -> None:
+        """``count_terms``: several documents' leaf texts -> for each, {term: leaves holding it}
+        (``term_stats.count_terms`` with the analyzer's tokenizer per document, or
+        ``term_counting.WorkerTermCounter``, one call for many documents); None: terms are not counted."""
         self._kb_id = kb_id
         self._settings = settings
         self._group_leaves = group_leaves
         self._load = load
-        self._tokenize = tokenize
+        self._count_terms = count_terms
 
-    def prepared(self, scan: Scan, items: Iterable[DocumentPlan], report: IndexReport) -> Iterator[PreparedDocument]:
-        """``items`` prepared one at a time, as the writer asks for them; those that cannot be indexed are reported
-        and skipped (the run goes on)."""
+    def prepared(self, scan: Scan, items: Iterable[DocumentPlan], report: FailureSink) -> Iterator[PreparedDocument]:
+        """``items`` prepared, in order, as the writer asks for them; those that cannot be indexed are reported
+        and skipped (the run goes on). Documents are chunked one at a time and their terms counted together,
+        a group's worth of leaves at a time (at most ``COUNT_BATCH``; one call of ``count_terms`` for many
+        small documents), so no more than a group's chunks wait to be counted."""
+        waiting: list[_Chunked] = []
+        leaves = 0
         for item in items:
-            doc = self.prepare(scan, item, report)
-            if doc is not None:
-                yield doc
+            doc = self._chunked(scan, item, report)
+            if doc is None:
+                continue
+            waiting.append(doc)
+            leaves += len(doc.texts)
+            if leaves >= min(COUNT_BATCH, self._group_leaves) or self._count_terms is None:
+                yield from self._counted(waiting, report)
+                waiting, leaves = [], 0
+        yield from self._counted(waiting, report)
 
-    def prepare(self, scan: Scan, item: DocumentPlan, report: IndexReport) -> PreparedDocument | None:
+    def _chunked(self, scan: Scan, item: DocumentPlan, report: FailureSink) -> _Chunked | None:
         """Chunks the document once to check and count it (None when it cannot be indexed: reported). Its chunks
-        are kept only while it has at most ``group_leaves`` leaves."""
+        are kept only while it has at most ``group_leaves`` leaves; its leaf texts until its terms are counted,
+        a larger document's ``COUNT_BATCH`` at a time."""
         whole = _whole(scan, item, report, self._load)
         if whole is None:
             return None
         try:
-            return self._counted(whole, report)
-        except Exception as exc:  # a chunker or tokenizer bug on one file must not stop the batch
+            return self._chunk(whole, report)
+        except IndexingStoppedError:  # the run stops (a term count on a parse worker saw the stop): not this file
+            raise
+        except Exception as exc:  # a chunker or tokenizer bug, a count that ran out of time: this file fails
             logger.exception("chunking %s failed", item.doc.source)
             report.file_failed(item.doc.source, f"chunking or counting its terms failed: {exc}")
             return None
 
-    def _counted(self, item: DocumentPlan, report: IndexReport) -> PreparedDocument | None:
+    def _chunk(self, item: DocumentPlan, report: FailureSink) -> _Chunked | None:
+        doc = _Chunked(item)
         held: list[Chunk] | None = []
-        leaves = count = 0
-        terms: Counter[str] = Counter()
         for chunk in self._chunks(item):
-            count += 1
+            doc.chunks += 1
             if chunk.is_leaf:
-                leaves += 1
+                doc.leaves += 1
                 text = search_text(chunk, self._settings.contextualize)
                 problem = leaf_limit_violation(chunk, text)
                 if problem:
                     report.file_failed(item.doc.source, f"cannot be indexed: {problem}")
                     return None
-                if self._tokenize is not None:
-                    add_terms(terms, text, self._tokenize)
+                if self._count_terms is not None:
+                    doc.texts.append(text)
+                    if len(doc.texts) >= COUNT_BATCH:  # a large document: counted as it is chunked
+                        (counts,) = self._count_terms([doc.texts])
+                        doc.terms.update(counts)
+                        doc.texts = []
             if held is not None:
                 held.append(chunk)
-                held = held if leaves <= self._group_leaves else None  # too large to hold: chunked again
-        ordered = None if held is None else sorted(held, key=lambda c: c.level)  # L1s, L2s, L3s
-        return PreparedDocument(item, ordered, leaves, count, None if self._tokenize is None else dict(terms))
+                held = held if doc.leaves <= self._group_leaves else None  # too large to hold: chunked again
+        doc.held = None if held is None else sorted(held, key=lambda c: c.level)  # L1s, L2s, L3s
+        return doc
+
+    def _counted(self, docs: list[_Chunked], report: FailureSink) -> Iterator[PreparedDocument]:
+        """``docs`` with their terms counted in one call; if that call fails, a call per document, so that
+        only the document it fails on fails."""
+        if self._count_terms is None:
+            yield from (doc.prepared(None) for doc in docs)
+            return
+        if not docs:
+            return
+        failure = ""
+        try:
+            counted = self._count_terms([doc.texts for doc in docs])
+        except IndexingStoppedError:
+            raise
+        except Exception as exc:  # a count that ran out of time or memory, a tokenizer bug
+            failure = f"counting its terms failed: {exc}"
+            logger.warning("counting the terms of %d document(s) failed: %s", len(docs), exc)
+        if failure and len(docs) > 1:  # a call per document: only the one it fails on fails
+            for doc in docs:
+                yield from self._counted([doc], report)
+            return
+        if failure:
+            report.file_failed(docs[0].item.doc.source, failure)
+            return
+        for doc, counts in zip(docs, counted, strict=True):
+            doc.terms.update(counts)
+            yield doc.prepared(dict(doc.terms))
 
     def batches(self, group: Sequence[PreparedDocument]) -> Iterator[list[Chunk]]:
         """The group's chunks, held or chunked again, in consecutive batches of at most ``group_leaves`` leaves
@@ -126,6 +198,21 @@ class ChunkSource:
 
     def _chunks(self, item: DocumentPlan) -> Iterator[Chunk]:
         return iter_chunks(item.doc, kb_id=self._kb_id, version=item.version, settings=self._settings)
+
+
+class _Chunked:
+    """A document chunked once and checked, its terms not yet (all) counted."""
+
+    def __init__(self, item: DocumentPlan) -> None:
+        self.item = item
+        self.held: list[Chunk] | None = None
+        self.leaves = 0
+        self.chunks = 0
+        self.texts: list[str] = []  # leaf texts not counted yet
+        self.terms: Counter[str] = Counter()  # the counts of the texts counted already
+
+    def prepared(self, terms: dict[str, int] | None) -> PreparedDocument:
+        return PreparedDocument(self.item, self.held, self.leaves, self.chunks, terms)
 
 
 def groups(docs: Iterable[PreparedDocument], max_leaves: int) -> Iterator[list[PreparedDocument]]:
@@ -148,7 +235,7 @@ def groups(docs: Iterable[PreparedDocument], max_leaves: int) -> Iterator[list[P
 
 
 def _whole(
-    scan: Scan, item: DocumentPlan, report: IndexReport, load: Callable[..., SourceDocument]
+    scan: Scan, item: DocumentPlan, report: FailureSink, load: Callable[..., SourceDocument]
 ) -> DocumentPlan | None:
     """``item`` with its document whole (read again when the scan let its text go); None when it cannot be
     (reported; its indexed version is kept). Its size was checked as it was loaded (``LoaderLimits``)."""

@@ -1,5 +1,10 @@
 """The one write loop: every document, whatever its size, written a batch at a time, then served.
 
+Groups are prepared (read again if the scan let their text go, chunked, checked, their terms counted) on a
+thread of their own one group ahead of the writer (``ahead``): while the writer waits on its stores or its
+encoder, the next group is made ready, and at most two groups' chunks are held besides the one written. Their
+failures are reported on the writer's thread, before the group they preceded is written.
+
 A group of documents (``source.groups``) is written as: each version's ``pending`` row with its counts;
 then, batch by batch (``ChunkSource.batches``: at most ``group_leaves`` leaves, held chunks or chunked
 again), the batch's chunks into SQL (``sql_pending``), its leaves embedded and upserted into Milvus and its
@@ -18,10 +23,11 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from strata.indexing.ahead import ahead
 from strata.indexing.embedding import upsert_leaves
 from strata.indexing.plan import DocumentPlan, Scan, WriteOutcome
 from strata.indexing.run import IndexRun, WriteStep
-from strata.indexing.source import ChunkSource, PreparedDocument, groups
+from strata.indexing.source import ChunkSource, Failures, PreparedDocument, groups
 from strata.resources import Resources
 from strata.types import Chunk, DocumentVersion
 
@@ -58,11 +64,17 @@ class VersionWriter:
         self._signature = signature
 
     def write(self, scan: Scan, items: Iterable[DocumentPlan]) -> Iterator[WrittenGroup]:
-        """Each group of ``items`` prepared, written and checked, as the caller asks for the next: a group's
-        chunks are let go as the next group is prepared, so a run holds one group's at a time."""
-        docs = self._source.prepared(scan, items, self._run.report)
-        for group in groups(docs, self._group_leaves):
-            yield self._write_group(group)
+        """Each group of ``items`` prepared (one group ahead, on a thread of its own), written and checked, as
+        the caller asks for the next: a group's chunks are let go once it is written, so a run holds at most
+        three groups' (the one written, one ready, one being prepared)."""
+        failures = Failures()
+        prepared = _with_failures(groups(self._source.prepared(scan, items, failures), self._group_leaves), failures)
+        with ahead(prepared, depth=1, name=f"strata-prepare-{self._run.kb_id}") as ready:
+            for group, failed in ready:
+                for source, reason in failed:
+                    self._run.report.file_failed(source, reason)
+                if group:
+                    yield self._write_group(group)
 
     def serve(self, versions: Sequence[WrittenVersion], *, retire: Sequence[str] = ()) -> None:
         """In one SQL transaction ``versions`` serve (their documents' other versions are retired) and the
@@ -141,6 +153,15 @@ class VersionWriter:
     def _served(self, version: WrittenVersion) -> None:
         self._run.report.document_written(version.outcome, chunks=version.chunk_count, leaves=version.row.leaf_count)
         self._run.progress.file_done(version.row.source, version.outcome, version.chunk_count)
+
+
+def _with_failures(
+    prepared: Iterable[list[PreparedDocument]], failures: Failures
+) -> Iterator[tuple[list[PreparedDocument], list[tuple[str, str]]]]:
+    """Each group with the failures met while it was prepared; then the failures after the last group."""
+    for group in prepared:
+        yield group, failures.take()
+    yield [], failures.take()
 
 
 class _LeafTally:

@@ -46,7 +46,7 @@ def analyzer_tokenizer(params: Mapping[str, Any] | None) -> Tokenize:
     if name == "standard":
         return partial(_standard, stop_words=stop_words)
     if name == "jieba":
-        return partial(_jieba, search=(mode or "search") == "search", stop_words=stop_words)
+        return partial(jieba_tokens, search=(mode or "search") == "search", stop_words=stop_words)
     raise UnsupportedAnalyzer(f"analyzer tokenizer {name!r} is not reproduced in Python (only jieba and standard are)")
 
 
@@ -95,7 +95,7 @@ def _standard(text: str, *, stop_words: frozenset[str]) -> list[str]:
     return [t for t in _WORD.findall(text.lower()) if t not in stop_words]
 
 
-def _jieba(text: str, *, search: bool, stop_words: frozenset[str]) -> list[str]:
+def jieba_tokens(text: str, *, search: bool, stop_words: frozenset[str]) -> list[str]:
     import jieba  # imported on first use: its dictionary loads on the first cut, never at import time
 
     raw = jieba.cut_for_search(text) if search else jieba.cut(text)

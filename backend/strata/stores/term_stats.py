@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import ColumnElement, and_, delete, exists, func, insert, select
 from sqlalchemy import text as sql_text
@@ -61,11 +62,21 @@ def add_terms(counts: Counter[str], text: str, tokenize: Tokenize) -> None:
 
 def insert_version_terms(conn: Connection, kb_id: str, doc_id: str, version: int, counts: Mapping[str, int]) -> None:
     """The version's term rows and its marker (after its old rows were deleted)."""
+    insert_term_rows(conn, version_term_rows(kb_id, doc_id, version, counts))
+
+
+def version_term_rows(kb_id: str, doc_id: str, version: int, counts: Mapping[str, int]) -> list[dict[str, Any]]:
+    """The rows ``insert_version_terms`` writes: the marker that the version was counted, then a row per term."""
     key = {"kb_id": kb_id, "doc_id": doc_id, "version": version}
     rows = [{**key, "term": COUNTED, "leaf_df": 0}]
     rows += [{**key, "term": term, "leaf_df": n} for term, n in counts.items() if term and len(term) <= MAX_TERM_CHARS]
+    return rows
+
+
+def insert_term_rows(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Term rows of one or many versions, a few hundred per statement."""
     for start in range(0, len(rows), _INSERT_BATCH):
-        conn.execute(version_terms.insert(), rows[start : start + _INSERT_BATCH])
+        conn.execute(version_terms.insert(), list(rows[start : start + _INSERT_BATCH]))
 
 
 def uncounted_versions(conn: Connection, kb_id: str) -> list[tuple[str, int]]:

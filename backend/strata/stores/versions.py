@@ -18,7 +18,14 @@ from strata.stores.chunks import chunk_row
 from strata.stores.knowledge_bases import bump_generation
 from strata.stores.sql_database import IN_BATCH, INSERT_BATCH, SqlPart
 from strata.stores.sql_schema import chunks, documents, version_marks, version_terms
-from strata.stores.term_stats import drop_absent_terms, insert_version_terms, start_serving, stop_serving
+from strata.stores.term_stats import (
+    drop_absent_terms,
+    insert_term_rows,
+    insert_version_terms,
+    start_serving,
+    stop_serving,
+    version_term_rows,
+)
 from strata.types import ACTIVE, PENDING, RETIRED, Chunk, DocumentVersion
 
 
@@ -68,9 +75,11 @@ class DocumentVersions(SqlPart):
         indexer writes a group of small documents' rows at once, not a transaction per document."""
         if not pending:
             return
+        kb_ids = {version.kb_id for version, _, _ in pending}
+        if len(kb_ids) != 1:
+            raise ValueError(f"write_pending_many writes the versions of one kb, got {sorted(kb_ids)}")
         with self._begin() as conn:
-            for version, term_counts, chunk_count in pending:
-                _write_pending(conn, version, (), term_counts, chunk_count)
+            _write_pending_rows(conn, pending)
             bump_generation(conn, pending[0][0].kb_id)  # the serving state changed: versions to hide
 
     def add_chunks(self, doc_chunks: Sequence[Chunk], *, skip_existing: bool = False) -> None:
@@ -236,7 +245,67 @@ def _write_pending(
     term_counts: Mapping[str, int] | None,
     chunk_count: int | None,
 ) -> None:
-    row = {
+    row = _pending_row(version, len(doc_chunks) if chunk_count is None else chunk_count)
+    _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
+    _raise_mark(conn, version.kb_id, version.doc_id, version.version)
+    conn.execute(documents.insert().values(**row))
+    _insert_chunks(conn, doc_chunks)
+    if term_counts is not None:
+        insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
+
+
+def _write_pending_rows(conn: Connection, pending: Sequence[PendingVersion]) -> None:
+    """``_write_pending`` of many versions of one kb (none with chunks yet) in a few statements, not several
+    per version: their old rows deleted, their marks raised, their rows and term rows inserted in batches."""
+    kb_id = pending[0][0].kb_id
+    by_number: dict[int, list[str]] = {}
+    for version, _, _ in pending:
+        by_number.setdefault(version.version, []).append(version.doc_id)
+    for number, doc_ids in by_number.items():
+        for start in range(0, len(doc_ids), IN_BATCH):
+            batch = doc_ids[start : start + IN_BATCH]
+            for table in (version_terms, chunks, documents):
+                conn.execute(
+                    delete(table).where(table.c.kb_id == kb_id, table.c.version == number, table.c.doc_id.in_(batch))
+                )
+    _raise_marks(conn, kb_id, {version.doc_id: version.version for version, _, _ in pending})
+    rows = [_pending_row(version, chunk_count) for version, _, chunk_count in pending]
+    for start in range(0, len(rows), INSERT_BATCH):
+        conn.execute(documents.insert(), rows[start : start + INSERT_BATCH])
+    insert_term_rows(
+        conn,
+        [
+            row
+            for version, counts, _ in pending
+            if counts is not None
+            for row in version_term_rows(kb_id, version.doc_id, version.version, counts)
+        ],
+    )
+
+
+def _raise_marks(conn: Connection, kb_id: str, versions: Mapping[str, int]) -> None:
+    """``_raise_mark`` of many documents: doc id -> version."""
+    doc_ids = list(versions)
+    marks: dict[str, int] = {}
+    for start in range(0, len(doc_ids), IN_BATCH):
+        batch = doc_ids[start : start + IN_BATCH]
+        found = conn.execute(
+            select(version_marks.c.doc_id, version_marks.c.last_version).where(
+                version_marks.c.kb_id == kb_id, version_marks.c.doc_id.in_(batch)
+            )
+        )
+        marks.update({row.doc_id: row.last_version for row in found})
+    new = [{"kb_id": kb_id, "doc_id": d, "last_version": v} for d, v in versions.items() if d not in marks]
+    for start in range(0, len(new), INSERT_BATCH):
+        conn.execute(version_marks.insert(), new[start : start + INSERT_BATCH])
+    for doc_id, version in versions.items():
+        if doc_id in marks and marks[doc_id] < version:
+            doc = and_(version_marks.c.kb_id == kb_id, version_marks.c.doc_id == doc_id)
+            conn.execute(update(version_marks).where(doc).values(last_version=version))
+
+
+def _pending_row(version: DocumentVersion, chunk_count: int) -> dict[str, Any]:
+    return {
         "kb_id": version.kb_id,
         "doc_id": version.doc_id,
         "version": version.version,
@@ -244,16 +313,10 @@ def _write_pending(
         "content_hash": version.content_hash,
         "status": PENDING,
         "leaf_count": version.leaf_count,
-        "chunk_count": len(doc_chunks) if chunk_count is None else chunk_count,
+        "chunk_count": chunk_count,
         "metadata": dict(version.metadata),
         "root": version.root or None,
     }
-    _delete_version_rows(conn, version.kb_id, version.doc_id, version.version)
-    _raise_mark(conn, version.kb_id, version.doc_id, version.version)
-    conn.execute(documents.insert().values(**row))
-    _insert_chunks(conn, doc_chunks)
-    if term_counts is not None:
-        insert_version_terms(conn, version.kb_id, version.doc_id, version.version, term_counts)
 
 
 def _delete_version_rows(conn: Connection, kb_id: str, doc_id: str, version: int) -> None:

@@ -69,7 +69,17 @@ _BOOTSTRAP = (
 
 def parse_isolated(parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None = None) -> Parsed:
     """``parse(raw, limits)`` in a parse worker; ``LoaderError`` when it fails, runs out of time or memory."""
-    return POOL.parse(parse, raw, limits, stop)
+    parsed: Parsed = POOL.parse(parse, raw, limits, stop)
+    return parsed
+
+
+def run_isolated(
+    job: Callable[[bytes, LoaderLimits], Any], raw: bytes, limits: LoaderLimits, stop: threading.Event | None = None
+) -> Any:
+    """Another job on a parse worker, under the same caps: ``job(raw, limits)``'s value, which must pickle
+    (the indexer counts a document's terms there, ``strata.indexing.term_counting``). ``LoaderError`` as for a
+    parse."""
+    return POOL.parse(job, raw, limits, stop)
 
 
 class ParseWorker:
@@ -167,7 +177,13 @@ class ParsePool:
         os.register_at_fork(after_in_child=self._after_fork)
         atexit.register(self.close)
 
-    def parse(self, parse: Parse, raw: bytes, limits: LoaderLimits, stop: threading.Event | None) -> Parsed:
+    def parse(
+        self,
+        parse: Callable[[bytes, LoaderLimits], Any],
+        raw: bytes,
+        limits: LoaderLimits,
+        stop: threading.Event | None,
+    ) -> Any:
         self._enter(limits.parse_workers, stop)
         try:
             outcome, value = self._parse_in_slot(parse, raw, limits, stop)

@@ -34,7 +34,7 @@ from typing import Any
 from strata.errors import LoaderError
 from strata.indexing.loaders._frames import read_frame, write_frames
 from strata.indexing.loaders._limits import LoaderLimits, out_of_memory
-from strata.indexing.loaders._text import reason
+from strata.indexing.loaders._text import Parsed, reason
 
 PARSERS = tuple(f"strata.indexing.loaders.{name}" for name in ("_docx", "_pdf", "_html", "_markdown", "_rst"))
 _NEAR_CAP = 64 * 1024 * 1024
@@ -67,6 +67,15 @@ def main() -> None:
     serving.join()
 
 
+_baseline = {"peak": 0}  # the address space peak a worker's growth is measured from (``_RETIRE_GROWTH``)
+
+
+def keep_resident() -> None:
+    """For a job that loads, once, what the worker is meant to keep (jieba's dictionary, ``term_counting``):
+    the worker's growth is measured from its peak now, so it is not retired for holding it."""
+    _baseline["peak"] = _address_space("VmPeak") or 0
+
+
 def _serve_or_exit(requests: int, answers: int) -> None:
     try:
         _serve_requests(requests, answers)
@@ -77,7 +86,7 @@ def _serve_or_exit(requests: int, answers: int) -> None:
 
 def _serve_requests(requests: int, answers: int) -> None:
     """Reads request after request and answers each, until stdin ends or the worker retires."""
-    start_peak = _address_space("VmPeak") or 0
+    _baseline["peak"] = _address_space("VmPeak") or 0
     write_frames(answers, [pickle.dumps(("ready", os.getpid()))])
     while (meta := read_frame(requests)) is not None:
         raw = read_frame(requests)
@@ -85,7 +94,7 @@ def _serve_requests(requests: int, answers: int) -> None:
             return
         outcome, value, memory_spent = _serve(meta, raw)
         del raw
-        retire = memory_spent or (_address_space("VmPeak") or 0) > start_peak + _RETIRE_GROWTH
+        retire = memory_spent or (_address_space("VmPeak") or 0) > _baseline["peak"] + _RETIRE_GROWTH
         write_frames(answers, [_answer(outcome, value, retire)])
         if retire:
             return
@@ -155,6 +164,8 @@ def _parsed_or_failed(
         # lxml reports a failed allocation as a syntax error ("unknown error"): the peak tells
         spent = refused or _reached(cap, peak_before)
         return "failed", out_of_memory(limits) if spent else failure, spent
+    if not isinstance(parsed, Parsed):  # another job's value (``_isolated.run_isolated``)
+        return "parsed", parsed, False
     try:
         limits.check_document(parsed.text)
     except LoaderError as exc:
