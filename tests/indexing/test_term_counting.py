@@ -4,6 +4,7 @@ kb's dictionary words, and the worker that loaded jieba stays for the next docum
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -14,20 +15,35 @@ from strata.indexing.term_counting import WorkerTermCounter
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.term_stats import count_terms
 
+# No word other tests put in a kb's dictionary (a worker keeps the words it was given, as Milvus Lite does)
+# but the dictionary word of these tests, 两步验证
 TEXTS = [
-    "开启两步验证后，登录需要手机上的动态口令。",
-    "The lighthouse keeper logs weather, tides and harbour notes.",
-    "auth-service 的 两步验证 与 SSO 单点登录",
+    "开启两步验证后，每次转账需要手机上的动态口令。",
+    "The orchard keeper records frost, rain and pruning dates.",
+    "账单导出 的 两步验证 与 CSV 格式",
     "",
 ]
 
 
+def _pristine_jieba(words: frozenset[str]) -> Callable[[str], list[str]]:
+    """``analyzer.jieba_tokens`` on a jieba of its own: the process-wide one holds the words other tests (and
+    Milvus Lite collections opened in this process) added to it."""
+    import jieba
+
+    tokenizer = jieba.Tokenizer()
+    for word in sorted(words):
+        tokenizer.add_word(word)
+    return lambda text: [t.strip().lower() for t in tokenizer.cut_for_search(text) if t.strip()]
+
+
 @pytest.mark.parametrize("analyzer", [{"tokenizer": "jieba"}, {"tokenizer": "standard"}])
-def test_the_worker_counts_what_this_process_counts(analyzer: dict) -> None:
+def test_the_worker_counts_what_the_analyzer_counts(analyzer: dict) -> None:
     tokenize = analyzer_tokenizer(analyzer)
-    counter = WorkerTermCounter(tokenize, frozenset(), LoaderLimits())
+    words = frozenset({"两步验证"})
+    expected_tokens = _pristine_jieba(words) if analyzer["tokenizer"] == "jieba" else tokenize
+    counter = WorkerTermCounter(tokenize, words, LoaderLimits())
     documents = [TEXTS, TEXTS[:1], [], TEXTS[1:]]
-    assert counter(documents) == [count_terms(texts, tokenize) for texts in documents]
+    assert counter(documents) == [count_terms(texts, expected_tokens) for texts in documents]
     assert counter([[], []]) == [{}, {}]
 
 

@@ -36,7 +36,7 @@ class _End:
 
 class _Ahead(Generic[T]):
     def __init__(self, items: Iterable[T], depth: int, name: str) -> None:
-        if depth < 1:
+        if depth < 1:  # a bug of the caller: strata passes a constant
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._items = items
         self._queue: queue.Queue[T | _End] = queue.Queue(maxsize=depth)

@@ -76,7 +76,7 @@ class DocumentVersions(SqlPart):
         if not pending:
             return
         kb_ids = {version.kb_id for version, _, _ in pending}
-        if len(kb_ids) != 1:
+        if len(kb_ids) != 1:  # a bug of the caller: the writer writes one kb's group
             raise ValueError(f"write_pending_many writes the versions of one kb, got {sorted(kb_ids)}")
         with self._begin() as conn:
             _write_pending_rows(conn, pending)
