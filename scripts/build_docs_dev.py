@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import importlib.util
 import json
 import re
@@ -59,6 +58,9 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "docs_dev_sources"))  # the builders' shared download
+from _pinned import pinned_sdist
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "eval" / "docs-dev"
@@ -169,31 +171,8 @@ def build_zh() -> None:
 
 
 def fetch_sdist(package: str, version: str, into: Path) -> Path:
-    found = sorted(into.glob(f"{package}-{version}.tar.gz"))
-    if not found:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"{package}=={version}",
-                "-d",
-                str(into),
-            ],
-            check=True,
-            timeout=600,
-        )
-        found = sorted(into.glob(f"{package}-{version}.tar.gz"))
-    if not found:
-        sys.exit(f"no sdist {package}-{version}.tar.gz in {into}")
-    digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
-    if digest != SDIST_SHA256[(package, version)]:
-        sys.exit(f"{found[0]}: sha256 {digest} is not the one the set was built from")
-    return found[0]
+    archive = f"{package}-{version}.tar.gz"
+    return pinned_sdist(package, version, archive, SDIST_SHA256[(package, version)], into)
 
 
 def build_en(sdist_dir: Path) -> None:
