@@ -6,10 +6,13 @@ and ``rag`` use (rag builds its own reranker and query cache), and the one
 created on first use, so building a ``Resources`` opens no connection and
 loads no model.
 
-Each part is a property over an attribute that stays None until the part is
-built; the build holds the lock, so concurrent first uses build it once. A
-part assigned (``resources.leaf_index = other``, as tests do to inject a
-fault) is used as it is, and ``close`` releases whatever was built or assigned.
+Each part is a read-only property over an attribute that stays None until the
+part is built; the build holds the lock, so concurrent first uses build it once.
+Parts are given at construction, never assigned afterwards: a part given
+(``Resources(settings, leaf_index=index)``: a store another ``Resources``
+opened, or a wrapper over one that injects a fault) is used as it is.
+``close`` releases every part, built or given: a ``Resources`` owns what it is
+given, so of two that share a part only one is closed.
 """
 
 from __future__ import annotations
@@ -30,16 +33,24 @@ from strata.stores.sql import DocumentStore
 class Resources:
     """Lazily built encoder, stores and Redis breaker for one ``Settings``."""
 
-    def __init__(self, settings: Settings, *, encoder: Encoder | None = None) -> None:
-        """``encoder``: the encoder to use instead of building the configured one."""
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        encoder: Encoder | None = None,
+        documents: DocumentStore | None = None,
+        leaf_index: LeafIndex | None = None,
+        cached_chunks: CachedChunks | None = None,
+    ) -> None:
+        """Each part given is used instead of building the configured one, and closed by ``close``."""
         self.settings = settings
         self._lock = threading.RLock()  # re-entrant: a part's build uses the parts it needs
         self._given_encoder = encoder
         self._encoder: Encoder | None = None
-        self._documents: DocumentStore | None = None
-        self._leaf_index: LeafIndex | None = None
+        self._documents = documents
+        self._leaf_index = leaf_index
         self._redis_breaker: RedisBreaker | None = None
-        self._cached_chunks: CachedChunks | None = None
+        self._cached_chunks = cached_chunks
 
     @property
     def encoder(self) -> Encoder:
@@ -59,19 +70,11 @@ class Resources:
                     self._documents = DocumentStore(self.settings.database)
         return self._documents
 
-    @documents.setter
-    def documents(self, store: DocumentStore) -> None:
-        self._documents = store
-
     @property
     def leaf_index(self) -> LeafIndex:
         if self._leaf_index is None:
             return self.open_leaf_index()
         return self._leaf_index
-
-    @leaf_index.setter
-    def leaf_index(self, index: LeafIndex) -> None:
-        self._leaf_index = index
 
     def open_leaf_index(self) -> LeafIndex:
         """The leaf index, opened on the first call: a Milvus Lite file another process holds raises
@@ -115,12 +118,8 @@ class Resources:
                     self._cached_chunks = CachedChunks(cache, self.documents.chunks, breaker=self.redis_breaker)
         return self._cached_chunks
 
-    @cached_chunks.setter
-    def cached_chunks(self, chunks: CachedChunks) -> None:
-        self._cached_chunks = chunks
-
     def close(self) -> None:
-        """Releases what was opened: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.
+        """Releases what was opened or given: Milvus, the SQL pool, the Redis client and an encoder's HTTP client.
 
         Milvus Lite keeps its file until the process exits or the server is released.
         """

@@ -23,7 +23,7 @@ from strata.resources import Resources
 from tests.support.api import KEYS, AppFactory
 from tests.support.documents import GARDEN_DOC
 from tests.support.paths import EXAMPLES_KB
-from tests.support.stores import fresh_pg_database, make_settings
+from tests.support.stores import fresh_pg_database, make_settings, with_parts
 
 
 @pytest.fixture(scope="package")
@@ -63,9 +63,7 @@ def make_client(stores: tuple[Settings, Resources]) -> Iterator[AppFactory]:
         changed = settings.model_copy(update=updates)
         engine = resources
         if set(sections) - {"api"}:  # the engine reads its settings from Resources: same stores, new settings
-            engine = Resources(changed, encoder=resources.encoder)
-            for part in ("leaf_index", "documents", "cached_chunks"):
-                setattr(engine, part, getattr(resources, part))
+            engine = with_parts(resources, settings=changed)
         client = TestClient(create_app(changed, resources=engine), raise_server_exceptions=False)
         client.__enter__()
         opened.append(client)

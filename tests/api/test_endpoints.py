@@ -10,6 +10,7 @@ from strata.config import Settings
 from strata.rag.retrieve import Retriever
 from strata.resources import Resources
 from tests.support.api import auth
+from tests.support.stores import with_parts
 
 ADMIN = auth("admin-key")
 RESET_QUERY = "密码重置链接多久失效？"
@@ -250,9 +251,7 @@ def test_the_lifespan_warms_up_before_the_first_request_and_leaves_shared_stores
 
     settings, shared = stores
     counting = CountingEncoder(shared.encoder)
-    resources = Resources(settings, encoder=counting)
-    for part in ("leaf_index", "documents", "cached_chunks"):
-        setattr(resources, part, getattr(shared, part))
+    resources = with_parts(shared, encoder=counting)
     with TestClient(create_app(settings, resources=resources)) as client:
         warmed = counting.queries
         assert warmed >= 1  # before any request was sent

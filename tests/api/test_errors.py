@@ -245,8 +245,8 @@ def test_a_failed_retrieval_is_a_503_with_the_meta_record(outage: Resources) -> 
 def test_redis_down_is_ready_but_degraded(stores: tuple[Settings, Resources], private_redis, memo_encoder) -> None:
     settings, shared = stores
     with_private = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": private_redis.url})})
-    resources = Resources(with_private, encoder=memo_encoder)
-    resources.leaf_index, resources.documents = shared.leaf_index, shared.documents  # only the cache differs
+    # only the cache differs
+    resources = Resources(with_private, encoder=memo_encoder, leaf_index=shared.leaf_index, documents=shared.documents)
     private_redis.stop()
     with TestClient(create_app(with_private, resources=resources, warm_up=False)) as client:
         ready = client.get("/ready")

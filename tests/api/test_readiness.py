@@ -19,6 +19,7 @@ from strata.config import ApiKeyGrant, Settings
 from strata.resources import Resources
 from tests.support.api import KEYS, AppFactory, auth
 from tests.support.processes import free_port
+from tests.support.stores import with_parts
 
 COMPONENTS = {"milvus", "sql", "redis", "reranker", "encoder"}
 GRANTS = {**KEYS, "metrics-key": {"kbs": [], "metrics": True}}
@@ -121,8 +122,8 @@ def _dead_milvus(stores: tuple[Settings, Resources], encoder: Any, **api: Any) -
         update={"uri": f"http://127.0.0.1:{port}", "timeout_s": 1.0, "search_timeout_s": 1.0}
     )
     dead = settings.model_copy(update={"milvus": milvus, "api": settings.api.model_copy(update=api)})
-    resources = Resources(dead, encoder=encoder)
-    resources.documents, resources.cached_chunks = shared.documents, shared.cached_chunks  # only Milvus differs
+    # only Milvus differs
+    resources = Resources(dead, encoder=encoder, documents=shared.documents, cached_chunks=shared.cached_chunks)
     return dead, resources, port
 
 
@@ -179,9 +180,7 @@ def test_the_pods_own_encoder_failing_makes_the_probe_503(
     stores: tuple[Settings, Resources], memo_encoder: Any
 ) -> None:
     settings, shared = stores
-    resources = Resources(settings, encoder=_BrokenEncoder(memo_encoder))
-    resources.documents, resources.cached_chunks = shared.documents, shared.cached_chunks
-    resources.leaf_index = shared.leaf_index
+    resources = with_parts(shared, encoder=_BrokenEncoder(memo_encoder))
     with TestClient(create_app(settings, resources=resources, warm_up=False), raise_server_exceptions=False) as client:
         ready = client.get("/ready")
         assert (ready.status_code, ready.json()["status"]) == (503, "unavailable")

@@ -31,7 +31,7 @@ from tests.support.fakes import CountingEncoder
 from tests.support.milvus import MilvusTarget
 from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import StoreState, store_state
-from tests.support.stores import opened, settings_for
+from tests.support.stores import opened, settings_for, with_parts
 
 pytestmark = pytest.mark.cost(100)
 
@@ -137,9 +137,9 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
         indexer = Indexer(resources)
         indexer.index_paths([docs], kb_id="kb")
         write_files(docs, {"guide.md": GUIDE_V2})
-        resources.leaf_index = LosingLeafIndex(resources.leaf_index, version=2)
+        losing = with_parts(resources, leaf_index=LosingLeafIndex(resources.leaf_index, version=2))
 
-        report = indexer.index_paths([docs], kb_id="kb")
+        report = Indexer(losing).index_paths([docs], kb_id="kb")
 
         assert (report.updated, report.failed) == (0, 1)
         assert report.failures[0]["source"] == "guide.md" and "not activated" in report.failures[0]["reason"]
@@ -150,7 +150,6 @@ def test_a_version_missing_leaves_in_milvus_is_not_activated(tmp_path: Path, enc
         assert hits and all(d.metadata["version"] == 1 for d in hits)
         assert any("labs panel" in d.content for d in hits)
 
-        resources.leaf_index = resources.leaf_index._inner
         retried = indexer.index_paths([docs], kb_id="kb")
         assert (retried.updated, retried.failed) == (1, 0)
         assert store_state(resources, "kb").active == {"guide.md": 3}  # version 2 never served: its number is spent

@@ -22,7 +22,7 @@ from strata.indexing.plan import index_hash
 from strata.indexing.upgrades import legacy_signature, settings_signature, stamp
 from strata.resources import Resources
 from strata.stores.sql_schema import chunks, documents
-from tests.support.stores import make_settings, opened, own_db
+from tests.support.stores import make_settings, opened, own_db, with_parts
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
 
@@ -121,7 +121,5 @@ def test_changed_chunking_settings_still_re_chunk_every_document(kb: Any, tmp_pa
     changed = resources.settings.model_copy(
         update={"chunking": resources.settings.chunking.model_copy(update={"contextualize": False})}
     )
-    engine = Resources(changed, encoder=memo_encoder)
-    for part in ("leaf_index", "documents", "cached_chunks"):
-        setattr(engine, part, getattr(resources, part))
+    engine = with_parts(resources, settings=changed, encoder=memo_encoder)
     assert _run(engine, docs) == (0, 5, 0)

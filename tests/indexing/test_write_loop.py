@@ -28,7 +28,7 @@ from tests.indexing.test_large_documents import (
 )
 from tests.support.documents import write_files
 from tests.support.snapshots import store_state
-from tests.support.stores import opened
+from tests.support.stores import opened, with_parts
 
 
 def test_the_write_steps_keep_the_names_the_crash_tests_kill_at() -> None:
@@ -208,10 +208,8 @@ def test_one_loop_writes_small_and_large_documents_together(tmp_path: Path, recr
         if recreate:
             Indexer(resources).index_paths([docs], kb_id="kb")
         recording = RecordingLeafIndex(resources.leaf_index)
-        resources.leaf_index = recording
-        indexer = Indexer(resources, group_leaves=5, after_write_step=log)
+        indexer = Indexer(with_parts(resources, leaf_index=recording), group_leaves=5, after_write_step=log)
         report = indexer.index_paths([docs], kb_id="kb", recreate=recreate, progress=progress)
-        resources.leaf_index = recording._inner
         state = store_state(resources, "kb")
     state.assert_consistent()
     assert set(state.active.values()) == {2 if recreate else 1} and len(state.active) == 4

@@ -17,6 +17,7 @@ from strata.resources import Resources
 from tests.rag.rerank_server import RerankServer, hang, raw
 from tests.support.documents import RESET_QUERY
 from tests.support.fakes import HANG_S, HangingQueryEncoder
+from tests.support.stores import with_parts
 
 
 def with_deadline(settings: Settings, ms: int, **sections: Any) -> Settings:
@@ -66,8 +67,7 @@ def test_a_hanging_encoder_gives_bm25_results_within_the_deadline(demo: Settings
 def test_a_stalled_milvus_fails_with_deadline_exceeded_instead_of_hanging(demo: Settings, memo_encoder) -> None:
     resources = Resources(with_deadline(demo, 800), encoder=memo_encoder)
     stalled = HangingIndex(resources.leaf_index)
-    resources.leaf_index = stalled
-    engine = Retriever(resources, warm_up_first=False)
+    engine = Retriever(with_parts(resources, leaf_index=stalled), warm_up_first=False)
     result = engine.retrieve(RESET_QUERY, 5, kb_ids=["demo"])
     assert result.docs == () and (result.meta.status, result.meta.mode) == ("failed", "failed")
     assert "deadline_exceeded" in result.meta.degraded

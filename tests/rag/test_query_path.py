@@ -17,7 +17,7 @@ from strata.resources import Resources
 from tests.support.documents import GARDEN, RESET_QUERY, write
 from tests.support.paths import EXAMPLES_KB
 from tests.support.processes import wait_for
-from tests.support.stores import cut_sql, examples_kb, make_settings, own_db
+from tests.support.stores import cut_sql, examples_kb, make_settings, own_db, with_parts
 
 
 class Statements:
@@ -164,8 +164,7 @@ def test_concurrent_queries_share_searches_and_each_gets_its_own_answer(serving)
     ]
     alone = {q: [d.metadata["chunk_id"] for d in retriever.retrieve(q, 3, kb_ids=["demo"]).docs] for q in questions}
     slow = SlowFirstSearch(resources.leaf_index)
-    resources.leaf_index = slow
-    together = Retriever(resources)
+    together = Retriever(with_parts(resources, leaf_index=slow))
     searches = together._routes._searches  # the search batcher's queue, read only to know when to let go
     slow.queued_dense = lambda: sum(r.key.route == "dense" for r in list(searches._queue))
     try:

@@ -12,9 +12,9 @@ from strata.types import RetrievalResult
 
 
 def retriever(settings: Settings, memo_encoder, *, warm_up_first: bool = True, **parts: Any) -> Retriever:
-    resources = Resources(settings, encoder=parts.pop("encoder", memo_encoder))
-    for name, part in parts.items():  # replaces parts (leaf_index, ...) for fault injection
-        setattr(resources, name, part)
+    """A retriever on stores of its own, with ``parts`` (``leaf_index=``, ``encoder=``, ...) given instead of the
+    configured ones: fault injection."""
+    resources = Resources(settings, **{"encoder": memo_encoder, **parts})
     return Retriever(resources, warm_up_first=warm_up_first)
 
 

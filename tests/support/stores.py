@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typing import Any
 
 import psycopg
 from milvus_lite.server_manager import server_manager_instance
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, event, insert
 
 from strata.config import DatabaseSettings, Settings, load_settings
 from strata.indexing.pipeline import Indexer
@@ -134,9 +135,39 @@ def own_db(root: Path) -> str:
 
 
 def cut_sql(resources: Resources) -> None:
-    """The database stops answering: every new connection is refused (nothing listens on the port)."""
-    resources.documents.engine = create_engine(
-        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone", connect_args={"connect_timeout": 1}
+    """The database of ``resources`` stops answering, for every part already holding it: the pooled connections
+    are dropped and every new one is refused (SQLAlchemy's ``do_connect`` event points it where nothing is: a
+    port nothing listens on, or a SQLite file in a folder that does not exist)."""
+    engine = resources.documents.engine
+
+    @event.listens_for(engine, "do_connect")
+    def _to_nowhere(dialect: Any, record: Any, cargs: list[Any], cparams: dict[str, Any]) -> None:
+        if dialect.name == "sqlite":
+            cargs[:1] = [str(Path(tempfile.gettempdir()) / f"gone-{uuid.uuid4().hex}" / "strata.sqlite3")]
+        else:
+            cparams.update(host="127.0.0.1", port=free_port())
+
+    engine.dispose()
+
+
+def with_parts(
+    resources: Resources,
+    *,
+    settings: Settings | None = None,
+    encoder: Any = None,
+    documents: Any = None,
+    leaf_index: Any = None,
+    cached_chunks: Any = None,
+) -> Resources:
+    """A second ``Resources`` on the stores of ``resources``: what is given (other settings, an encoder or a
+    store wrapped to record or inject a fault) replaces what ``resources`` has, every other part is shared (its
+    Redis breaker, the query cache's, is its own). It borrows what it shares: close ``resources``, not it."""
+    return Resources(
+        resources.settings if settings is None else settings,
+        encoder=resources.encoder if encoder is None else encoder,
+        documents=resources.documents if documents is None else documents,
+        leaf_index=resources.leaf_index if leaf_index is None else leaf_index,
+        cached_chunks=resources.cached_chunks if cached_chunks is None else cached_chunks,
     )
 
 

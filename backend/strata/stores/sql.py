@@ -52,11 +52,6 @@ class DocumentStore:
         """The database's engine (``Catalog``'s browsing reads, tests)."""
         return self.db.engine
 
-    @engine.setter
-    def engine(self, engine: Engine) -> None:
-        """Every part uses the new engine (tests cut the database off by replacing it)."""
-        self.db.engine = engine
-
     def fenced(self, kb_id: str, owner: str) -> AbstractContextManager[None]:
         """This thread's transactions go on only while ``owner`` holds ``kb_id``'s lease (``SqlDatabase.fenced``)."""
         return self.db.fenced(kb_id, owner)

@@ -190,10 +190,6 @@ class SqlPart:
     def engine(self) -> Engine:
         return self._db.engine
 
-    @engine.setter
-    def engine(self, engine: Engine) -> None:
-        self._db.engine = engine
-
     def _connect(self) -> Any:
         return self._db.connect()
 
