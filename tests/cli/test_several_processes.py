@@ -48,7 +48,7 @@ NOTES = {
     "bakery.md": "# Bakery\n\nThe sourdough starter is fed with rye flour at six in the evening.\n",
 }
 ORCHARD = "# Orchard\n\nThe pear trees of the north orchard are pruned in February, before the sap rises.\n"
-LOGBOOKS = 5  # x 60 leaves: indexing them keeps the encoder busy well past the processes started alongside
+LOGBOOKS = 2  # x 60 leaves; the indexer is stopped (SIGSTOP) while the processes alongside it run
 
 
 def logbook(book: int, entries: int = 60) -> str:
@@ -119,6 +119,7 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
             **database_env,
             STRATA_API__KEYS=json.dumps({KEY: {"kbs": ["a", "b"]}}),
             STRATA_RETRIEVAL__CACHE_SIZE="0",
+            STRATA_INDEXING__LEASE_TTL_S="900",  # the indexer keeps its lease while it is stopped below
         )
         database_url = database_env.get("STRATA_DATABASE__URL", f"sqlite:///{data / 'strata.sqlite3'}")
         if database_env:  # its operator migrates PostgreSQL once (SQLite upgrades itself)
@@ -146,6 +147,7 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
             lambda: _lease_owner(database_url, "b", indexer), within_s=300, what="the indexer taking kb b's lease"
         )
         assert f"pid {indexer.pid}:" in holder
+        indexer.send_signal(signal.SIGSTOP)  # mid-run, holding the lease, for as long as the others take
 
         # while it indexes kb b: a second indexer of b, a CLI query of a, and the service's answers for a
         second = spawn(processes, ["index", str(books), "--kb", "b"], env)
@@ -157,9 +159,8 @@ def test_serve_index_and_query_run_at_once_on_a_milvus_server(
             answers.append(_retrieve(url, "When is the Fresnel lens polished?", "a"))
         second_out, second_err = second.communicate(timeout=120)
         query_out, query_err = query.communicate(timeout=120)
-        assert indexer.poll() is None, (
-            "kb b's indexing ended before the processes run alongside it did: give it more leaves"
-        )
+        assert indexer.poll() is None, "kb b's indexer ended while it was stopped"
+        indexer.send_signal(signal.SIGCONT)
 
         assert second.returncode == 1 and "LeaseHeldError" in second_err, second_out + second_err
         assert f"knowledge base 'b' is being indexed by {holder}" in second_err

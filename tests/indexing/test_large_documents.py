@@ -33,6 +33,7 @@ from strata.indexing.loaders import load_document
 from strata.indexing.pipeline import ENCODER_BATCH, Indexer
 from strata.indexing.rebuild import Rebuilder
 from strata.indexing.report import NoProgress
+from strata.indexing.scan import held_bytes
 from strata.stores.sql import DocumentStore
 from strata.types import Chunk, DocumentVersion, SourceDocument
 from tests.support.documents import write_files
@@ -40,7 +41,7 @@ from tests.support.fakes import HashEncoder
 from tests.support.milvus import MilvusTarget
 from tests.support.processes import run_strata, run_strata_killed_at, strata_env
 from tests.support.snapshots import store_state
-from tests.support.stores import opened
+from tests.support.stores import opened, with_parts
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(50)]  # stores opened in the tests' bodies
 
@@ -105,9 +106,9 @@ def test_a_document_of_many_leaves_is_written_in_batches_with_progress_inside_it
     progress = RecordingProgress()
     with opened(_settings(tmp_path / "data"), HashEncoder()) as resources:
         recording = RecordingLeafIndex(resources.leaf_index)
-        resources.leaf_index = recording
-        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb", progress=progress)
-        resources.leaf_index = recording._inner
+        report = Indexer(with_parts(resources, leaf_index=recording), group_leaves=50).index_paths(
+            [docs], kb_id="kb", progress=progress
+        )
         state = store_state(resources, "kb")
     leaves = report.leaves_written
     assert report.added == 1 and leaves >= 230
@@ -318,14 +319,15 @@ def test_a_run_of_many_documents_holds_one_groups_chunks_and_a_bounded_text_at_a
     prefix = f"m{uuid.uuid4().hex[:6]}"
     files = {f"{prefix}-{i:02d}.md": many_leaves(5, f"topic {i}") for i in range(16)}
     docs = write_files(tmp_path / "docs", files)
-    held = 3 * len(files[f"{prefix}-00.md"])  # the first three documents' text is held, the rest read again
+    # the first three documents are held whole, the rest read again (the documents are alike in size)
+    held = 3 * held_bytes(load_document(docs / f"{prefix}-00.md", root=docs))
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     kb = f"many-{uuid.uuid4().hex[:8]}"
     live = LiveTexts(kb, prefix)
     with opened(settings, HashEncoder()) as resources:
         if recreate:
             Indexer(resources).index_paths([docs], kb_id=kb)
-        indexer = Indexer(resources, group_leaves=10, after_write_step=live, hold_chars=held)
+        indexer = Indexer(resources, group_leaves=10, after_write_step=live, hold_bytes=held)
         report = indexer.index_paths([docs], kb_id=kb, recreate=recreate)
         state = store_state(resources, kb)
         parents = state.sql_chunks[1] | state.sql_chunks[2]
@@ -367,7 +369,7 @@ def test_a_file_changed_or_removed_between_the_scan_and_its_write_fails_alone_an
     with opened(settings, HashEncoder()) as resources:
         Indexer(resources).index_paths([docs], kb_id="kb")
         write_files(docs, {name: many_leaves(3, f"{name} second") for name in (*changed, "d.md", "e.md")})
-        report = Indexer(resources, group_leaves=3, hold_chars=0, after_write_step=meanwhile).index_paths(
+        report = Indexer(resources, group_leaves=3, hold_bytes=0, after_write_step=meanwhile).index_paths(
             [docs], kb_id="kb"
         )
         after = store_state(resources, "kb")
@@ -421,14 +423,11 @@ def test_a_rebuild_and_a_repair_of_a_large_document_read_its_leaves_a_page_at_a_
         Indexer(resources, group_leaves=50).index_paths([docs], kb_id=kb)
         inner = resources.leaf_index
         rebuilding = LiveAtUpsert(inner, kb)
-        resources.leaf_index = rebuilding
-        rebuilt = Rebuilder(resources, batch_leaves=50).rebuild(kb)
+        rebuilt = Rebuilder(with_parts(resources, leaf_index=rebuilding), batch_leaves=50).rebuild(kb)
         inner.delete_kb(kb)
         inner.flush()
         repairing = LiveAtUpsert(inner, kb)
-        resources.leaf_index = repairing
-        repaired = Indexer(resources, group_leaves=50).reconcile(kb, repair=True)
-        resources.leaf_index = inner
+        repaired = Indexer(with_parts(resources, leaf_index=repairing), group_leaves=50).reconcile(kb, repair=True)
         after = Indexer(resources).reconcile(kb)
         state = store_state(resources, kb)
     assert rebuilt.verified and rebuilt.leaves_written == 304
@@ -462,16 +461,13 @@ def test_a_run_whose_final_count_fails_is_continued_by_the_next_run_without_writ
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, HashEncoder()) as resources:
         failing = CountFailsOnce(resources.leaf_index)
-        resources.leaf_index = failing
         with pytest.raises(StoreError, match="count timed out"):
-            Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+            Indexer(with_parts(resources, leaf_index=failing), group_leaves=50).index_paths([docs], kb_id="kb")
         written = sum(failing.upserts)
         assert store_state(resources, "kb").versions == {("big.md", 1): "pending"}
 
-        rerun = RecordingLeafIndex(failing._inner)
-        resources.leaf_index = rerun
-        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.leaf_index = rerun._inner
+        rerun = RecordingLeafIndex(resources.leaf_index)
+        report = Indexer(with_parts(resources, leaf_index=rerun), group_leaves=50).index_paths([docs], kb_id="kb")
         state = store_state(resources, "kb")
     assert (report.added, report.failed, report.leaves_written) == (1, 0, written)
     assert report.leaves_kept == written and sum(rerun.upserts) == 0 and report.passages_encoded == 0
@@ -487,15 +483,13 @@ def test_a_streamed_write_stopped_mid_way_is_continued_and_writes_only_the_batch
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, HashEncoder()) as resources:
         first = RecordingLeafIndex(resources.leaf_index)
-        resources.leaf_index = first
+        crashing = Indexer(
+            with_parts(resources, leaf_index=first), group_leaves=50, after_write_step=CrashAt("sql_pending", 3)
+        )
         with pytest.raises(RuntimeError, match="crashed at sql_pending:3"):  # after two of five batches
-            Indexer(resources, group_leaves=50, after_write_step=CrashAt("sql_pending", 3)).index_paths(
-                [docs], kb_id="kb"
-            )
-        rerun = RecordingLeafIndex(first._inner)
-        resources.leaf_index = rerun
-        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.leaf_index = rerun._inner
+            crashing.index_paths([docs], kb_id="kb")
+        rerun = RecordingLeafIndex(resources.leaf_index)
+        report = Indexer(with_parts(resources, leaf_index=rerun), group_leaves=50).index_paths([docs], kb_id="kb")
         state = store_state(resources, "kb")
     assert first.upserts == [50, 50] and report.leaves_kept == 100
     assert sum(rerun.upserts) == report.leaves_written - 100 and report.passages_encoded == report.leaves_written - 100
@@ -522,16 +516,13 @@ def test_a_pending_version_whose_leaves_carry_other_vectors_is_written_again_who
     settings = _settings(tmp_path / "data", redis=redis_settings.model_dump(), **milvus_target.overrides())
     with opened(settings, ReplacedHashEncoder()) as resources:
         failing = CountFailsOnce(resources.leaf_index)
-        resources.leaf_index = failing
         with pytest.raises(StoreError, match="count timed out"):
-            Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
+            Indexer(with_parts(resources, leaf_index=failing), group_leaves=50).index_paths([docs], kb_id="kb")
         assert sum(failing.upserts) > 0
         resources.documents.embeddings.drop_embeddings("kb", sorted(resources.documents.embeddings.cached_keys("kb")))
     with opened(settings, HashEncoder()) as resources:
         rerun = RecordingLeafIndex(resources.leaf_index)
-        resources.leaf_index = rerun
-        report = Indexer(resources, group_leaves=50).index_paths([docs], kb_id="kb")
-        resources.leaf_index = rerun._inner
+        report = Indexer(with_parts(resources, leaf_index=rerun), group_leaves=50).index_paths([docs], kb_id="kb")
         state = store_state(resources, "kb")
         leaves = [c for c in resources.documents.chunks.version_chunks("kb", "big.md", 1) if c.is_leaf]
         stored = resources.leaf_index.dense_vectors("kb", [c.chunk_id for c in leaves])

@@ -3,17 +3,24 @@ kb's dictionary words, and the worker that loaded jieba stays for the next docum
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from strata.errors import IndexingStoppedError
+from strata.errors import IndexingStoppedError, LoaderError
 from strata.indexing.loaders._isolated import POOL
 from strata.indexing.loaders._limits import LoaderLimits
 from strata.indexing.term_counting import WorkerTermCounter
 from strata.stores.analyzer import analyzer_tokenizer
 from strata.stores.term_stats import count_terms
+from tests.support import parse_probes
+from tests.support.processes import wait_for
 
 # No word other tests put in a kb's dictionary (a worker keeps the words it was given, as Milvus Lite does)
 # but the dictionary word of these tests, 两步验证
@@ -74,3 +81,36 @@ def test_a_stopped_run_stops_its_count() -> None:
     counter = WorkerTermCounter(analyzer_tokenizer({"tokenizer": "jieba"}), frozenset(), LoaderLimits(), stop)
     with pytest.raises(IndexingStoppedError):
         counter([TEXTS])
+
+
+def _hanging_counter(started: Path, limits: LoaderLimits) -> WorkerTermCounter:
+    return WorkerTermCounter(functools.partial(parse_probes.announce_and_hang_tokens, str(started)), (), limits)
+
+
+def _counted_on_another_worker(hung: int) -> None:
+    """The next count runs, on a worker that is not the one that hung or died."""
+    tokenize = analyzer_tokenizer({"tokenizer": "standard"})
+    assert WorkerTermCounter(tokenize, (), LoaderLimits())([TEXTS[1:2]]) == [count_terms(TEXTS[1:2], tokenize)]
+    with POOL._lock:
+        assert hung not in {w.pid for w in POOL._idle}
+
+
+def test_a_worker_killed_mid_count_fails_that_count_and_the_next_count_runs(tmp_path: Path) -> None:
+    """The indexer retries a failed count a document at a time (``ChunkSource``), so a kill fails at most the
+    document it recurs on."""
+    started = tmp_path / "started"
+    with ThreadPoolExecutor(1) as executor:
+        counting = executor.submit(_hanging_counter(started, LoaderLimits(parse_timeout_s=120)), [TEXTS])
+        assert wait_for(started.exists, within_s=120), "the count never started on a worker"
+        pid = int(started.read_text())
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(LoaderError, match=r"^the parser process died \(killed by SIGKILL\) before it answered$"):
+            counting.result(timeout=120)
+    _counted_on_another_worker(pid)
+
+
+def test_a_count_past_the_parse_timeout_is_stopped_and_the_next_count_runs(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    with pytest.raises(LoaderError, match=r"^parsing took longer than STRATA_INDEXING__PARSE_TIMEOUT_S \(1 s\)"):
+        _hanging_counter(started, LoaderLimits(parse_timeout_s=1))([TEXTS])
+    _counted_on_another_worker(int(started.read_text()))

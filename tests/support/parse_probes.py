@@ -78,3 +78,11 @@ def _announce(raw: bytes) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(str(os.getpid()))
     partial.rename(path)  # whole or absent: the test reads it as soon as it exists
+
+
+def announce_and_hang_tokens(announce_to: str, text: str) -> list[str]:
+    """A tokenizer (``functools.partial(announce_and_hang_tokens, path)``) for a term count on a worker: writes
+    the worker's pid to ``announce_to``, then waits for ever: the test kills the worker, or the timeout does."""
+    _announce(announce_to.encode())
+    threading.Event().wait()
+    raise AssertionError("unreachable")

@@ -60,7 +60,7 @@ from strata.indexing.run import (
     WriteStep,
 )
 from strata.indexing.run_plan import RunOptions, plan_run
-from strata.indexing.scan import HOLD_CHARS, read_again, scan_paths
+from strata.indexing.scan import HOLD_BYTES, read_again, scan_paths
 from strata.indexing.source import ChunkSource
 from strata.indexing.term_counting import WorkerTermCounter
 from strata.indexing.terms import backfill_term_stats, term_tokenizer
@@ -95,11 +95,11 @@ class Indexer:
         lease_ttl_s: float | None = None,
         kb_only_notes: bool = False,
         after_write_step: Callable[[str], None] | None = None,
-        hold_chars: int = HOLD_CHARS,
+        hold_bytes: int = HOLD_BYTES,
     ) -> None:
         """``kb_only_notes``: the report names nothing learned from other kbs (the service, whose keys may be
         scoped to some kbs); without it the notes may name what the collection's BM25 dictionary lacks.
-        ``hold_chars``: the documents' text a run holds from its scan to its writes (``scan_paths``).
+        ``hold_bytes``: the documents a run holds whole from its scan to its writes (``scan_paths``).
         ``after_write_step`` is called with the name of each step (``WRITE_STEPS``, ``ENCODER_BATCH``) right
         after it: the crash tests' seam (tests/kill_at_launcher.py kills the process there)."""
         self._res = resources
@@ -112,7 +112,7 @@ class Indexer:
         self._limits = LoaderLimits.from_settings(resources.settings.indexing)
         self._load = functools.partial(load_document, limits=self._limits, stop=self._stopping)
         self._lease_ttl_s = lease_ttl_s if lease_ttl_s is not None else resources.settings.indexing.lease_ttl_s
-        self._hold_chars = hold_chars
+        self._hold_bytes = hold_bytes
         self._leases: dict[str, KbLease] = {}
         # the fence is looked up when passed: building an indexer opens no store
         self._checkpoint = Checkpoint(
@@ -181,7 +181,7 @@ class Indexer:
     def _scan(
         self, paths: Sequence[Path], report: IndexReport, root_names: Mapping[Path, str] | None, keep: Collection[str]
     ) -> Scan:
-        return scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load, hold_chars=self._hold_chars)
+        return scan_paths(paths, report, root_names=root_names, keep=keep, load=self._load, hold_bytes=self._hold_bytes)
 
     def _dry_run(self, run: IndexRun, scan: Scan, options: RunOptions) -> None:
         """What the run would do, in the report: nothing is opened or written. An existing kb built with another

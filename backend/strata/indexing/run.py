@@ -70,12 +70,13 @@ class RunWrites:
         self.versions: set[tuple[str, int]] = set()  # (doc id, version) with leaves upserted
         self.cached: dict[tuple[str, int], list[str]] = {}  # (doc id, version) -> chunk ids cached
 
-    def writing(self, chunks: Sequence[Chunk]) -> None:
-        """``chunks`` are about to be written: leaves to Milvus, parents to the cache."""
+    def writing(self, chunks: Sequence[Chunk], *, cached: bool = True) -> None:
+        """``chunks`` are about to be written: leaves to Milvus, parents to the cache (``cached``: a cache other
+        processes read; a process's own is not written at indexing)."""
         for chunk in chunks:
             if chunk.is_leaf:
                 self.versions.add((chunk.doc_id, chunk.version))
-            else:
+            elif cached:
                 self.cached.setdefault((chunk.doc_id, chunk.version), []).append(chunk.chunk_id)
 
 

@@ -10,12 +10,12 @@ listed as skipped, and what was indexed under a symlinked folder is kept. Every 
 A file that loads with notes (an unresolved include, markup its parser refused) is indexed, and each note
 is one of the report's ``warnings``, naming the file as a failure would.
 
-A run holds the text of its first ``hold_chars`` characters of documents; the
-text of the rest is let go once its hash and metadata are taken, and read again
-(``read_again``) when the document is written, so what a run holds grows with
-its folder by each document's id, hash and metadata, not by its text. A file
-that changed in between fails, keeping its indexed version, and the next run
-indexes it.
+A run holds the text and sections of its first documents, up to ``hold_bytes`` of them
+(``held_bytes``: the text's size in memory and its sections' objects); the text of the rest
+is let go once its hash and metadata are taken, and read again (``read_again``) when the
+document is written, so what a run holds grows with its folder by each document's id, hash
+and metadata, not by its text. A file that changed in between fails, keeping its indexed
+version, and the next run indexes it.
 
 A document id is the path relative to its root (or a front-matter ``doc_id``),
 so two folders indexed into one kb can name the same id (``teamA/README.md``
@@ -26,6 +26,7 @@ refuses the second one, naming both files, instead of replacing the first.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +39,13 @@ from strata.types import ACTIVE, DocumentVersion, SourceDocument
 
 Load = Callable[..., SourceDocument]  # load_document(path, root=...), perhaps with the run's limits bound
 
-HOLD_CHARS = 32 * 2**20  # text a run holds from its scan to its writes; beyond it, documents are read twice
+HOLD_BYTES = 8 * 2**20  # documents a run holds from its scan to its writes; beyond it, documents are read twice
+SECTION_BYTES = 400  # a held section's objects: its heading path's strings and tuple, its offsets (tracemalloc)
+
+
+def held_bytes(doc: SourceDocument) -> int:
+    """What holding ``doc`` whole costs over holding its id, hash and metadata: its text and its sections."""
+    return sys.getsizeof(doc.text) + SECTION_BYTES * len(doc.sections)
 
 
 def scan_paths(
@@ -48,12 +55,12 @@ def scan_paths(
     root_names: Mapping[Path, str] | None = None,
     keep: Collection[str] = (),
     load: Load = load_document,
-    hold_chars: int = HOLD_CHARS,
+    hold_bytes: int = HOLD_BYTES,
 ) -> Scan:
     """``root_names`` record a folder under another name than its absolute path (an upload: the client's
     folder); ``keep`` are sources that failed where the files were read (their indexed versions are kept);
     ``load`` reads one file (``load_document`` with the run's ``LoaderLimits`` and stop event); the text
-    of documents past the first ``hold_chars`` characters is released (see the module docstring)."""
+    of documents past the first ``hold_bytes`` is released (see the module docstring)."""
     docs: dict[str, SourceDocument] = {}
     roots: dict[str, str] = {}
     released: dict[str, tuple[Path, Path]] = {}
@@ -70,8 +77,8 @@ def scan_paths(
             doc = _load(file, Path(root), report, docs, kept, load)
             if doc is None:
                 continue
-            hold_chars -= len(doc.text)
-            if hold_chars < 0:
+            hold_bytes -= held_bytes(doc)
+            if hold_bytes < 0:
                 doc, released[doc.doc_id] = without_text(doc), (file, Path(root))
             docs[doc.doc_id], roots[doc.doc_id] = doc, name
     return Scan(tuple(docs.values()), roots, frozenset(complete), frozenset(kept), all_complete, released)

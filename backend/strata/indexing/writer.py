@@ -113,11 +113,14 @@ class VersionWriter:
         wrote of a resumed version is kept, not written again."""
         self._res.documents.versions.add_chunks(batch, skip_existing=resume)
         self._run.checkpoint(WriteStep.SQL_PENDING)
-        self._run.writes.writing(batch)
+        cache = self._res.cached_chunks
+        shared = not cache.in_process  # a process's own cache is filled by its queries, not by its writes
+        self._run.writes.writing(batch, cached=shared)
         leaves = [c for c in batch if c.is_leaf]
         if leaves:
             self._upsert(leaves, resume=resume)
-        self._res.cached_chunks.put_many([c for c in batch if not c.is_leaf])
+        if shared:
+            cache.put_many([c for c in batch if not c.is_leaf])
         tally.written(leaves, self._run)
 
     def _upsert(self, leaves: list[Chunk], *, resume: bool) -> None:
