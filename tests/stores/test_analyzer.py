@@ -71,6 +71,13 @@ def test_what_milvus_lite_builds_passes(params) -> None:
     assert lite_analyzer_problem(params) is None
 
 
+def test_punctuation_stop_words_are_words_not_a_built_in_list() -> None:
+    """``_`` and ``__`` are tokens jieba makes of identifiers (``before_request``); only ``_name_`` names a list."""
+    params = {"tokenizer": "jieba", "filter": [{"type": "stop", "stop_words": ["_", "__", ".", "(", ")"]}]}
+    assert lite_analyzer_problem(params) is None
+    assert analyzer_tokenizer(params)("app.before_request(view)") == ["app", "before", "request", "view"]
+
+
 def test_an_analyzer_lite_cannot_build_fails_at_collection_creation_in_one_line(
     milvus_target: MilvusTarget, tmp_path: Path
 ) -> None:

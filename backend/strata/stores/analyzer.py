@@ -83,7 +83,12 @@ def _lite_filter(spec: Any) -> bool:
     if name not in _LITE_FILTERS:
         return False
     words = spec.get("stop_words", []) if isinstance(spec, Mapping) else []
-    return isinstance(words, list) and not any(str(w).startswith("_") and str(w).endswith("_") for w in words)
+    return isinstance(words, list) and not any(_builtin_list(str(w)) for w in words)
+
+
+def _builtin_list(word: str) -> bool:
+    """A built-in stop-word list's name (``_english_``), which Lite does not know; ``_`` itself is a word."""
+    return len(word) > 2 and word.startswith("_") and word.endswith("_")
 
 
 def is_punctuation(term: str) -> bool:
