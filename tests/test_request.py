@@ -140,6 +140,8 @@ def test_every_request_body_holds_every_field(body: type[RetrieveRequest]) -> No
     published = body.model_json_schema()["properties"]
     assert set(option_names()) <= set(published)
     full = full_request()
+    if body is ModuleRequest:  # the route sets the modules filter itself: its schema takes it empty only
+        full = dataclasses.replace(full, filters=Filters(doc_ids=("billing.md",)))
     own = {"skill": "浇水"} if body is SkillRequest else {"module": "billing"} if body is ModuleRequest else {}
     parsed = body.model_validate({**full.to_dict(), **own})
     assert parsed.to_request() == full

@@ -54,7 +54,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class FiltersIn(_Strict):
+class FiltersBody(_Strict):
+    """A request's ``filters`` member: ``FiltersIn``, or ``FiltersIn`` without the filter a route sets itself."""
+
+    def to_filters(self) -> Filters | None:
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(getattr(self, key, None) or ())
+
+        filters = Filters(
+            names("modules"), names("skill_points"), names("doc_ids"), getattr(self, "source_prefix", None)
+        )
+        return None if filters.is_empty() else filters
+
+
+class FiltersIn(FiltersBody):
     """Restrictions of a search, ANDed; the only filter keys accepted."""
 
     modules: list[Name] = Field(default_factory=list, max_length=50)
@@ -69,9 +82,28 @@ class FiltersIn(_Strict):
     ] = Field(default_factory=list, max_length=200)
     source_prefix: Name | None = None
 
-    def to_filters(self) -> Filters | None:
-        filters = Filters(tuple(self.modules), tuple(self.skill_points), tuple(self.doc_ids), self.source_prefix)
-        return None if filters.is_empty() else filters
+
+def filters_without(name: str) -> type[FiltersBody]:
+    """``FiltersIn`` whose filter ``name`` must be empty, for a route that sets it itself: the route's schema says so
+    (at most 0 items), so a body that sets it is refused by the schema, never after it (a schema-valid body is not
+    refused), and a request's whole wire form, which lists every filter, empty ones too, is still taken."""
+    fields: dict[str, Any] = {key: (f.annotation, f) for key, f in FiltersIn.model_fields.items()}
+    fields[name] = (
+        list[Name],
+        Field(default_factory=list, max_length=0, description="set by the route: leave it empty"),
+    )
+    title = "".join(part.title() for part in name.split("_"))
+    return create_model(
+        f"FiltersBut{title}",
+        __base__=FiltersBody,
+        __module__=__name__,
+        __doc__=f"{FiltersIn.__doc__} The route sets ``{name}`` itself.",
+        **fields,
+    )
+
+
+SkillFilters = filters_without("skill_points")
+ModuleFilters = filters_without("modules")
 
 
 # -- retrieval requests: the fields of strata.request.RetrievalRequest, and what a route adds ---------------------
@@ -91,7 +123,7 @@ class RequestBody(_Strict):
     def to_request(self, **changes: Any) -> RetrievalRequest:
         """The ``RetrievalRequest`` this body holds, with ``changes`` (a route's own query or filters)."""
         filters = getattr(self, "filters", None)
-        wire = {"filters": filters.to_filters() if isinstance(filters, FiltersIn) else filters}
+        wire = {"filters": filters.to_filters() if isinstance(filters, FiltersBody) else filters}
         return request_of(self, **{**wire, **changes})
 
 
@@ -122,20 +154,22 @@ class RetrieveRequest(RequestBody):
 @with_request_fields
 class SkillRequest(RequestBody):
     """A retrieval for a skill point: its synonym group is the query when none is given, and the known skill points
-    it names are the ``skill_points`` filter (a request that sets that filter itself is refused)."""
+    it names are the ``skill_points`` filter (its ``filters`` have no ``skill_points``: the route sets them)."""
 
     skill: Name
+    filters: SkillFilters | None = Field(None, description="the other filters, ANDed with the skill's")  # type: ignore[valid-type]
     query: QueryText | None = Field(None, description="default the skill's synonym group")
     explain: StrictBool = False
 
 
 @with_request_fields
 class ModuleRequest(RequestBody):
-    """A module's chunks: ranked by ``query`` (the closest known module is the ``modules`` filter; a request that sets
-    that filter itself is refused), or without one listed in document order (``top_k``, ``kb_ids``, ``level`` and
-    ``max_chars`` apply)."""
+    """A module's chunks: ranked by ``query`` (the closest known module is the ``modules`` filter; its ``filters``
+    have no ``modules``: the route sets them), or without one listed in document order (``top_k``, ``kb_ids``,
+    ``level`` and ``max_chars`` apply)."""
 
     module: Name
+    filters: ModuleFilters | None = Field(None, description="the other filters, ANDed with the module's")  # type: ignore[valid-type]
     query: QueryText | None = Field(None, description="default none: the module's chunks in document order")
     level: Annotated[Literal[1, 2, 3], BeforeValidator(_json_integer)] = Field(
         1, description="chunk level listed when no query is given"
