@@ -54,20 +54,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class FiltersBody(_Strict):
-    """A request's ``filters`` member: ``FiltersIn``, or ``FiltersIn`` without the filter a route sets itself."""
-
-    def to_filters(self) -> Filters | None:
-        def names(key: str) -> tuple[str, ...]:
-            return tuple(getattr(self, key, None) or ())
-
-        filters = Filters(
-            names("modules"), names("skill_points"), names("doc_ids"), getattr(self, "source_prefix", None)
-        )
-        return None if filters.is_empty() else filters
-
-
-class FiltersIn(FiltersBody):
+class FiltersIn(_Strict):
     """Restrictions of a search, ANDed; the only filter keys accepted."""
 
     modules: list[Name] = Field(default_factory=list, max_length=50)
@@ -82,20 +69,21 @@ class FiltersIn(FiltersBody):
     ] = Field(default_factory=list, max_length=200)
     source_prefix: Name | None = None
 
+    def to_filters(self) -> Filters | None:
+        filters = Filters(tuple(self.modules), tuple(self.skill_points), tuple(self.doc_ids), self.source_prefix)
+        return None if filters.is_empty() else filters
 
-def filters_without(name: str) -> type[FiltersBody]:
+
+def filters_without(name: str) -> type[FiltersIn]:
     """``FiltersIn`` whose filter ``name`` must be empty, for a route that sets it itself: the route's schema says so
     (at most 0 items), so a body that sets it is refused by the schema, never after it (a schema-valid body is not
     refused), and a request's whole wire form, which lists every filter, empty ones too, is still taken."""
-    fields: dict[str, Any] = {key: (f.annotation, f) for key, f in FiltersIn.model_fields.items()}
-    fields[name] = (
-        list[Name],
-        Field(default_factory=list, max_length=0, description="set by the route: leave it empty"),
-    )
     title = "".join(part.title() for part in name.split("_"))
+    own: Any = Field(default_factory=list, max_length=0, description="set by the route: leave it empty")
+    fields: dict[str, Any] = {name: (list[Name], own)}
     return create_model(
         f"FiltersBut{title}",
-        __base__=FiltersBody,
+        __base__=FiltersIn,
         __module__=__name__,
         __doc__=f"{FiltersIn.__doc__} The route sets ``{name}`` itself.",
         **fields,
@@ -123,7 +111,7 @@ class RequestBody(_Strict):
     def to_request(self, **changes: Any) -> RetrievalRequest:
         """The ``RetrievalRequest`` this body holds, with ``changes`` (a route's own query or filters)."""
         filters = getattr(self, "filters", None)
-        wire = {"filters": filters.to_filters() if isinstance(filters, FiltersBody) else filters}
+        wire = {"filters": filters.to_filters() if isinstance(filters, FiltersIn) else filters}
         return request_of(self, **{**wire, **changes})
 
 
@@ -154,7 +142,7 @@ class RetrieveRequest(RequestBody):
 @with_request_fields
 class SkillRequest(RequestBody):
     """A retrieval for a skill point: its synonym group is the query when none is given, and the known skill points
-    it names are the ``skill_points`` filter (its ``filters`` have no ``skill_points``: the route sets them)."""
+    it names are the ``skill_points`` filter (its ``filters.skill_points`` must be empty: the route sets them)."""
 
     skill: Name
     filters: SkillFilters | None = Field(None, description="the other filters, ANDed with the skill's")  # type: ignore[valid-type]
@@ -164,8 +152,8 @@ class SkillRequest(RequestBody):
 
 @with_request_fields
 class ModuleRequest(RequestBody):
-    """A module's chunks: ranked by ``query`` (the closest known module is the ``modules`` filter; its ``filters``
-    have no ``modules``: the route sets them), or without one listed in document order (``top_k``, ``kb_ids``,
+    """A module's chunks: ranked by ``query`` (the closest known module is the ``modules`` filter; its
+    ``filters.modules`` must be empty: the route sets them), or without one listed in document order (``top_k``, ``kb_ids``,
     ``level`` and ``max_chars`` apply)."""
 
     module: Name
