@@ -31,7 +31,8 @@ def test_a_run_leaves_the_in_process_cache_to_queries_and_they_read_parents_from
         assert (report.added, report.failed, cache.name) == (2, 0, "local")
         assert cache.keys("kb") == []  # nothing written through at indexing
         result = Retriever(resources).retrieve("export", 3, kb_ids=["kb"], rerank=False)
-        parents = store_state(resources, "kb").sql_chunks[1] | store_state(resources, "kb").sql_chunks[2]
+        state = store_state(resources, "kb")
+        parents = state.sql_chunks[1] | state.sql_chunks[2]
         assert result.docs, result.meta
         assert set(cache.keys("kb")) & parents  # the query's merge read its parents from SQL and cached them
 
