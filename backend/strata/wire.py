@@ -111,13 +111,15 @@ _SURROGATES = r"\ud800-\udfff"  # lone surrogates (Cs) are refused too; the publ
 # schemathesis drops a pattern that names them, and a JSON text decodes to them only from a lone \uD8xx escape
 NAME_PATTERN = rf"^[^{_CONTROL}]*$"
 TEXT_PATTERN = rf"^[^{_TEXT_CONTROL}]*[^\s{_TEXT_CONTROL}][^{_TEXT_CONTROL}]*$"  # not blank either
+SUBJECT_PATTERN = rf"^[^{_CONTROL}]*[^\s{_CONTROL}][^{_CONTROL}]*$"  # a name that is not blank
 
 
 def matching(pattern: str, why: str) -> AfterValidator:
     """The check of ``pattern`` by Python's ``re``, which the OpenAPI document publishes (pydantic's own
     ``pattern`` is another regex engine, one without lone surrogates)."""
     compiled = re.compile(pattern)
-    refused = re.compile(f"[{_CONTROL}{_SURROGATES}]" if pattern == NAME_PATTERN else f"[{_TEXT_CONTROL}{_SURROGATES}]")
+    controls = _TEXT_CONTROL if _TEXT_CONTROL in pattern else _CONTROL
+    refused = re.compile(f"[{controls}{_SURROGATES}]")
 
     def check(value: str) -> str:
         found = refused.search(value)
@@ -146,6 +148,14 @@ Name = Annotated[
     Field(json_schema_extra={"pattern": NAME_PATTERN}),
 ]
 """A name (a module, a skill point, a source prefix): 1 to 512 characters, no control characters."""
+Subject = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=512),
+    matching(SUBJECT_PATTERN, "must not be blank"),
+    Field(json_schema_extra={"pattern": SUBJECT_PATTERN}),
+]
+"""The skill or module a route searches for: a ``Name`` that is not blank, since it is the query when none is
+given (a blank one passed the schema and was then refused as a query)."""
 KbId = Annotated[str, StringConstraints(pattern=KB_ID_PATTERN)]
 
 

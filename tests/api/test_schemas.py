@@ -260,6 +260,21 @@ def test_a_route_that_sets_a_filter_refuses_a_request_that_sets_it_too(client: T
     assert client.post("/retrieve/by-module", json=other, headers=ADMIN).status_code == 200
 
 
+@pytest.mark.parametrize("path, member", [("/retrieve/by-skill", "skill"), ("/retrieve/by-module", "module")])
+def test_a_blank_skill_or_module_is_refused_by_the_schema_that_says_so(
+    client: TestClient, path: str, member: str
+) -> None:
+    """The skill or module is the query when none is given: the schema refuses a blank one, as the query's does
+    (the fuzz test sent ``{"module": " "}``, valid by the schema then, and got the query check's 422)."""
+    import re
+
+    body = client.get("/openapi.json").json()["components"]["schemas"]
+    pattern = next(s["properties"][member]["pattern"] for s in body.values() if member in s.get("properties", {}))
+    assert not re.search(pattern, " \u00a0") and re.search(pattern, "billing")
+    refused = client.post(path, json={member: " "}, headers=ADMIN)
+    assert refused.status_code == 422 and "must not be blank" in refused.text, refused.text
+
+
 def _filters_schema(openapi: dict[str, Any], path: str) -> dict[str, Any]:
     """The JSON schema of ``path``'s ``filters`` member (its non-null variant), references resolved."""
     schemas = openapi["components"]["schemas"]

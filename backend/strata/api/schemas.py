@@ -29,7 +29,7 @@ from strata.config import RetrievalSettings
 from strata.request import QUERY_VARIANTS_NEED_FUSION, RetrievalRequest, request_of
 from strata.types import Filters, RetrievalMeta, RetrievalResult, RetrievedDocument
 from strata.wire import KB_ID_PATTERN as KB_ID_PATTERN  # the request fields' wire constraints are strata.wire's
-from strata.wire import LIMIT_KEY, NAME_PATTERN, WIRE, KbId, Name, QueryText, adapter, json_integer, no_control
+from strata.wire import LIMIT_KEY, NAME_PATTERN, WIRE, KbId, Name, QueryText, Subject, adapter, json_integer, no_control
 
 LIMITS = {"max_query_chars": "maxLength", "max_top_k": "maximum"}  # setting -> JSON Schema keyword
 _no_control, _json_integer = no_control, json_integer
@@ -144,7 +144,7 @@ class SkillRequest(RequestBody):
     """A retrieval for a skill point: its synonym group is the query when none is given, and the known skill points
     it names are the ``skill_points`` filter (its ``filters.skill_points`` must be empty: the route sets them)."""
 
-    skill: Name
+    skill: Subject
     filters: SkillFilters | None = Field(None, description="the other filters, ANDed with the skill's")  # type: ignore[valid-type]
     query: QueryText | None = Field(None, description="default the skill's synonym group")
     explain: StrictBool = False
@@ -156,7 +156,7 @@ class ModuleRequest(RequestBody):
     ``filters.modules`` must be empty: the route sets them), or without one listed in document order (``top_k``, ``kb_ids``,
     ``level`` and ``max_chars`` apply)."""
 
-    module: Name
+    module: Subject
     filters: ModuleFilters | None = Field(None, description="the other filters, ANDed with the module's")  # type: ignore[valid-type]
     query: QueryText | None = Field(None, description="default none: the module's chunks in document order")
     level: Annotated[Literal[1, 2, 3], BeforeValidator(_json_integer)] = Field(
